@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine with only Python:
+#   make demo   creates .venv, installs, fits the models on their papers' toy problems
+#   make test   same install, runs the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The public-data cache: ../shared/data on the project's machines, else ~/.cache/pyro_trees.
+SHARED_DATA := $(abspath ../shared/data)
+PYRO_TREES_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(HOME)/.cache/pyro_trees)
+export PYRO_TREES_DATA
+DEMO_OUT ?= demo_output
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+# torch is installed first, pinned to the CPU build, only when the venv has none:
+# an unpinned torch would pull several GB of CUDA packages.
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt torch
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: install
+	$(BIN)/python -m pyro_trees.demo --out $(DEMO_OUT)
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check pyro_trees tests benchmarks
+	$(BIN)/ruff format --check pyro_trees tests benchmarks
+
+bench: install
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache

@@ -1,0 +1,276 @@
+"""``fit``: a training loop around a Pyro ELBO, with the conveniences of a mature library.
+
+``fit`` is a convenience on top of Pyro, never the only way in: every model and guide
+in pyro_trees also trains with a plain ``pyro.infer.SVI`` loop.
+
+Parameters are module-local (``pyro.settings.context(module_local_params=True)``):
+the model and the guide own their parameters, nothing is read from or written to the
+global param store, and ``torch.save`` / pickle of the model and guide is a complete
+checkpoint. Two models trained in one process never share parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pyro
+import torch
+from pyro.infer import Trace_ELBO
+from pyro.optim.clipped_adam import ClippedAdam
+
+__all__ = ["FitResult", "fit", "make_optimizer"]
+
+_OPTIMIZERS = {
+    "clipped_adam": ClippedAdam,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "radam": torch.optim.RAdam,
+    "sgd": torch.optim.SGD,
+}
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` learnt about the run.
+
+    :ivar losses: training loss (negative ELBO) after every step.
+    :ivar val_losses: ``(step, value)`` pairs of the validation criterion.
+    :ivar best_step: step whose parameters were kept (``None`` without validation).
+    :ivar best_val: the validation criterion at ``best_step``.
+    :ivar stopped: why the loop ended: ``"num_steps"``, ``"early_stopping"``,
+        ``"interrupted"`` (Ctrl-C) or ``"non_finite"``.
+    :ivar seconds: wall-clock seconds spent in the loop.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    val_losses: list[tuple[int, float]] = field(default_factory=list)
+    best_step: int | None = None
+    best_val: float | None = None
+    stopped: str = "num_steps"
+    seconds: float = 0.0
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.losses)
+
+
+def make_optimizer(params, optim="clipped_adam", lr: float = 1e-2, **optim_args):
+    """Build a torch optimiser by name (``"clipped_adam"``, ``"adam"``, ``"adamw"``,
+    ``"radam"``, ``"sgd"``), from an optimiser class, or from a callable ``params -> opt``."""
+    if isinstance(optim, str):
+        try:
+            cls = _OPTIMIZERS[optim.lower()]
+        except KeyError:
+            raise ValueError(
+                f"unknown optimiser {optim!r}; choose one of {sorted(_OPTIMIZERS)}, "
+                "a torch.optim.Optimizer class, or a callable params -> optimiser"
+            ) from None
+        return cls(params, lr=lr, **optim_args)
+    if isinstance(optim, type) and issubclass(optim, torch.optim.Optimizer):
+        return optim(params, lr=lr, **optim_args)
+    if callable(optim):
+        return optim(params)
+    raise ValueError(f"optim must be a name, an optimiser class or a callable, got {optim!r}")
+
+
+def _to_device(value, device):
+    if device is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def _snapshot(*modules: torch.nn.Module) -> list[dict]:
+    return [copy.deepcopy(m.state_dict()) for m in modules]
+
+
+def fit(
+    model: Callable,
+    guide: Callable,
+    *args,
+    loss=None,
+    num_steps: int = 1000,
+    optim="clipped_adam",
+    lr: float = 1e-2,
+    optim_args: dict | None = None,
+    lr_scheduler: Callable | None = None,
+    val_args: Sequence | None = None,
+    val_kwargs: dict | None = None,
+    val_metric: Callable[[], float] | None = None,
+    eval_every: int = 20,
+    patience: int | None = None,
+    min_delta: float = 0.0,
+    device=None,
+    seed: int | None = None,
+    progress: bool = True,
+    desc: str = "fit",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 500,
+    resume: str | os.PathLike | None = None,
+    callback: Callable[[int, float], object] | None = None,
+    **kwargs,
+) -> FitResult:
+    """Train ``model`` and ``guide`` by stochastic variational inference.
+
+    ``model(*args, **kwargs)`` and ``guide(*args, **kwargs)`` are called at every step;
+    minibatches come from the model's and guide's own ``pyro.plate(...,
+    subsample_size=...)`` (pass ``subsample_size=`` through ``kwargs`` when the model
+    takes it).
+
+    :param model: a Pyro model, usually a :class:`~pyro.nn.PyroModule`.
+    :param guide: its guide, with the same signature.
+    :param loss: a :class:`pyro.infer.ELBO`; default :class:`~pyro.infer.Trace_ELBO`.
+    :param int num_steps: gradient steps.
+    :param optim: ``"clipped_adam"`` (Pyro's ClippedAdam, the default), ``"adam"``,
+        ``"adamw"``, ``"radam"`` (the optimiser of Antorán et al.), ``"sgd"``, an
+        optimiser class or a callable ``params -> optimiser``.
+    :param float lr: learning rate.
+    :param dict optim_args: further optimiser arguments (``clip_norm``, ``lrd``, ...).
+    :param lr_scheduler: callable ``optimiser -> torch.optim.lr_scheduler.LRScheduler``,
+        stepped after every gradient step.
+    :param val_args: arguments of the model on a validation split; the criterion is
+        the loss on them, unless ``val_metric`` is given.
+    :param val_metric: callable returning a float to minimise (e.g. validation error).
+    :param int eval_every: steps between validation evaluations.
+    :param patience: stop after this many evaluations without improvement of
+        ``min_delta``; the best parameters are restored at the end.
+    :param device: move the model, the guide and tensor arguments there first.
+    :param seed: seed for :func:`pyro.set_rng_seed`.
+    :param bool progress: show a tqdm progress bar with the loss.
+    :param checkpoint: path written every ``checkpoint_every`` steps and at the end with
+        ``{"model", "guide", "optimizer", "step", "result"}`` (a plain ``torch.save``).
+    :param resume: a checkpoint to continue from: loads the model's, the guide's and
+        the optimiser's states, and the history, then runs the remaining steps.
+    :param callback: called as ``callback(step, loss)``; returning ``True`` stops.
+    :returns: a :class:`FitResult`; the model and guide hold the learnt parameters.
+
+    Pressing Ctrl-C stops cleanly and keeps what was learnt (``stopped ==
+    "interrupted"``).
+    """
+    if num_steps < 0:
+        raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+    if eval_every < 1:
+        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+    if patience is not None and (val_args is None and val_metric is None):
+        raise ValueError("patience needs a validation criterion: pass val_args or val_metric")
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    loss = Trace_ELBO() if loss is None else loss
+    modules = [m for m in (model, guide) if isinstance(m, torch.nn.Module)]
+    if device is not None:
+        for m in modules:
+            m.to(device)
+        args = _to_device(args, device)
+        kwargs = _to_device(kwargs, device)
+        val_args = _to_device(val_args, device)
+        val_kwargs = _to_device(val_kwargs, device)
+    val_kwargs = dict(kwargs if val_kwargs is None else val_kwargs)
+    val_kwargs.pop("subsample_size", None)
+
+    result = FitResult()
+    start_step = 0
+    with pyro.settings.context(module_local_params=True):
+        elbo = loss(model, guide)
+        # A first evaluation creates lazily initialised parameters.
+        elbo(*args, **kwargs)
+        params = [p for p in elbo.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model and guide have no trainable parameters")
+        optimizer = make_optimizer(params, optim, lr, **(optim_args or {}))
+        scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
+        if resume is not None:
+            state = torch.load(resume, map_location=device, weights_only=False)
+            for m, key in ((model, "model"), (guide, "guide")):
+                if isinstance(m, torch.nn.Module):
+                    m.load_state_dict(state[key].state_dict())
+            optimizer.load_state_dict(state["optimizer"])
+            result = copy.deepcopy(state["result"])
+            result.stopped = "num_steps"
+            start_step = state["step"]
+
+        def evaluate() -> float:
+            if val_metric is not None:
+                return float(val_metric())
+            with torch.no_grad():
+                return float(elbo(*val_args, **val_kwargs))
+
+        has_val = val_metric is not None or val_args is not None
+        best_state = None
+        bad_evals = 0
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=num_steps, initial=start_step, desc=desc, leave=False)
+        t0 = time.perf_counter()
+        step = start_step
+        try:
+            for step in range(start_step, num_steps):
+                optimizer.zero_grad()
+                value = elbo(*args, **kwargs)
+                value.backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                loss_value = float(value.detach())
+                result.losses.append(loss_value)
+                if not math.isfinite(loss_value):
+                    result.stopped = "non_finite"
+                    break
+                if bar is not None:
+                    bar.update(1)
+                    if step % 10 == 0:
+                        bar.set_postfix(loss=f"{loss_value:.4g}")
+                if callback is not None and callback(step, loss_value) is True:
+                    break
+                if has_val and ((step + 1) % eval_every == 0 or step + 1 == num_steps):
+                    val = evaluate()
+                    result.val_losses.append((step + 1, val))
+                    if result.best_val is None or val < result.best_val - min_delta:
+                        result.best_val, result.best_step = val, step + 1
+                        best_state = _snapshot(*modules)
+                        bad_evals = 0
+                    else:
+                        bad_evals += 1
+                        if patience is not None and bad_evals >= patience:
+                            result.stopped = "early_stopping"
+                            break
+                if checkpoint is not None and (step + 1) % checkpoint_every == 0:
+                    _save(checkpoint, model, guide, optimizer, step + 1, result)
+        except KeyboardInterrupt:
+            result.stopped = "interrupted"
+        finally:
+            if bar is not None:
+                bar.close()
+        result.seconds += time.perf_counter() - t0
+        if best_state is not None and result.stopped != "interrupted":
+            for m, s in zip(modules, best_state, strict=True):
+                m.load_state_dict(s)
+        if checkpoint is not None:
+            _save(checkpoint, model, guide, optimizer, len(result.losses), result)
+    return result
+
+
+def _save(path, model, guide, optimizer, step, result) -> None:
+    tmp = f"{os.fspath(path)}.tmp"
+    torch.save(
+        {
+            "model": model,
+            "guide": guide,
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "result": result,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)

@@ -1,0 +1,317 @@
+"""Soft binary-tree algebra shared by every tree model in pyro_trees.
+
+Conventions (used by the HME, the Bayesian HME and VaRT alike):
+
+* **Heap numbering.** The root is node ``1``; node ``i`` has the left child ``2i``
+  and the right child ``2i + 1``. Internal nodes at depth ``d`` are
+  ``2**d, ..., 2**(d+1) - 1``; the leaves of a complete tree of depth ``D`` are
+  ``2**D, ..., 2**(D+1) - 1``.
+* **Leaf index.** Leaf ``l`` (``0 <= l < 2**D``) is heap node ``2**D + l``; the bits of
+  ``l``, most significant first, are the routing decisions ``m_0, ..., m_{D-1}``
+  (``1`` = go right).
+* **Node tensors.** A tensor over internal nodes has trailing size ``2**D - 1``;
+  position ``j`` holds heap node ``j + 1``, so depth ``d`` occupies the slice
+  ``[2**d - 1, 2**(d+1) - 1)``. A *node logit* is the log-odds of going right.
+
+Everything is computed in log space and never forms a ``2**D x 2**D`` object:
+the leaf log-probabilities of a depth-16 tree in float32 do not underflow.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "DecisionRules",
+    "check_depth",
+    "depth_logits_to_node_logits",
+    "depth_of",
+    "hard_route",
+    "leaf_bits",
+    "leaf_log_probs",
+    "left_child",
+    "node_log_reach",
+    "num_internal",
+    "num_leaves",
+    "parent",
+    "right_child",
+    "route_by_rules",
+]
+
+
+def num_leaves(depth: int) -> int:
+    """Number of leaves ``2**depth`` of a complete binary tree."""
+    return 1 << depth
+
+
+def num_internal(depth: int) -> int:
+    """Number of internal (decision) nodes ``2**depth - 1``."""
+    return (1 << depth) - 1
+
+
+def parent(node: int) -> int:
+    """Heap index of the parent of ``node`` (``node >= 2``)."""
+    if node < 2:
+        raise ValueError(f"node {node} has no parent (the root is 1)")
+    return node // 2
+
+
+def left_child(node: int) -> int:
+    """Heap index ``2 * node`` of the left child."""
+    return 2 * node
+
+
+def right_child(node: int) -> int:
+    """Heap index ``2 * node + 1`` of the right child."""
+    return 2 * node + 1
+
+
+def depth_of(node: int) -> int:
+    """Depth of heap node ``node`` (the root has depth 0)."""
+    if node < 1:
+        raise ValueError(f"heap nodes start at 1, got {node}")
+    return node.bit_length() - 1
+
+
+def leaf_bits(depth: int, device=None) -> torch.Tensor:
+    """Routing decisions of every leaf.
+
+    :returns: long tensor of shape ``(2**depth, depth)``; row ``l`` holds
+        ``m_0, ..., m_{depth-1}`` of leaf ``l`` (1 = right).
+    """
+    leaves = torch.arange(num_leaves(depth), device=device)
+    shifts = torch.arange(depth - 1, -1, -1, device=device)
+    return (leaves.unsqueeze(-1) >> shifts) & 1
+
+
+def _available_memory_bytes(device: torch.device | None) -> int:
+    if device is not None and torch.device(device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 * 2**30
+
+
+def _format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def check_depth(
+    depth,
+    num_points: int = 1,
+    *,
+    width: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+    copies: int = 4,
+    max_bytes: int | None = None,
+) -> int:
+    """Validate a tree depth before anything of size ``2**depth`` is allocated.
+
+    The exact sums over leaves hold tensors of shape ``(num_points, 2**depth, width)``;
+    about ``copies`` of them are alive at once during a backward pass.
+
+    :param int depth: the tree depth; must be an integer ``>= 1``.
+    :param int num_points: points processed at once (a minibatch).
+    :param int width: trailing size per leaf (outputs or classes).
+    :param max_bytes: memory budget; default: the device's free memory (CUDA)
+        or the machine's physical memory (CPU).
+    :returns: ``depth`` as an ``int``.
+    :raises ValueError: naming the cause and, for too deep a tree, the memory it needs.
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int | torch.SymInt):
+        if not (hasattr(depth, "__index__")):
+            raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
+        depth = depth.__index__()
+    if depth < 1:
+        raise ValueError(f"depth must be an integer >= 1, got {depth}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    need = float(copies) * max(num_points, 1) * float(2**depth) * max(width, 1) * itemsize
+    budget = _available_memory_bytes(device) if max_bytes is None else max_bytes
+    if need > budget:
+        raise ValueError(
+            f"depth {depth} means 2**{depth} = {2**depth:,} leaves; the exact sum over "
+            f"leaves for {num_points:,} points would need about {_format_bytes(need)} "
+            f"but only {_format_bytes(budget)} is available. Use a smaller depth or "
+            f"smaller minibatches (subsample_size)."
+        )
+    return depth
+
+
+def depth_logits_to_node_logits(depth_logits: torch.Tensor) -> torch.Tensor:
+    """Spread per-depth logits to every node of that depth.
+
+    :param depth_logits: shape ``batch_shape + (D,)``; the same log-odds at
+        every node of a depth (a path-independent tree).
+    :returns: node logits of shape ``batch_shape + (2**D - 1,)``.
+    """
+    depth = depth_logits.shape[-1]
+    repeats = torch.tensor([1 << d for d in range(depth)], device=depth_logits.device)
+    return torch.repeat_interleave(depth_logits, repeats, dim=-1)
+
+
+def leaf_log_probs(node_logits: torch.Tensor) -> torch.Tensor:
+    r"""Log-probability of reaching every leaf from per-node log-odds.
+
+    .. math:: \log P(\ell) = \sum_{d=0}^{D-1} \log\sigma\big((2 m_d(\ell) - 1)\, z_{a_d(\ell)}\big)
+
+    where :math:`a_d(\ell)` is the ancestor of leaf :math:`\ell` at depth :math:`d`.
+    Computed depth by depth (each step vectorised over all nodes of that depth)
+    with ``logsigmoid``, so nothing underflows.
+
+    :param node_logits: shape ``batch_shape + (2**D - 1,)`` in heap order.
+    :returns: shape ``batch_shape + (2**D,)``; ``logsumexp`` over the last dim is 0.
+    """
+    n = node_logits.shape[-1]
+    depth = (n + 1).bit_length() - 1
+    if n < 1 or (1 << depth) - 1 != n:
+        raise ValueError(f"node_logits must have 2**D - 1 entries in its last dim, got {n}")
+    batch = node_logits.shape[:-1]
+    log_reach = node_logits.new_zeros(batch + (1,))
+    for d in range(depth):
+        z = node_logits[..., (1 << d) - 1 : (1 << (d + 1)) - 1]
+        left = log_reach + F.logsigmoid(-z)
+        right = log_reach + F.logsigmoid(z)
+        log_reach = torch.stack([left, right], dim=-1).reshape(batch + (1 << (d + 1),))
+    return log_reach
+
+
+def node_log_reach(leaf_log_prob: torch.Tensor) -> torch.Tensor:
+    """Log-probability of reaching every node, from leaf log-probabilities.
+
+    :param leaf_log_prob: shape ``batch_shape + (2**D,)``.
+    :returns: shape ``batch_shape + (2**(D+1) - 1,)``; position ``j`` is heap node
+        ``j + 1`` (internal nodes first, then the leaves).
+    """
+    levels = [leaf_log_prob]
+    current = leaf_log_prob
+    while current.shape[-1] > 1:
+        pairs = current.reshape(current.shape[:-1] + (current.shape[-1] // 2, 2))
+        current = torch.logsumexp(pairs, dim=-1)
+        levels.append(current)
+    return torch.cat(levels[::-1], dim=-1)
+
+
+def hard_route(go_right: torch.Tensor) -> torch.Tensor:
+    """Leaf reached by following hard decisions from the root.
+
+    :param go_right: bool tensor ``batch_shape + (2**D - 1,)`` of per-node decisions.
+    :returns: long tensor ``batch_shape`` of leaf indices in ``[0, 2**D)``.
+    """
+    n = go_right.shape[-1]
+    depth = (n + 1).bit_length() - 1
+    node = torch.zeros(go_right.shape[:-1] + (1,), dtype=torch.long, device=go_right.device)
+    node += 1
+    for _ in range(depth):
+        bit = go_right.gather(-1, node - 1).long()
+        node = 2 * node + bit
+    return (node - (1 << depth)).squeeze(-1)
+
+
+def route_by_rules(
+    x: torch.Tensor, feature: torch.Tensor, threshold: torch.Tensor, greater: torch.Tensor
+) -> torch.Tensor:
+    """Route inputs down a hard tree of axis-aligned rules, in ``D`` gather steps.
+
+    At internal node ``i`` an input goes right iff ``x[feature[i]] > threshold[i]``
+    when ``greater[i]``, and iff ``x[feature[i]] < threshold[i]`` otherwise.
+
+    :param x: shape ``(N, L)``.
+    :param feature: long ``(2**D - 1,)``; ``threshold``: ``(2**D - 1,)``; ``greater``: bool.
+    :returns: long ``(N,)`` leaf indices.
+    """
+    n = feature.shape[-1]
+    depth = (n + 1).bit_length() - 1
+    node = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
+    for _ in range(depth):
+        j = node - 1
+        xv = x.gather(-1, feature[j].unsqueeze(-1)).squeeze(-1)
+        thr = threshold[j].to(x.dtype)
+        right = torch.where(greater[j], xv > thr, xv < thr)
+        node = 2 * node + right.long()
+    return node - (1 << depth)
+
+
+@dataclass(frozen=True)
+class DecisionRules:
+    """A hard binary tree of axis-aligned rules, in heap order.
+
+    :ivar feature: long tensor ``(2**D - 1,)``: the input dimension tested at each node.
+    :ivar threshold: tensor ``(2**D - 1,)``: the threshold at each node.
+    :ivar greater: bool tensor ``(2**D - 1,)``: go right iff ``x > threshold`` when
+        true, iff ``x < threshold`` when false.
+    :ivar leaf_values: list of ``2**D`` strings describing each leaf's prediction.
+    """
+
+    feature: torch.Tensor
+    threshold: torch.Tensor
+    greater: torch.Tensor
+    leaf_values: list
+
+    @property
+    def depth(self) -> int:
+        return (self.feature.shape[-1] + 1).bit_length() - 1
+
+    def route(self, x: torch.Tensor) -> torch.Tensor:
+        """Leaf index ``(N,)`` of each input ``x`` of shape ``(N, L)``."""
+        return route_by_rules(x, self.feature, self.threshold, self.greater)
+
+    def leaf_conditions(self) -> list[list[tuple[int, str, float]]]:
+        """For each leaf, the conjunction ``[(feature, op, threshold), ...]`` that reaches it.
+
+        ``op`` is one of ``"<="``, ``">"``, ``">="``, ``"<"``.
+        """
+        out = []
+        depth = self.depth
+        for leaf in range(1 << depth):
+            node, conds = 1, []
+            for d in range(depth - 1, -1, -1):
+                bit = (leaf >> d) & 1
+                j = node - 1
+                f, t, g = int(self.feature[j]), float(self.threshold[j]), bool(self.greater[j])
+                if g:
+                    conds.append((f, ">" if bit else "<=", t))
+                else:
+                    conds.append((f, "<" if bit else ">=", t))
+                node = 2 * node + bit
+            out.append(conds)
+        return out
+
+    def export_text(self, feature_names=None, decimals: int = 3) -> str:
+        """The tree as indented text in the style of ``sklearn.tree.export_text``."""
+        names = feature_names
+        lines: list[str] = []
+        depth = self.depth
+
+        def name(f: int) -> str:
+            return str(names[f]) if names is not None else f"x_{f}"
+
+        def fmt(t: float) -> str:
+            return f"{t:.{decimals}f}" if math.isfinite(t) else str(t)
+
+        def visit(node: int, level: int) -> None:
+            indent = "|   " * level + "|--- "
+            if level == depth:
+                lines.append(indent + self.leaf_values[node - (1 << depth)])
+                return
+            j = node - 1
+            f, t, g = int(self.feature[j]), float(self.threshold[j]), bool(self.greater[j])
+            left_op, right_op = ("<=", "> ") if g else (">=", "< ")
+            lines.append(f"{indent}{name(f)} {left_op} {fmt(t)}")
+            visit(2 * node, level + 1)
+            lines.append(f"{indent}{name(f)} {right_op} {fmt(t)}")
+            visit(2 * node + 1, level + 1)
+
+        visit(1, 0)
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,25 @@
+"""Pyro's test hygiene: a fixed seed per test, a clean param store, validation on."""
+
+import os
+
+import pyro
+import pytest
+import torch
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _pyro_hygiene():
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    pyro.enable_validation(True)
+    yield
+    pyro.clear_param_store()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA device; none is present")
+    for item in items:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_cuda)
