@@ -1,0 +1,64 @@
+"""Scikit-learn style base class shared by the estimators (no scikit-learn needed)."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+__all__ = ["TreeEstimatorMixin"]
+
+
+class TreeEstimatorMixin:
+    """``get_params``/``set_params`` from the constructor signature, a ``repr``, and
+    ``score`` (accuracy for classifiers, R^2 for regressors) as scikit-learn defines them.
+
+    Subclasses store every constructor argument unchanged under its own name and set
+    fitted attributes with a trailing underscore.
+    """
+
+    _estimator_type = "regressor"
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return [p.name for p in sig.parameters.values() if p.name != "self"]
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params):
+        valid = self._param_names()
+        for key, value in params.items():
+            if key not in valid:
+                raise ValueError(
+                    f"invalid parameter {key!r} for {type(self).__name__}; valid: {valid}"
+                )
+            setattr(self, key, value)
+        return self
+
+    def __repr__(self) -> str:
+        sig = inspect.signature(type(self).__init__)
+        changed = [
+            f"{name}={getattr(self, name)!r}"
+            for name, p in sig.parameters.items()
+            if name != "self"
+            and getattr(self, name) is not p.default
+            and getattr(self, name) != p.default
+        ]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def _check_is_fitted(self) -> None:
+        if not getattr(self, "is_fitted_", False):
+            raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit first")
+
+    def score(self, X, y) -> float:
+        """Accuracy (classifiers) or the coefficient of determination R^2 (regressors)."""
+        pred = np.asarray(self.predict(X))
+        y = np.asarray(y)
+        if self._estimator_type == "classifier":
+            return float(np.mean(pred == y))
+        y = y.reshape(pred.shape)
+        ss_res = float(np.sum((y - pred) ** 2))
+        ss_tot = float(np.sum((y - y.mean(axis=0)) ** 2))
+        return 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
