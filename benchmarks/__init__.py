@@ -1,0 +1,1 @@
+"""Benchmarks: one script per paper table; run as ``python -m benchmarks.NAME``."""

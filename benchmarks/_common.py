@@ -1,0 +1,73 @@
+"""Shared helpers for benchmark scripts: environment record and result files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+__all__ = ["RESULTS", "environment", "markdown_table", "write_results"]
+
+
+def environment(device=None) -> dict:
+    """Date, machine, library versions and device of this run."""
+    import pyro
+
+    try:
+        import gpytorch
+
+        gpytorch_version = gpytorch.__version__
+    except ImportError:  # pragma: no cover
+        gpytorch_version = None
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    return {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "gpytorch": gpytorch_version,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+    }
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A GitHub markdown table of ``rows`` (dicts), in ``columns`` order."""
+    if not rows:
+        return "(no rows)\n"
+    columns = columns or list(rows[0])
+
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def write_results(name: str, payload: dict, markdown: str, device=None) -> Path:
+    """Write ``results/NAME.json`` (payload + environment) and ``results/NAME.md``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    env = environment(device)
+    payload = {"benchmark": name, "environment": env, **payload}
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    header = (
+        f"# {name}\n\n"
+        f"{env['date']} · {env['machine']} · {env['cpu_count']} CPUs "
+        f"({env['torch_threads']} torch threads) · torch {env['torch']} · pyro {env['pyro']} "
+        f"· device {env['device']}\n\n"
+    )
+    path = RESULTS / f"{name}.md"
+    path.write_text(header + markdown)
+    return path
