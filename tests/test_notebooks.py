@@ -1,6 +1,5 @@
 """Every notebook in notebooks/ runs top to bottom in smoke mode (PYRO_TREES_SMOKE=1)."""
 
-import os
 from pathlib import Path
 
 import pytest
