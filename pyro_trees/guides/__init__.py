@@ -1,3 +1,5 @@
 """Guide families, each with the signature of its model."""
 
-__all__: list[str] = []
+from pyro_trees.guides.rnn_tree import RNNTree, RNNTreeGuide
+
+__all__ = ["RNNTree", "RNNTreeGuide"]
