@@ -600,7 +600,8 @@ def _download(url: str, target: pathlib.Path, timeout: float) -> None:
 def fetch(relpath: str, *, force: bool = False, timeout: float = 60.0) -> pathlib.Path:
     """Download a registered file into the cache and verify it.
 
-    A file already present and valid is kept unless ``force``. The download goes to a
+    A file already present and valid is kept unless ``force`` (a corrupt one is replaced).
+    The download goes to a
     temporary file next to the target, which replaces the target only once verified.
 
     :param str relpath: a key of :data:`REGISTRY`.
@@ -615,8 +616,11 @@ def fetch(relpath: str, *, force: bool = False, timeout: float = 60.0) -> pathli
     entry = _entry(relpath)
     path = data_home() / relpath
     if path.is_file() and not force:
-        _verify(entry, path)
-        return path
+        try:
+            _verify(entry, path)
+            return path
+        except ValueError:
+            pass  # a corrupt copy: download it again
     if not entry.urls:
         raise FileNotFoundError(f"cannot download {relpath}: {_where_to_get(entry, path)}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -632,9 +636,9 @@ def fetch(relpath: str, *, force: bool = False, timeout: float = 60.0) -> pathli
             break
         else:
             raise ConnectionError(
-                f"could not download {relpath}; is there network access? "
-                + "; ".join(errors)
-                + f". Without internet, {_where_to_get(entry, path)}"
+                f"could not download {relpath}: no address could be reached; is there "
+                f"network access on this machine? ({'; '.join(errors)}). To install it by "
+                f"hand: {_where_to_get(entry, path)}"
             )
         if entry.member is not None:
             try:

@@ -5,7 +5,7 @@ All generators return NumPy arrays; the random ones draw from
 
 **References**
 
-[1] J. Antorán, D. R. Burt, S. Hoffmann-Ferreira, J. Miguel Hernández-Lobato,
+[1] J. Antorán, J. Yao, W. Pan, J. M. Hernández-Lobato, F. Doshi-Velez,
     *Amortised Variational Inference for Hierarchical Mixture Models*, Appendix F.
 """
 

@@ -149,6 +149,10 @@ def test_fetch_verifies_download(tmp_cache, monkeypatch):
     with pytest.raises(ValueError, match="checksum mismatch for the download"):
         fetch(relpath, force=True)
     assert path.read_bytes() == content  # the valid copy is kept
+    # A corrupt copy is replaced without force.
+    path.write_bytes(b"corrupt")
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=None: _FakeResponse(content))
+    assert fetch(relpath).read_bytes() == content
 
 
 def test_fetch_zip_member(tmp_cache, monkeypatch):
@@ -176,3 +180,20 @@ def test_fetch_zip_member(tmp_cache, monkeypatch):
     assert [p.name for p in (tmp_cache / "movielens" / "ml-latest-small").iterdir()] == [
         "ratings.csv"
     ]
+
+
+def test_load_sklearn_without_scikit_learn(monkeypatch):
+    import importlib
+
+    from pyro_trees.datasets import load_sklearn
+
+    real = importlib.import_module
+
+    def no_sklearn(name, *args):
+        if name.startswith("sklearn"):
+            raise ImportError("No module named 'sklearn'")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_sklearn)
+    with pytest.raises(ImportError, match="pip install scikit-learn"):
+        load_sklearn("iris")
