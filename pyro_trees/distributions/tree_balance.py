@@ -174,16 +174,18 @@ class TreeBalance(TorchDistribution):
 class BalancedLeaf(dist.Categorical):
     """One point's leaf under :class:`TreeBalance`: uniform over ``2**depth`` leaves.
 
+    ``dtype``/``device`` follow the data (pass those of the inputs).
+
     Use it for the per-point routing site inside a data plate;
     :class:`~pyro_trees.infer.TreeELBO` recognises it and adds the coupling term
     that makes the joint over the plate :class:`TreeBalance` (``num_points`` is the
     full data size, also under subsampling).
     """
 
-    def __init__(self, depth: int, num_points: int, validate_args=None):
+    def __init__(self, depth: int, num_points: int, *, dtype=None, device=None, validate_args=None):
         self.depth = trees.check_depth(depth, max_bytes=2**62)
         self.num_points = int(num_points)
-        logits = torch.zeros(trees.num_leaves(self.depth))
+        logits = torch.zeros(trees.num_leaves(self.depth), dtype=dtype, device=device)
         super().__init__(logits=logits, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
@@ -249,9 +251,7 @@ def expected_log_coupling(
     """
     log_q = leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
     if depth is not None and log_q.shape[-1] != trees.num_leaves(depth):
-        raise ValueError(
-            f"leaf_logits has {log_q.shape[-1]} leaves; depth {depth} has {2**depth}"
-        )
+        raise ValueError(f"leaf_logits has {log_q.shape[-1]} leaves; depth {depth} has {2**depth}")
     log_reach = trees.node_log_reach(log_q)  # (..., N, 2**(D+1) - 1)
     n_internal = log_q.shape[-1] - 1
     internal = log_reach[..., :n_internal].exp().sum(-2)  # (..., I): sum_n P_n(i)

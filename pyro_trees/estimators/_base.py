@@ -20,9 +20,21 @@ class TreeEstimatorMixin:
     _estimator_type = "regressor"
 
     @classmethod
+    def _defaults(cls) -> dict:
+        """Constructor parameters and their defaults, following ``**kwargs`` up the MRO."""
+        out: dict = {}
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                    out.setdefault(p.name, p.default)
+        return out
+
+    @classmethod
     def _param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.name != "self"]
+        return list(cls._defaults())
 
     def get_params(self, deep: bool = True) -> dict:
         return {name: getattr(self, name) for name in self._param_names()}
@@ -38,14 +50,13 @@ class TreeEstimatorMixin:
         return self
 
     def __repr__(self) -> str:
-        sig = inspect.signature(type(self).__init__)
-        changed = [
-            f"{name}={getattr(self, name)!r}"
-            for name, p in sig.parameters.items()
-            if name != "self"
-            and getattr(self, name) is not p.default
-            and getattr(self, name) != p.default
-        ]
+        changed = []
+        for name, default in self._defaults().items():
+            value = getattr(self, name)
+            if value is not default and not (
+                isinstance(value, int | float | str | type(None)) and value == default
+            ):
+                changed.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(changed)})"
 
     def _check_is_fitted(self) -> None:

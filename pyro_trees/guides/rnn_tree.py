@@ -41,6 +41,29 @@ from pyro_trees import trees
 __all__ = ["RNNTree", "RNNTreeGuide"]
 
 
+def _balanced_cuts(pts: torch.Tensor, like: torch.Tensor):
+    """Per dimension: the cut between distinct values nearest the median, and the spread.
+
+    :param pts: ``(n, L)`` points; ``like``: an ``(L,)`` tensor for dtype and device.
+    :returns: ``(cut, std)``, each ``(L,)``; a constant dimension has cut = its value
+        and std 0; with no points, cuts are 0 and spreads 0.
+    """
+    n = pts.shape[0]
+    if n == 0:
+        return torch.zeros_like(like), torch.zeros_like(like)
+    if n == 1:
+        return pts[0].clone(), torch.zeros_like(like)
+    srt = pts.sort(dim=0).values  # (n, L)
+    changes = srt[1:] > srt[:-1]  # (n - 1, L): a cut can sit between rows i and i + 1
+    pos = torch.arange(1, n, device=pts.device, dtype=pts.dtype).unsqueeze(-1)
+    cost = (pos - n / 2).abs().expand_as(changes).masked_fill(~changes, float("inf"))
+    i = cost.argmin(0)  # (L,)
+    lo = srt.gather(0, i.unsqueeze(0)).squeeze(0)
+    hi = srt.gather(0, (i + 1).unsqueeze(0)).squeeze(0)
+    cut = torch.where(changes.any(0), 0.5 * (lo + hi), srt[0])
+    return cut, pts.std(0)
+
+
 class RNNTree(PyroModule):
     """The routing network: maps inputs ``(N, L)`` to leaf logits ``(N, 2**D)``.
 
@@ -79,6 +102,13 @@ class RNNTree(PyroModule):
         self.cell = PyroModule[nn.GRUCell](1, hidden_size)
         self.dim_head = PyroModule[nn.Linear](hidden_size, in_features)  # f_NN, eq. 11
         self.split_head = PyroModule[nn.Linear](hidden_size, 2 * in_features)  # g_NN, eq. 10
+        # Hard feedback only: a per-node residual on the split weights. Nodes have an
+        # identity there (their states do not depend on x); the residual starts at 0
+        # and is what init_balanced() sets, since the GRU states of nearby nodes are
+        # too collinear for the shared linear head to place per-node thresholds.
+        self.node_offset = nn.Parameter(
+            torch.zeros(trees.num_internal(self.depth), 3 * in_features)
+        )  # (I, 3L): residual dimension logits, w0 and w1 of every node
         self.reset_split_parameters()
 
     def reset_split_parameters(self) -> None:
@@ -93,12 +123,77 @@ class RNNTree(PyroModule):
             self.split_head.bias[:L].uniform_(-1.0, 1.0)
             self.split_head.bias[L:].fill_(2.0)
 
+    @torch.no_grad()
+    def init_balanced(
+        self,
+        x: torch.Tensor,
+        *,
+        sharpness: float = 20.0,
+        dim_margin: float = 3.0,
+        ridge: float = 1e-2,
+    ) -> None:
+        """Data-dependent initialisation at a balanced tree, the tree-balance prior's mode.
+
+        Walking the tree from the root, each node splits the points that reach it at the
+        cut closest to their median (midway between two distinct values, so binary
+        inputs split at 0.5) along the dimension of largest standard deviation; a
+        dimension already split on the path has the smaller spread. Every dimension's
+        split at the node starts at its own balanced cut with slope
+        ``sharpness / std``, and the chosen dimension's logit gets ``dim_margin``
+        more than the others. Label-blind, like a k-means++ start for a mixture.
+
+        With hard feedback the per-node residual takes these values exactly. With soft
+        feedback (no per-node parameters) the heads are set by ridge regression on the
+        node states (``ridge`` keeps the weights moderate, as nearby nodes have
+        almost collinear states), which balances only approximately.
+
+        :param x: inputs ``(N, L)``, standardised as in training.
+        """
+        L = self.in_features
+        states = self.node_states().to(x.dtype)  # (I, H)
+        n_internal = states.shape[0]
+        targets = torch.zeros(n_internal, 3 * L, dtype=x.dtype, device=x.device)
+        node_of_point = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
+        for j in range(n_internal):
+            node = j + 1
+            mask = node_of_point == node
+            cut, spread = _balanced_cuts(x[mask], like=x[0])
+            l = int(spread.argmax())
+            slope = sharpness / spread.clamp_min(1e-2)
+            targets[j, l] = dim_margin
+            targets[j, L : 2 * L] = -slope * cut
+            targets[j, 2 * L :] = slope
+            right = x[:, l] > cut[l]
+            node_of_point = torch.where(mask, 2 * node + right.long(), node_of_point)
+        base = torch.cat([self.dim_head(states), self.split_head(states)], dim=-1)
+        if self.feedback == "hard":
+            self.node_offset.copy_(targets - base)
+            return
+        design = torch.cat([states, torch.ones_like(states[:, :1])], dim=-1).double()
+        gram = design.T @ design + ridge * torch.eye(design.shape[1], dtype=design.dtype)
+        w = torch.linalg.solve(gram, design.T @ targets.double()).to(states.dtype)
+        self.dim_head.weight.copy_(w[:-1, :L].T)
+        self.dim_head.bias.copy_(w[-1, :L])
+        self.split_head.weight.copy_(w[:-1, L:].T)
+        self.split_head.bias.copy_(w[-1, L:])
+
     # -- per-node quantities -------------------------------------------------------
     def _heads(self, h: torch.Tensor):
         """Dimension log-probabilities and split weights from hidden states ``(..., H)``."""
         log_dim = F.log_softmax(self.dim_head(h), dim=-1)
         w = self.split_head(h)
         return log_dim, w[..., : self.in_features], w[..., self.in_features :]
+
+    def _node_heads(self, dtype=None):
+        """Per-node heads under hard feedback, including the per-node residual."""
+        states = self.node_states()
+        if dtype is not None:
+            states = states.to(dtype)
+        L = self.in_features
+        off = self.node_offset.to(states.dtype)
+        log_dim = F.log_softmax(self.dim_head(states) + off[:, :L], dim=-1)
+        w = self.split_head(states)
+        return log_dim, w[:, :L] + off[:, L : 2 * L], w[:, L:] + off[:, 2 * L :]
 
     @staticmethod
     def _log_right_left(x, log_dim, w0, w1):
@@ -154,7 +249,7 @@ class RNNTree(PyroModule):
             log_right, log_left = self.depth_log_probs(x, noise=noise)
             return trees.depth_logits_to_node_logits(log_right - log_left)
         if feedback == "hard":
-            log_dim, w0, w1 = self._heads(self.node_states().to(x.dtype))
+            log_dim, w0, w1 = self._node_heads(x.dtype)
             log_right, log_left = self._log_right_left(
                 x.unsqueeze(-2), log_dim, w0, w1
             )  # (N, 2**D - 1)
@@ -197,7 +292,10 @@ class RNNTree(PyroModule):
         ``-w_{l*0} / w_{l*1}``; a zero slope gives a constant decision (threshold
         ``-inf``/``+inf``).
         """
-        log_dim, w0, w1 = self._heads(self.node_states())
+        if self.feedback == "hard":
+            log_dim, w0, w1 = self._node_heads()
+        else:
+            log_dim, w0, w1 = self._heads(self.node_states())
         feature = log_dim.argmax(-1)
         a = w0.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
         b = w1.gather(-1, feature.unsqueeze(-1)).squeeze(-1)

@@ -23,6 +23,8 @@ from the minibatch: node masses are scaled by ``N / B`` and the aggregate poster
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pyro.infer import TraceEnum_ELBO
 from pyro.infer.traceenum_elbo import _compute_dice_elbo
@@ -35,11 +37,19 @@ __all__ = ["TreeELBO"]
 
 
 class TreeELBO(TraceEnum_ELBO):
-    """:class:`~pyro.infer.TraceEnum_ELBO` with the tree-balance coupling of every
+    r""":class:`~pyro.infer.TraceEnum_ELBO` with the tree-balance coupling of every
     :class:`~pyro_trees.distributions.BalancedLeaf` site added.
 
     :param float balance_weight: multiplies the coupling term (``1`` is the ELBO;
         ``0`` drops the tree-balance prior, leaving a uniform per-point prior).
+    :param float entropy_weight: multiplies the per-point term
+        :math:`\sum_n \mathrm{KL}(q(\ell_n)\,\|\,\mathrm{Unif})`. ``1`` (default) is
+        the ELBO. Confident routing costs up to :math:`D \log 2` nats per point there,
+        so where the likelihood gains less (classification, deep trees) the bound
+        prefers vague routing. ``0`` drops the term (expected log-likelihood plus
+        balance, the objective of Frosst & Hinton); ``-1`` flips its sign, as eq. 22
+        of Antorán et al. has it. Any value but 1 is no longer a bound on the
+        evidence.
     :param kwargs: passed to :class:`~pyro.infer.TraceEnum_ELBO`;
         ``max_plate_nesting`` defaults to 1.
 
@@ -47,14 +57,14 @@ class TreeELBO(TraceEnum_ELBO):
     every Pyro ELBO, as ``TreeELBO()(model, guide)`` for module-local parameters.
     """
 
-    def __init__(self, *, balance_weight: float = 1.0, **kwargs):
+    def __init__(self, *, balance_weight: float = 1.0, entropy_weight: float = 1.0, **kwargs):
         kwargs.setdefault("max_plate_nesting", 1)
         super().__init__(**kwargs)
         self.balance_weight = float(balance_weight)
+        self.entropy_weight = float(entropy_weight)
 
-    def coupling(self, model_trace, guide_trace) -> torch.Tensor | float:
-        """Sum of the Stirling coupling terms of every ``BalancedLeaf`` site."""
-        total = 0.0
+    @staticmethod
+    def _routing_sites(model_trace, guide_trace):
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or not isinstance(site["fn"], BalancedLeaf):
                 continue
@@ -69,8 +79,24 @@ class TreeELBO(TraceEnum_ELBO):
             logits = guide_site["fn"].logits
             if logits.dim() < 2:
                 logits = logits.expand(site["fn"].batch_shape + logits.shape[-1:])
-            scale = site["scale"]
-            total = total + expected_log_coupling(logits, site["fn"].depth, scale=scale).sum()
+            yield site, logits
+
+    def per_point_kl(self, model_trace, guide_trace) -> torch.Tensor | float:
+        """``sum_n KL(q(leaf_n) || Unif)`` over every ``BalancedLeaf`` site (scaled)."""
+        total = 0.0
+        for site, logits in self._routing_sites(model_trace, guide_trace):
+            log_q = logits - logits.logsumexp(-1, keepdim=True)
+            kl = (log_q.exp() * log_q).sum(-1) + site["fn"].depth * math.log(2.0)
+            total = total + site["scale"] * kl.sum()
+        return total
+
+    def coupling(self, model_trace, guide_trace) -> torch.Tensor | float:
+        """Sum of the Stirling coupling terms of every ``BalancedLeaf`` site."""
+        total = 0.0
+        for site, logits in self._routing_sites(model_trace, guide_trace):
+            total = (
+                total + expected_log_coupling(logits, site["fn"].depth, scale=site["scale"]).sum()
+            )
         return total
 
     def _elbo_particles(self, model, guide, args, kwargs):
@@ -78,6 +104,10 @@ class TreeELBO(TraceEnum_ELBO):
             elbo = _compute_dice_elbo(model_trace, guide_trace)
             if self.balance_weight:
                 elbo = elbo + self.balance_weight * self.coupling(model_trace, guide_trace)
+            if self.entropy_weight != 1.0:
+                # The enumerated ELBO already holds -1 x the per-point KL.
+                extra = (1.0 - self.entropy_weight) * self.per_point_kl(model_trace, guide_trace)
+                elbo = elbo + extra
             yield elbo, model_trace, guide_trace
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
@@ -110,4 +140,3 @@ class TreeELBO(TraceEnum_ELBO):
         loss = -elbo
         warn_if_nan(loss, "loss")
         return loss
-

@@ -128,17 +128,41 @@ class HME(PyroModule):
             return dist.Normal(out[..., 0], scale[0])
         return dist.Normal(out, scale).to_event(1)
 
+    @torch.no_grad()
+    def init_experts(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor) -> None:
+        """One M-step from a routing: experts fit the points each leaf receives.
+
+        Regression: leaf means are the ``leaf_probs``-weighted means of ``y`` (linear
+        experts start with zero slopes) and a learnt noise scale the weighted residual
+        standard deviation. Classification: leaf logits are the log of the weighted
+        class frequencies, with one pseudo-count per class.
+
+        :param x: ``(N, L)``; ``y``: targets as in :meth:`forward`;
+        :param leaf_probs: ``(N, 2**D)`` routing probabilities (e.g. from the guide).
+        """
+        w = leaf_probs.to(x.dtype)
+        mass = w.sum(0)  # (2**D,)
+        if self.likelihood == "categorical":
+            counts = w.T @ torch.nn.functional.one_hot(y.long(), self.num_classes).to(x.dtype)
+            logits = torch.log(counts + 1.0) - torch.log(mass + self.num_classes).unsqueeze(-1)
+            self.leaf_loc = logits
+            return
+        y2 = y.reshape(y.shape[0], -1).to(x.dtype)  # (N, out)
+        loc = (w.T @ y2) / mass.clamp_min(1e-12).unsqueeze(-1)
+        empty = mass < 1e-6
+        loc[empty] = y2.mean(0)
+        self.leaf_loc = loc
+        if self.learn_noise:
+            resid = (w.unsqueeze(-1) * (y2.unsqueeze(1) - loc) ** 2).sum((0, 1)) / y2.shape[0]
+            self.noise_scale = resid.sqrt().clamp_min(1e-3 * y2.std(0).clamp_min(1e-12))
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample (or condition on) ``y`` for inputs ``x``; returns ``y``'s sample."""
         if x.dim() != 2 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         n = x.shape[0]
         if y is not None and y.shape[0] != n:
             raise ValueError(f"x has {n} rows but y has {y.shape[0]}")
         with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n))
-            return pyro.sample(
-                "obs", self.expert(x[idx], leaf), obs=None if y is None else y[idx]
-            )
+            leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device))
+            return pyro.sample("obs", self.expert(x[idx], leaf), obs=None if y is None else y[idx])

@@ -1,0 +1,381 @@
+"""Scikit-learn style RNN-Tree estimators: an HME with the tree-balance prior and the
+RNN-Tree guide, trained by :func:`pyro_trees.fit` with :class:`~pyro_trees.infer.TreeELBO`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyro
+import torch
+
+from pyro_trees import trees
+from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.guides.rnn_tree import RNNTreeGuide
+from pyro_trees.infer.fit import fit as _fit
+from pyro_trees.infer.fit import isolated_params
+from pyro_trees.infer.tree_elbo import TreeELBO
+from pyro_trees.models.hme import HME
+from pyro_trees.validation import check_X, check_X_y
+
+__all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
+
+_ROUTINGS = ("hard", "posterior")
+
+
+class _RNNTreeBase(TreeEstimatorMixin):
+    _likelihood = "gaussian"
+
+    def __init__(
+        self,
+        depth: int = 3,
+        *,
+        hidden_size: int = 32,
+        feedback: str = "hard",
+        experts: str = "constant",
+        init: str = "balanced",
+        num_steps: int = 600,
+        lr: float = 0.03,
+        lr_decay: float = 0.1,
+        optim: str = "adam",
+        batch_size: int | None = None,
+        validation_fraction: float = 0.0,
+        patience: int | None = None,
+        eval_every: int = 20,
+        routing: str = "hard",
+        num_noise_samples: int = 32,
+        balance_weight: float = 1.0,
+        entropy_weight: float = 1.0,
+        random_state: int | None = None,
+        device=None,
+        dtype: str = "float32",
+        progress: bool = False,
+    ):
+        self.depth = depth
+        self.hidden_size = hidden_size
+        self.feedback = feedback
+        self.experts = experts
+        self.init = init
+        self.num_steps = num_steps
+        self.lr = lr
+        self.lr_decay = lr_decay
+        self.optim = optim
+        self.batch_size = batch_size
+        self.validation_fraction = validation_fraction
+        self.patience = patience
+        self.eval_every = eval_every
+        self.routing = routing
+        self.num_noise_samples = num_noise_samples
+        self.balance_weight = balance_weight
+        self.entropy_weight = entropy_weight
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+
+    # -- hooks for the two subclasses ---------------------------------------------------
+    def _prepare_targets(self, y, X: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _model_kwargs(self) -> dict:
+        raise NotImplementedError
+
+    def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
+        raise NotImplementedError
+
+    # -- validation --------------------------------------------------------------------
+    def _check_options(self) -> None:
+        if self.init not in ("balanced", "random"):
+            raise ValueError(f"init must be 'balanced' or 'random', got {self.init!r}")
+        if self.routing not in _ROUTINGS:
+            raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(
+                f"validation_fraction must lie in [0, 1), got {self.validation_fraction}"
+            )
+        if self.patience is not None and self.validation_fraction == 0.0:
+            raise ValueError("patience needs a validation split: set validation_fraction > 0")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
+
+    def _standardize(self, X: torch.Tensor) -> torch.Tensor:
+        mean = torch.as_tensor(self.x_mean_, dtype=X.dtype, device=X.device)
+        scale = torch.as_tensor(self.x_scale_, dtype=X.dtype, device=X.device)
+        return (X - mean) / scale
+
+    def _check_X(self, X) -> torch.Tensor:
+        self._check_is_fitted()
+        X = check_X(X, n_features=self.n_features_in_, device=self.device)
+        return self._standardize(X.to(self.dtype_))
+
+    # -- fitting -------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Fit the HME and its RNN-Tree routing posterior.
+
+        :param X: ``(N, L)`` array-like of inputs.
+        :param y: ``(N,)`` targets (``(N, K)`` for multi-output regression).
+        :returns: ``self``.
+        """
+        self._check_options()
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        X = check_X(X, dtype=getattr(torch, self.dtype), device=self.device)
+        n, n_features = X.shape
+        n_y = len(y) if not isinstance(y, torch.Tensor) else y.shape[0]
+        if n_y != n:
+            raise ValueError(f"X and y have mismatched lengths: X has {n} rows, y has {n_y}")
+        y = self._prepare_targets(y, X)
+        width = getattr(self, "n_classes_", None) or getattr(self, "n_outputs_", 1)
+        depth = trees.check_depth(
+            self.depth,
+            num_points=min(n, self.batch_size or n),
+            width=max(width, n_features),
+            dtype=X.dtype,
+            device=X.device,
+        )
+        if n < 2:
+            raise ValueError(f"need at least 2 samples to fit, got {n}")
+        self.n_features_in_ = n_features
+        self.dtype_ = X.dtype
+        self.x_mean_ = X.mean(0).cpu().numpy()
+        scale = X.std(0)
+        self.x_scale_ = torch.where(scale > 0, scale, torch.ones_like(scale)).cpu().numpy()
+        Xs = self._standardize(X)
+
+        gen = np.random.default_rng(self.random_state)
+        if self.random_state is not None:
+            pyro.set_rng_seed(int(self.random_state))
+        X_val = y_val = None
+        if self.validation_fraction > 0:
+            perm = torch.as_tensor(gen.permutation(n), device=X.device)
+            n_val = max(1, int(round(self.validation_fraction * n)))
+            X_val, y_val = Xs[perm[:n_val]], y[perm[:n_val]]
+            Xs, y = Xs[perm[n_val:]], y[perm[n_val:]]
+
+        model = HME(n_features, depth, experts=self.experts, **self._model_kwargs())
+        guide = RNNTreeGuide(
+            n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback
+        )
+        model.to(device=X.device, dtype=X.dtype)
+        guide.to(device=X.device, dtype=X.dtype)
+        with isolated_params():
+            if self.init == "balanced":
+                guide.tree.init_balanced(Xs)
+                # One M-step on the initial tree's hard routing: soft routing would
+                # smear every expert towards the global mean.
+                leaf = guide.tree.hard_leaf(Xs)
+                model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
+        self.model_, self.guide_ = model, guide
+        self.is_fitted_ = True  # for the validation metric
+        self._rules = None
+
+        val_metric = None
+        if X_val is not None:
+
+            def val_metric():
+                self._rules = None
+                return self._error(X_val, y_val)
+
+        gamma = float(self.lr_decay) ** (1.0 / max(1, self.num_steps))
+        self.fit_result_ = _fit(
+            model,
+            guide,
+            Xs,
+            y,
+            loss=TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight),
+            num_steps=self.num_steps,
+            optim=self.optim,
+            lr=self.lr,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
+            val_metric=val_metric,
+            eval_every=self.eval_every,
+            patience=self.patience,
+            progress=self.progress,
+            desc=type(self).__name__,
+            subsample_size=self.batch_size,
+        )
+        model.eval()
+        guide.eval()
+        self._rules = None
+        return self
+
+    # -- routing -----------------------------------------------------------------------------
+    @property
+    def rules_(self) -> trees.DecisionRules:
+        """The single most likely tree (thresholds in standardised units)."""
+        self._check_is_fitted()
+        if self._rules is None:
+            with isolated_params():
+                self._rules = self.guide_.tree.rules(self._leaf_labels())
+        return self._rules
+
+    def _leaf_probs(self, Xs: torch.Tensor, routing: str | None) -> torch.Tensor:
+        routing = self.routing if routing is None else routing
+        if routing not in _ROUTINGS:
+            raise ValueError(f"routing must be one of {_ROUTINGS}, got {routing!r}")
+        if routing == "hard":
+            leaf = self.rules_.route(Xs)
+            return torch.nn.functional.one_hot(leaf, trees.num_leaves(self.model_.depth)).to(
+                Xs.dtype
+            )
+        gen = torch.Generator().manual_seed(0 if self.random_state is None else self.random_state)
+        with isolated_params(), torch.no_grad():
+            return self.guide_.tree.leaf_probs(
+                Xs, num_samples=self.num_noise_samples, generator=gen
+            )
+
+    def _leaf_outputs(self, Xs: torch.Tensor) -> torch.Tensor:
+        with isolated_params(), torch.no_grad():
+            return self.model_.leaf_outputs(Xs).detach()  # (N, 2**D, width)
+
+    def apply(self, X) -> np.ndarray:
+        """Leaf index ``(N,)`` of each input under the most likely tree."""
+        return self.rules_.route(self._check_X(X)).cpu().numpy()
+
+    def predict_leaf_proba(self, X) -> np.ndarray:
+        """The routing posterior ``q(leaf | x)`` of each input, ``(N, 2**depth)``."""
+        return self._leaf_probs(self._check_X(X), "posterior").cpu().numpy()
+
+    def export_text(self, feature_names=None, decimals: int = 3) -> str:
+        """The most likely tree as text (thresholds in the units of ``X``)."""
+        rules = self.rules_
+        f = rules.feature.cpu()
+        mean = torch.as_tensor(self.x_mean_)[f].to(rules.threshold.dtype)
+        scale = torch.as_tensor(self.x_scale_)[f].to(rules.threshold.dtype)
+        raw = trees.DecisionRules(
+            f, rules.threshold.cpu() * scale + mean, rules.greater.cpu(), rules.leaf_values
+        )
+        return raw.export_text(feature_names=feature_names, decimals=decimals)
+
+
+class RNNTreeRegressor(_RNNTreeBase):
+    """Regression with an HME of constant (or linear) Gaussian experts, the tree-balance
+    prior and the RNN-Tree guide (Antorán et al.).
+
+    :param int depth: tree depth (``2**depth`` experts).
+    :param int hidden_size: GRU width of the RNN-Tree.
+    :param str feedback: ``"hard"`` (per-node GRU states; default) or ``"soft"`` (the
+        paper's single roll-out with quantisation noise, eq. 14).
+    :param str experts: ``"constant"`` (the paper) or ``"linear"``.
+    :param str init: ``"balanced"`` (:meth:`RNNTree.init_balanced` and one M-step for
+        the experts) or ``"random"``.
+    :param noise_scale: fixed observation noise, or ``None`` (default) to learn it.
+    :param int num_steps: gradient steps; ``lr``, ``lr_decay`` (total factor over the
+        run, exponential), ``optim`` (``"adam"``, ``"radam"``, ``"clipped_adam"``...).
+    :param batch_size: minibatch size (``None``: full batch).
+    :param float validation_fraction: held out for early stopping on the hard tree's
+        error, with ``patience`` evaluations every ``eval_every`` steps.
+    :param str routing: ``"hard"`` (the single most likely tree, as the paper) or
+        ``"posterior"`` (average over the routing posterior) for predictions.
+    :param random_state: seed; fits and predictions are then reproducible.
+    :param device: where to fit (``"cuda"``...); default: the CPU.
+    :param str dtype: ``"float32"`` (default) or ``"float64"`` computation.
+    :param bool progress: show a progress bar with the loss.
+    """
+
+    _estimator_type = "regressor"
+
+    def __init__(self, depth: int = 3, *, noise_scale: float | None = None, **kwargs):
+        super().__init__(depth, **kwargs)
+        self.noise_scale = noise_scale
+
+    def _prepare_targets(self, y, X: torch.Tensor) -> torch.Tensor:
+        _, y = check_X_y(X, y, multi_output=True, dtype=X.dtype, device=X.device)
+        if y.dim() == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        self.n_outputs_ = 1 if y.dim() == 1 else y.shape[1]
+        return y
+
+    def _model_kwargs(self) -> dict:
+        return {
+            "likelihood": "gaussian",
+            "num_outputs": self.n_outputs_,
+            "noise_scale": self.noise_scale,
+        }
+
+    def _leaf_labels(self) -> list[str]:
+        with isolated_params(), torch.no_grad():
+            loc = self.model_.leaf_loc.detach().cpu()
+        if self.experts == "linear":
+            return [f"value: linear expert {i}" for i in range(loc.shape[0])]
+        return ["value: " + ", ".join(f"{v:.3f}" for v in row.tolist()) for row in loc]
+
+    def _predict_std(self, Xs: torch.Tensor, routing=None) -> torch.Tensor:
+        probs = self._leaf_probs(Xs, routing)  # (N, 2**D)
+        out = self._leaf_outputs(Xs)  # (N, 2**D, K)
+        return (probs.unsqueeze(-1) * out).sum(-2)
+
+    def predict(self, X, routing: str | None = None) -> np.ndarray:
+        """Predicted mean ``(N,)`` (``(N, K)`` for multi-output).
+
+        :param routing: ``"hard"`` or ``"posterior"``; default: the ``routing`` option.
+        """
+        pred = self._predict_std(self._check_X(X), routing)
+        pred = pred.cpu().numpy()
+        return pred[:, 0] if self.n_outputs_ == 1 else pred
+
+    def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
+        pred = self._predict_std(X, "hard")
+        return float(((pred - y.reshape(pred.shape)) ** 2).mean().sqrt())
+
+
+class RNNTreeClassifier(_RNNTreeBase):
+    """Classification with an HME of categorical experts, the tree-balance prior and the
+    RNN-Tree guide (Antorán et al.). Options as :class:`RNNTreeRegressor`, without
+    ``noise_scale``; ``classes_`` holds the sorted class labels.
+    """
+
+    _estimator_type = "classifier"
+
+    def _prepare_targets(self, y, X: torch.Tensor) -> torch.Tensor:
+        y = y.cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-D class labels; got shape {tuple(y.shape)}")
+        if y.dtype.kind == "f" and not np.isfinite(y).all():
+            raise ValueError("y contains NaN or infinite labels")
+        classes, idx = np.unique(y, return_inverse=True)
+        if len(classes) < 2:
+            raise ValueError(f"need at least two classes to fit; y has only {classes.tolist()}")
+        self.classes_ = classes
+        self.n_classes_ = len(classes)
+        return torch.as_tensor(idx, device=X.device)
+
+    def _model_kwargs(self) -> dict:
+        return {"likelihood": "categorical", "num_classes": self.n_classes_}
+
+    def _leaf_labels(self) -> list[str]:
+        with isolated_params(), torch.no_grad():
+            probs = self.model_.leaf_loc.detach().softmax(-1).cpu()
+        out = []
+        for row in probs:
+            k = int(row.argmax())
+            out.append(f"class: {self.classes_[k]} (p = {float(row[k]):.2f})")
+        return out
+
+    def _proba(self, Xs: torch.Tensor, routing=None) -> torch.Tensor:
+        probs = self._leaf_probs(Xs, routing)
+        leaf_p = self._leaf_outputs(Xs).softmax(-1)  # (N, 2**D, C)
+        return (probs.unsqueeze(-1) * leaf_p).sum(-2)
+
+    def predict_proba(self, X, routing: str | None = None) -> np.ndarray:
+        """Class probabilities ``(N, n_classes)`` in the order of ``classes_``."""
+        return self._proba(self._check_X(X), routing).cpu().numpy()
+
+    def predict(self, X, routing: str | None = None) -> np.ndarray:
+        """Predicted class labels ``(N,)``."""
+        return self.classes_[self.predict_proba(X, routing).argmax(-1)]
+
+    def score(self, X, y) -> float:
+        """Accuracy; labels never seen in training raise ``ValueError``."""
+        self._check_is_fitted()
+        y_arr = y.cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+        unseen = np.setdiff1d(np.unique(y_arr), self.classes_)
+        if len(unseen):
+            raise ValueError(
+                f"y has classes never seen in training: {unseen.tolist()} "
+                f"(known: {self.classes_.tolist()})"
+            )
+        return super().score(X, y_arr)
+
+    def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
+        pred = self._proba(X, "hard").argmax(-1)
+        return float((pred != y).to(torch.float64).mean())

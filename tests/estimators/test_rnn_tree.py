@@ -1,0 +1,149 @@
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_trees.datasets import make_parity, make_pulse, parity_test_set
+from pyro_trees.estimators import RNNTreeClassifier, RNNTreeRegressor
+
+
+@pytest.fixture(scope="module")
+def pulse_fit():
+    X, y = make_pulse(200)
+    return RNNTreeRegressor(3, random_state=0, num_steps=150, entropy_weight=-1.0).fit(X, y), X, y
+
+
+@pytest.fixture(scope="module")
+def parity_fit():
+    X, y = make_parity(600, bits=4, sigma=0.0, random_state=0)
+    est = RNNTreeClassifier(4, random_state=0, num_steps=60, entropy_weight=-1.0).fit(X, y)
+    return est, X, y
+
+
+def test_regressor_fits_the_pulse(pulse_fit):
+    est, X, y = pulse_fit
+    assert len(set(est.apply(X).tolist())) == 8
+    assert np.mean((est.predict(X) - y) ** 2) < 0.1
+    assert est.score(X, y) > 0.9
+    assert est.predict(X, routing="posterior").shape == (200,)
+    assert est.predict_leaf_proba(X).shape == (200, 8)
+    np.testing.assert_allclose(est.predict_leaf_proba(X).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_classifier_solves_noise_free_parity(parity_fit):
+    est, _, _ = parity_fit
+    X_test, y_test = parity_test_set(4)
+    assert est.score(X_test, y_test) == 1.0
+    proba = est.predict_proba(X_test)
+    assert proba.shape == (16, 2)
+    np.testing.assert_allclose(proba.sum(-1), 1.0, rtol=1e-5)
+    assert est.classes_.tolist() == [0, 1]
+
+
+def test_export_text_uses_input_units(pulse_fit):
+    est, X, _ = pulse_fit
+    text = est.export_text(feature_names=["x"])
+    assert text.count("value:") == 8 and "x <=" in text
+    thresholds = sorted(float(t) for t in est.rules_.threshold)
+    # standardised thresholds map back near the pulse's integer boundaries
+    raw = np.array(thresholds) * est.x_scale_[0] + est.x_mean_[0]
+    assert np.all(np.abs(raw - np.round(raw)) < 0.15)
+
+
+@pytest.mark.parametrize("routing", ["hard", "posterior"])
+def test_pickle_and_torch_save_reproduce_predictions_exactly(pulse_fit, tmp_path, routing):
+    est, X, _ = pulse_fit
+    again = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(
+        again.predict(X, routing=routing), est.predict(X, routing=routing)
+    )
+    torch.save(est, tmp_path / "est.pt")
+    loaded = torch.load(tmp_path / "est.pt", weights_only=False)
+    np.testing.assert_array_equal(
+        loaded.predict(X, routing=routing), est.predict(X, routing=routing)
+    )
+
+
+def test_same_seed_same_fit():
+    X, y = make_pulse(60)
+    a = RNNTreeRegressor(2, random_state=3, num_steps=20).fit(X, y).predict(X)
+    b = RNNTreeRegressor(2, random_state=3, num_steps=20).fit(X, y).predict(X)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_float64_and_string_labels_and_multi_output():
+    X, y = make_pulse(60)
+    est = RNNTreeRegressor(2, num_steps=10, dtype="float64").fit(X, np.stack([y, -y], 1))
+    assert est.predict(X).shape == (60, 2)
+    labels = np.where(y > 2.5, "high", "low")
+    clf = RNNTreeClassifier(2, num_steps=10).fit(X, labels)
+    assert set(clf.predict(X)) <= {"high", "low"}
+
+
+def test_get_set_params_and_repr():
+    est = RNNTreeRegressor(4, lr=0.1)
+    params = est.get_params()
+    assert params["depth"] == 4 and params["lr"] == 0.1 and "noise_scale" in params
+    assert est.set_params(depth=2).depth == 2
+    assert repr(est) == "RNNTreeRegressor(depth=2, lr=0.1)"
+    with pytest.raises(ValueError, match="invalid parameter"):
+        est.set_params(nope=1)
+
+
+def test_early_stopping_on_validation():
+    X, y = make_pulse(120)
+    est = RNNTreeRegressor(
+        3, num_steps=400, validation_fraction=0.2, patience=2, eval_every=10, random_state=0
+    ).fit(X, y)
+    assert est.fit_result_.stopped in ("early_stopping", "num_steps")
+    assert est.fit_result_.best_step is not None
+
+
+@pytest.mark.parametrize(
+    "X,y,match",
+    [
+        (np.array([[np.nan], [1.0]]), np.array([1.0, 2.0]), "NaN"),
+        (np.array([[0.0], [1.0]]), np.array([1.0, np.inf]), "infinite"),
+        (np.zeros((3, 1)), np.zeros(2), "mismatched lengths"),
+        (np.zeros(3), np.zeros(3), "2-D"),
+    ],
+)
+def test_bad_training_input(X, y, match):
+    with pytest.raises(ValueError, match=match):
+        RNNTreeRegressor(2, num_steps=1).fit(X, y)
+
+
+def test_bad_depths():
+    X, y = make_pulse(20)
+    with pytest.raises(ValueError, match="depth must be an integer >= 1"):
+        RNNTreeRegressor(0).fit(X, y)
+    with pytest.raises(ValueError, match="would need about"):
+        RNNTreeRegressor(48).fit(X, y)
+
+
+def test_bad_prediction_input(pulse_fit):
+    est, _, _ = pulse_fit
+    with pytest.raises(ValueError, match="fit with 1"):
+        est.predict(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="NaN"):
+        est.predict(np.array([[np.nan]]))
+    with pytest.raises(ValueError, match="routing"):
+        est.predict(np.zeros((3, 1)), routing="nope")
+    with pytest.raises(ValueError, match="not fitted"):
+        RNNTreeRegressor().predict(np.zeros((3, 1)))
+
+
+def test_classifier_rejects_unseen_classes_and_single_class(parity_fit):
+    est, X, y = parity_fit
+    with pytest.raises(ValueError, match="never seen in training"):
+        est.score(X[:3], np.array([0, 1, 7]))
+    with pytest.raises(ValueError, match="two classes"):
+        RNNTreeClassifier(2, num_steps=1).fit(X, np.zeros(len(X)))
+
+
+@pytest.mark.cuda
+def test_cuda_fit_and_predict():
+    X, y = make_pulse(50)
+    est = RNNTreeRegressor(2, num_steps=5, device="cuda").fit(X, y)
+    assert est.predict(X).shape == (50,)

@@ -1,0 +1,140 @@
+import pickle
+
+import pyro
+import pytest
+import torch
+
+from pyro_trees import trees
+from pyro_trees.guides import RNNTree, RNNTreeGuide
+
+
+@pytest.fixture(autouse=True)
+def _scope():
+    with pyro.get_param_store().scope():
+        yield
+
+
+@pytest.mark.parametrize("feedback", ["hard", "soft"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_leaf_logits_are_normalised(feedback, dtype):
+    tree = RNNTree(3, 4, feedback=feedback).to(dtype)
+    x = torch.randn(20, 3, dtype=dtype)
+    lp = tree(x)
+    assert lp.shape == (20, 16) and lp.dtype == dtype
+    torch.testing.assert_close(lp.logsumexp(-1), torch.zeros(20, dtype=dtype))
+
+
+def test_soft_feedback_factorises_over_depth():
+    """Eq. 14: leaf probabilities are products of per-depth decisions."""
+    tree = RNNTree(2, 3, feedback="soft").double()
+    x = torch.randn(7, 2, dtype=torch.float64)
+    log_right, log_left = tree.depth_log_probs(x, noise=False)
+    torch.testing.assert_close(torch.logaddexp(log_right, log_left), torch.zeros(7, 3).double())
+    lp = tree(x, noise=False)
+    bits = trees.leaf_bits(3)
+    expected = (bits * log_right.unsqueeze(1) + (1 - bits) * log_left.unsqueeze(1)).sum(-1)
+    torch.testing.assert_close(lp, expected)
+
+
+def test_split_dimension_is_marginalised():
+    """Eq. 13 by hand at the root under hard feedback."""
+    tree = RNNTree(3, 1, feedback="hard").double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    log_dim, w0, w1 = tree._node_heads(torch.float64)
+    p = (log_dim.exp() * torch.sigmoid(w0 + w1 * x)).sum(-1)
+    torch.testing.assert_close(tree(x).exp()[:, 1], p)
+
+
+def test_hard_tree_rules_agree_with_the_limit_of_the_soft_tree():
+    """Replacing softmax by max and sigmoid by a step: scaling the split weights up
+    and sharpening the dimension choice sends the posterior to the hard leaf."""
+    torch.manual_seed(3)
+    tree = RNNTree(2, 3, feedback="hard").double()
+    x = torch.randn(300, 2, dtype=torch.float64)
+    with torch.no_grad():
+        tree.node_offset[:, :2] += torch.randn(7, 2, dtype=torch.float64) * 50
+        tree.split_head.weight.mul_(1000)
+        tree.split_head.bias.mul_(1000)
+        tree.node_offset[:, 2:].mul_(1000)
+    hard = tree.hard_leaf(x)
+    soft = tree(x).argmax(-1)
+    assert (hard == soft).float().mean() > 0.98
+
+
+def test_rules_reproduce_routing_and_conditions():
+    tree = RNNTree(3, 3, feedback="hard")
+    tree.init_balanced(torch.randn(200, 3))
+    rules = tree.rules()
+    x = torch.randn(100, 3)
+    leaf = rules.route(x)
+    assert torch.equal(leaf, tree.hard_leaf(x))
+    for i, conds in enumerate(rules.leaf_conditions()):
+        inside = torch.ones(100, dtype=torch.bool)
+        for f, op, t in conds:
+            v = x[:, f]
+            inside &= {"<=": v <= t, ">": v > t, ">=": v >= t, "<": v < t}[op]
+        assert torch.equal(inside, leaf == i)
+
+
+def test_balanced_init_splits_every_node_in_half():
+    x = torch.linspace(-1, 1, 64).unsqueeze(-1)
+    tree = RNNTree(1, 3, feedback="hard")
+    tree.init_balanced(x)
+    counts = torch.bincount(tree.hard_leaf(x), minlength=8)
+    assert counts.tolist() == [8] * 8
+
+
+def test_balanced_init_on_binary_inputs_uses_every_bit_once_per_path():
+    bits = trees.leaf_bits(4).double()  # all 16 patterns of 4 bits
+    x = bits.repeat(4, 1)
+    tree = RNNTree(4, 4, feedback="hard").double()
+    tree.init_balanced(x)
+    assert torch.equal(tree.hard_leaf(bits).sort().values, torch.arange(16))
+
+
+def test_guide_samples_inside_the_data_plate():
+    guide = RNNTreeGuide(2, 2)
+    x = torch.randn(30, 2)
+    trace = pyro.poutine.trace(guide).get_trace(x, subsample_size=10)
+    site = trace.nodes["leaf"]
+    assert site["value"].shape == (10,)
+    assert site["infer"]["enumerate"] == "parallel"
+    assert trace.nodes["data"]["value"].shape == (10,)
+
+
+def test_noise_is_used_only_in_training_with_soft_feedback():
+    tree = RNNTree(1, 3, feedback="soft")
+    x = torch.randn(5, 1)
+    tree.train()
+    assert not torch.equal(tree(x), tree(x))
+    tree.eval()
+    torch.testing.assert_close(tree(x), tree(x))
+    gen = torch.Generator().manual_seed(0)
+    a = tree.leaf_probs(x, num_samples=4, generator=gen)
+    gen = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(a, tree.leaf_probs(x, num_samples=4, generator=gen))
+
+
+def test_pickle_round_trip():
+    tree = RNNTree(2, 3)
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(
+        pickle.loads(pickle.dumps(tree))(x, noise=False), tree(x, noise=False)
+    )
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="feedback"):
+        RNNTree(2, 3, feedback="other")
+    with pytest.raises(ValueError, match="depth"):
+        RNNTree(2, 0)
+    with pytest.raises(ValueError, match="in_features"):
+        RNNTree(0, 2)
+
+
+@pytest.mark.cuda
+def test_cuda_forward_and_rules():
+    tree = RNNTree(2, 3).cuda()
+    x = torch.randn(10, 2, device="cuda")
+    assert tree(x).device.type == "cuda"
+    assert tree.rules().route(x).device.type == "cuda"

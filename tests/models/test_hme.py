@@ -1,0 +1,63 @@
+import pyro
+import pytest
+import torch
+from pyro.infer import Predictive
+
+from pyro_trees.distributions import BalancedLeaf
+from pyro_trees.models import HME
+
+
+@pytest.fixture(autouse=True)
+def _scope():
+    with pyro.get_param_store().scope():
+        yield
+
+
+@pytest.mark.parametrize("experts", ["constant", "linear"])
+def test_sites_and_shapes(experts):
+    model = HME(3, 2, experts=experts)
+    x = torch.randn(11, 3)
+    trace = pyro.poutine.trace(model).get_trace(x)
+    assert isinstance(trace.nodes["leaf"]["fn"], BalancedLeaf)
+    assert trace.nodes["leaf"]["value"].shape == (11,)
+    assert trace.nodes["obs"]["value"].shape == (11,)
+    samples = Predictive(model, num_samples=4)(x, subsample_size=5)
+    assert samples["obs"].shape == (4, 5)
+
+
+def test_enumerated_leaf_broadcasts():
+    model = HME(2, 2, num_outputs=3, noise_scale=None)
+    x = torch.randn(6, 2)
+    d = model.expert(x, torch.arange(4).unsqueeze(-1))
+    assert d.batch_shape == (4, 6) and d.event_shape == (3,)
+
+
+def test_categorical_experts():
+    model = HME(2, 3, likelihood="categorical", num_classes=4)
+    x = torch.randn(9, 2)
+    y = model(x)
+    assert y.shape == (9,) and int(y.max()) < 4
+
+
+def test_init_experts_is_an_m_step():
+    model = HME(1, 1, noise_scale=None).double()
+    x = torch.zeros(4, 1, dtype=torch.float64)
+    y = torch.tensor([1.0, 3.0, 10.0, 14.0], dtype=torch.float64)
+    probs = torch.tensor([[1.0, 0], [1, 0], [0, 1], [0, 1]], dtype=torch.float64)
+    model.init_experts(x, y, probs)
+    torch.testing.assert_close(model.leaf_loc.detach()[:, 0], torch.tensor([2.0, 12.0]).double())
+    torch.testing.assert_close(model.scale().detach(), torch.tensor([2.5**0.5]).double())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="likelihood"):
+        HME(2, 2, likelihood="poisson")
+    with pytest.raises(ValueError, match="num_classes"):
+        HME(2, 2, likelihood="categorical")
+    with pytest.raises(ValueError, match="noise_scale"):
+        HME(2, 2, noise_scale=0.0)
+    model = HME(2, 2)
+    with pytest.raises(ValueError, match=r"shape \(N, 2\)"):
+        model(torch.randn(5, 3))
+    with pytest.raises(ValueError, match="rows"):
+        model(torch.randn(5, 2), torch.randn(4))

@@ -1,0 +1,133 @@
+import math
+
+import pytest
+import torch
+
+from pyro_trees import trees
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_leaf_probabilities_sum_to_one(depth, dtype):
+    logits = torch.randn(7, trees.num_internal(depth), dtype=dtype) * 3
+    lp = trees.leaf_log_probs(logits)
+    assert lp.shape == (7, 2**depth) and lp.dtype == dtype
+    torch.testing.assert_close(lp.logsumexp(-1), torch.zeros(7, dtype=dtype))
+
+
+def test_leaf_log_probs_match_path_products():
+    depth = 3
+    logits = torch.randn(trees.num_internal(depth), dtype=torch.float64)
+    lp = trees.leaf_log_probs(logits)
+    bits = trees.leaf_bits(depth)
+    for leaf in range(2**depth):
+        node, expected = 1, 0.0
+        for d in range(depth):
+            b = int(bits[leaf, d])
+            z = float(logits[node - 1])
+            expected += math.log(1 / (1 + math.exp(-z))) if b else math.log(1 / (1 + math.exp(z)))
+            node = 2 * node + b
+        assert abs(float(lp[leaf]) - expected) < 1e-12
+
+
+def test_depth_16_float32_does_not_underflow():
+    depth = 16
+    logits = torch.full((trees.num_internal(depth),), 30.0, dtype=torch.float32)
+    lp = trees.leaf_log_probs(logits)
+    assert torch.isfinite(lp).all()
+    # The least likely leaf goes left 16 times against log-odds 30: about -480 nats,
+    # far below float32's smallest probability, yet finite in log space.
+    assert float(lp.min()) == pytest.approx(16 * -30.0, rel=1e-4)
+    assert float(lp.logsumexp(-1)) == pytest.approx(0.0, abs=1e-4)
+
+
+def test_node_log_reach_is_consistent():
+    depth = 4
+    lp = trees.leaf_log_probs(torch.randn(3, trees.num_internal(depth), dtype=torch.float64))
+    reach = trees.node_log_reach(lp)
+    assert reach.shape == (3, 2 ** (depth + 1) - 1)
+    torch.testing.assert_close(reach[:, 0], torch.zeros(3, dtype=torch.float64))
+    for node in range(1, 2**depth):  # internal: children add up to the parent
+        both = torch.logaddexp(reach[:, 2 * node - 1], reach[:, 2 * node])
+        torch.testing.assert_close(both, reach[:, node - 1])
+
+
+def test_hard_route_matches_heap_walk():
+    depth = 4
+    go_right = torch.rand(50, trees.num_internal(depth)) > 0.5
+    leaf = trees.hard_route(go_right)
+    for i in range(50):
+        node = 1
+        for _ in range(depth):
+            node = 2 * node + int(go_right[i, node - 1])
+        assert int(leaf[i]) == node - 2**depth
+
+
+def test_depth_one_hard_route_and_leaf_bits():
+    assert trees.leaf_bits(2).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert trees.hard_route(torch.tensor([[True], [False]])).tolist() == [1, 0]
+
+
+def test_heap_helpers():
+    assert trees.parent(5) == 2 and trees.left_child(3) == 6 and trees.right_child(3) == 7
+    assert trees.depth_of(1) == 0 and trees.depth_of(7) == 2 and trees.depth_of(8) == 3
+    with pytest.raises(ValueError):
+        trees.parent(1)
+
+
+def _random_rules(depth, n_features, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = trees.num_internal(depth)
+    return trees.DecisionRules(
+        torch.randint(n_features, (n,), generator=g),
+        torch.randn(n, generator=g),
+        torch.rand(n, generator=g) > 0.5,
+        [f"leaf {i}" for i in range(2**depth)],
+    )
+
+
+def test_rules_reproduce_hard_routing():
+    rules = _random_rules(4, 3)
+    x = torch.randn(500, 3)
+    leaf = rules.route(x)
+    ops = {
+        "<=": lambda a, t: a <= t,
+        ">": lambda a, t: a > t,
+        ">=": lambda a, t: a >= t,
+        "<": lambda a, t: a < t,
+    }
+    conditions = rules.leaf_conditions()
+    for i in range(500):
+        satisfied = [all(ops[op](float(x[i, f]), t) for f, op, t in conds) for conds in conditions]
+        assert satisfied.count(True) == 1
+        assert satisfied.index(True) == int(leaf[i])
+
+
+def test_export_text_lists_every_leaf():
+    rules = _random_rules(2, 2)
+    text = rules.export_text(feature_names=["a", "b"])
+    assert text.count("leaf ") == 4
+    assert text.startswith("|--- ")
+    assert all(line.startswith("|") for line in text.splitlines())
+
+
+def test_depth_one_split_uses_node_logit():
+    lp = trees.leaf_log_probs(torch.tensor([[0.0], [100.0]]))
+    torch.testing.assert_close(lp.exp(), torch.tensor([[0.5, 0.5], [0.0, 1.0]]))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "3"])
+def test_check_depth_rejects_bad_depth(bad):
+    with pytest.raises(ValueError, match="depth"):
+        trees.check_depth(bad)
+
+
+def test_check_depth_says_how_much_memory_is_needed():
+    with pytest.raises(ValueError, match=r"2\*\*40 .*would need about 15.6 PiB"):
+        trees.check_depth(40, num_points=1000, max_bytes=2**30)
+    assert trees.check_depth(3, num_points=10) == 3
+
+
+def test_node_logits_must_be_a_full_tree():
+    with pytest.raises(ValueError, match="2\\*\\*D - 1"):
+        trees.leaf_log_probs(torch.zeros(4))
