@@ -143,7 +143,7 @@ class TreeBalance(TorchDistribution):
             self._validate_sample(value)
         return self.log_coupling(value) - self.num_points * self.depth * math.log(2.0)
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape=()):
         """Exact sampling: at every node the number going right ``K`` follows
         :math:`p(K) \\propto \\binom{N_i}{K}^2` (hypergeometric), then a uniformly random
         subset of that size goes right."""
@@ -232,7 +232,7 @@ class TreeRouting(dist.TorchDistribution):
     def log_prob(self, value):
         return self._cat.log_prob(value).sum(-1)
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape=()):
         return self._cat.sample(sample_shape)
 
     def entropy(self):

@@ -129,9 +129,7 @@ class TreeELBO(TraceEnum_ELBO):
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
         """The negative ELBO; also backpropagates it into the parameters."""
         elbo = 0.0
-        for elbo_particle, model_trace, guide_trace in self._elbo_particles(
-            model, guide, args, kwargs
-        ):
+        for elbo_particle, _, _ in self._elbo_particles(model, guide, args, kwargs):
             if is_identically_zero(elbo_particle):
                 continue
             elbo += float(elbo_particle.detach()) / self.num_particles
