@@ -1,3 +1,5 @@
 """Distributions of pyro_trees: real ``TorchDistribution`` subclasses."""
 
-__all__: list[str] = []
+from pyro_trees.distributions.tree_normal import TreeNormal, validate_parents
+
+__all__ = ["TreeNormal", "validate_parents"]
