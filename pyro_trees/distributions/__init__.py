@@ -1,5 +1,6 @@
 """Distributions of pyro_trees: real ``TorchDistribution`` subclasses."""
 
+from pyro_trees.distributions.tree_mixture import MixtureOfTreeNormals
 from pyro_trees.distributions.tree_normal import TreeNormal, validate_parents
 
-__all__ = ["TreeNormal", "validate_parents"]
+__all__ = ["MixtureOfTreeNormals", "TreeNormal", "validate_parents"]
