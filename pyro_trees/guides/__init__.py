@@ -1,3 +1,21 @@
 """Guide families, each with the signature of its model."""
 
-__all__: list[str] = []
+from pyro_trees.guides.tree_vi import (
+    GaussianEncoder,
+    MixtureTreeELBO,
+    PairNet,
+    TreeVIGuide,
+    TreeVIMixtureGuide,
+    induced_forest,
+    tree_batches,
+)
+
+__all__ = [
+    "GaussianEncoder",
+    "MixtureTreeELBO",
+    "PairNet",
+    "TreeVIGuide",
+    "TreeVIMixtureGuide",
+    "induced_forest",
+    "tree_batches",
+]

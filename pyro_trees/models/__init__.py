@@ -1,3 +1,5 @@
 """Pyro models (``PyroModule``\\ s whose ``forward(x, y=None)`` samples inside plates)."""
 
-__all__: list[str] = []
+from pyro_trees.models.latent import SYNTHETIC_AFFINITY, GraphPriorVAE, SyntheticGraphVAE
+
+__all__ = ["SYNTHETIC_AFFINITY", "GraphPriorVAE", "SyntheticGraphVAE"]
