@@ -1,5 +1,10 @@
 """Pyro models (``PyroModule``\\ s whose ``forward(x, y=None)`` samples inside plates)."""
 
-from pyro_trees.models.latent import SYNTHETIC_AFFINITY, GraphPriorVAE, SyntheticGraphVAE
+from pyro_trees.models.latent import (
+    SYNTHETIC_AFFINITY,
+    ConstrainedClusteringVAE,
+    GraphPriorVAE,
+    SyntheticGraphVAE,
+)
 
-__all__ = ["SYNTHETIC_AFFINITY", "GraphPriorVAE", "SyntheticGraphVAE"]
+__all__ = ["SYNTHETIC_AFFINITY", "ConstrainedClusteringVAE", "GraphPriorVAE", "SyntheticGraphVAE"]

@@ -17,7 +17,7 @@ from torch import nn
 
 from pyro_trees.distributions.kronecker_normal import KroneckerNormal
 
-__all__ = ["GraphPriorVAE", "SyntheticGraphVAE", "SYNTHETIC_AFFINITY"]
+__all__ = ["ConstrainedClusteringVAE", "GraphPriorVAE", "SYNTHETIC_AFFINITY", "SyntheticGraphVAE"]
 
 #: The loopy affinity matrix of eq. 18 (four instances).
 SYNTHETIC_AFFINITY = torch.tensor(
@@ -191,3 +191,102 @@ class GraphPriorVAE(PyroModule):
         else:
             likelihood = dist.Normal(out, self.log_noise.exp())
         return pyro.sample("x", likelihood.to_event(2), obs=xb)
+
+
+class ConstrainedClusteringVAE(PyroModule):
+    """Constrained clustering in the DC-GMM / VaDE style (Sec. 4.2, eq. 19).
+
+    Generative story for the instances ``B`` of a step (all when ``idx=None``)::
+
+        c_i ~ Categorical(pi)           (marginalised exactly)
+        z_i | c_i ~ N(mu_c, diag sigma_c^2)   # site "z", event (|B|, D): a Gaussian mixture
+        factor  sum_{i<j in B} W_ij [c_i = c_j]  # pairwise prior of eq. 19
+        x_i | z_i ~ Bernoulli(decoder(z_i))     # site "x", event (|B|, F)
+
+    The pairwise prior ``p(c | W) ∝ prod_i pi_{c_i} h_i(c, W)`` with
+    ``h_i = prod_{j != i} exp(W_ij [c_i = c_j])`` (must-link ``W_ij > 0``, cannot-link
+    ``W_ij < 0``) enters, as in DC-GMM, through its expectation under the cluster
+    posterior ``q(c_i | z_i) = p(c_i | z_i)`` (Bayes' rule under the mixture):
+    ``sum_ij W_ij sum_k q_ik q_jk`` (a ``pyro.factor``); its normaliser ``Omega(pi)`` is
+    dropped, as DC-GMM does. Only constraints with both ends in the batch count, so a
+    step costs ``O(|B| + #constraints)``.
+
+    :param int obs_dim: ``F``; :param int num_clusters: ``K``; :param int latent_dim: ``D``.
+    :param constraints: ``(C, 2)`` integer pairs; :param weights: ``(C,)`` values
+        ``W_ij`` (positive must-link, negative cannot-link; the paper uses ``±1e4``).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_clusters: int,
+        *,
+        latent_dim: int = 10,
+        hidden=(256,),
+        constraints=None,
+        weights=None,
+        num_nodes: int | None = None,
+    ):
+        super().__init__()
+        if num_clusters < 2:
+            raise ValueError(f"num_clusters must be >= 2, got {num_clusters}")
+        pairs = torch.zeros(0, 2, dtype=torch.long) if constraints is None else constraints
+        pairs = torch.as_tensor(pairs).long().reshape(-1, 2)
+        w = torch.zeros(0) if weights is None else torch.as_tensor(weights).float()
+        if w.shape != (pairs.shape[0],):
+            raise ValueError(f"weights must have shape ({pairs.shape[0]},), got {tuple(w.shape)}")
+        if not torch.isfinite(w).all():
+            raise ValueError("constraint weights contain NaN or infinite values")
+        if pairs.numel() and (
+            pairs.min() < 0 or (num_nodes is not None and pairs.max() >= num_nodes)
+        ):
+            raise ValueError("constraint index out of range")
+        self.register_buffer("pairs", pairs)
+        self.register_buffer("weights", w)
+        self.num_clusters, self.latent_dim, self.obs_dim = num_clusters, latent_dim, obs_dim
+        self.cluster_logits = nn.Parameter(torch.zeros(num_clusters))
+        self.cluster_loc = nn.Parameter(torch.randn(num_clusters, latent_dim))
+        self.cluster_log_scale = nn.Parameter(torch.zeros(num_clusters, latent_dim))
+        layers, sizes = [], [latent_dim, *hidden, obs_dim]
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.Softplus()]
+        self.decoder = nn.Sequential(*layers[:-1])
+
+    def _components(self):
+        return dist.Normal(self.cluster_loc, self.cluster_log_scale.exp()).to_event(1)
+
+    def responsibilities(self, z):
+        """``q(c | z) = p(c | z)`` under the mixture, ``(..., N, K)``."""
+        lp = self._components().log_prob(z.unsqueeze(-2)) + self.cluster_logits.log_softmax(-1)
+        return lp.softmax(-1)
+
+    @torch.no_grad()
+    def predict(self, z):
+        """Hard cluster assignments ``(..., N)``."""
+        return self.responsibilities(z).argmax(-1)
+
+    def _batch_constraints(self, idx, size):
+        if self.pairs.numel() == 0:
+            return self.pairs, self.weights
+        if idx is None:
+            return self.pairs, self.weights
+        idx = torch.as_tensor(idx, device=self.pairs.device).long()
+        sorted_idx, order = idx.sort()
+        pos = torch.searchsorted(sorted_idx, self.pairs).clamp_max(size - 1)
+        inside = (sorted_idx[pos] == self.pairs).all(-1)
+        return order[pos[inside]], self.weights[inside]
+
+    def forward(self, x, *args, idx=None, **kwargs):
+        xb = x if idx is None else x.index_select(-2, torch.as_tensor(idx, device=x.device))
+        n = xb.shape[-2]
+        mix = dist.MixtureSameFamily(
+            dist.Categorical(logits=self.cluster_logits), self._components()
+        )
+        z = pyro.sample("z", mix.expand(torch.Size([n])).to_event(1))
+        pairs, w = self._batch_constraints(idx, n)
+        if pairs.numel():
+            r = self.responsibilities(z)
+            same = (r.index_select(-2, pairs[:, 0]) * r.index_select(-2, pairs[:, 1])).sum(-1)
+            pyro.factor("constraints", (w * same).sum(-1))
+        logits = self.decoder(z)
+        return pyro.sample("x", dist.Bernoulli(logits=logits).to_event(2), obs=xb)

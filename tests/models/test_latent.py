@@ -53,3 +53,38 @@ def test_graph_prior_vae_shapes_and_errors():
         GraphPriorVAE(edges, 5, num_nodes=4, likelihood="poisson")
     with pytest.raises(ValueError, match="num_groups"):
         SyntheticGraphVAE()()
+
+
+def test_constrained_clustering_factor_and_guides():
+    import pyro
+    from pyro.infer import SVI, Trace_ELBO
+
+    from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(10, 8, generator=g) < 0.4).float()
+    pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9]])
+    w = torch.tensor([3.0, -2.0, 1.5, 4.0])
+    model = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=w)
+    idx = torch.tensor([5, 1, 0, 2, 9])  # holds pairs (0,1) and (1,5) only
+    tr = poutine.trace(model).get_trace(x, idx=idx)
+    z = tr.nodes["z"]["value"]
+    assert z.shape == (5, 2)
+    r = model.responsibilities(z)
+    expected = 3.0 * (r[2] * r[1]).sum() + 1.5 * (r[1] * r[0]).sum()
+    assert torch.allclose(tr.nodes["constraints"]["fn"].log_factor, expected)
+    assert model.predict(z).shape == (5,)
+    parents = torch.tensor([-1, 0, -1, 2, -1, 1, -1, -1, -1, 7])  # must-links as a forest
+    for guide in (
+        TreeVIGuide(GaussianEncoder(8, 2, (6,)), None),
+        TreeVIGuide(GaussianEncoder(8, 2, (6,)), parents, pair_net=PairNet(8, 2, (6,))),
+    ):
+        pyro.clear_param_store()
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+        losses = [svi.step(x, idx=idx) for _ in range(3)] + [svi.step(x)]
+        assert all(torch.isfinite(torch.tensor(losses)))
+    with pytest.raises(ValueError, match="weights"):
+        ConstrainedClusteringVAE(8, 3, constraints=pairs, weights=w[:2])
+    with pytest.raises(ValueError, match="num_clusters"):
+        ConstrainedClusteringVAE(8, 1)
