@@ -183,7 +183,10 @@ class TreeNormal(TorchDistribution):
     the cheaper from the tree's height and the tensor size.
 
     The root entries of ``rho`` are ignored. A forest (several ``-1`` entries) is a
-    product of independent trees.
+    product of independent trees. The parent array is always validated (once per
+    tree); parameter values (finite, ``scale > 0``, ``|rho| < 1``) are checked when
+    argument validation is on, as for every torch distribution, and raise
+    :class:`ValueError` naming the parameter.
 
     :param torch.Tensor loc: means, shape ``batch_shape + (N, D)``.
     :param torch.Tensor scale: standard deviations (positive), broadcastable with
