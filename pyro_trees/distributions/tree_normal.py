@@ -320,35 +320,45 @@ class TreeNormal(TorchDistribution):
     def whiten_inverse(self, eps: torch.Tensor, method: str | None = None) -> torch.Tensor:
         """Map standard noise ``eps`` (shape ``... + (N, D)``) to standardised correlated
         ``u`` (``z = loc + scale * u``) by the ancestral recursion; linear in ``eps``."""
-        rho = self._edge_rho
-        coef = (1 - rho.pow(2)).sqrt()
-        b = coef * eps
-        a = rho.expand(b.shape)
-        method = method or self._choose_method(b.numel())
-        plan = self._plan
+        method = method or self._choose_method(eps.numel())
         if method == "jump":
-            # x_j = a_j x_{P_j} + b_j with a = 0 at roots; each step substitutes the
-            # pointed-to equation, doubling the stretch of absorbed ancestors.
-            for ptr in plan.jumps:
-                b = b + a * b.index_select(-2, ptr)
+            return self._jump(self._edge_rho.expand(eps.shape), eps)
+        perm = self._plan.levels[0]
+        return self._levels(eps.index_select(-2, perm), self._edge_rho.index_select(-2, perm))
+
+    def _jump(self, rho, eps):
+        # x_j = a_j x_{P_j} + b_j with a = 0 at roots; each step substitutes the
+        # pointed-to equation, doubling the stretch of absorbed ancestors.
+        b = (1 - rho.pow(2)).sqrt() * eps
+        a = rho
+        jumps = self._plan.jumps
+        for k, ptr in enumerate(jumps):
+            b = b + a * b.index_select(-2, ptr)
+            if k + 1 < len(jumps):
                 a = a * a.index_select(-2, ptr)
-            return b
-        perm, inv, counts, local_parent = plan.levels
-        a = a.index_select(-2, perm)
-        b = b.index_select(-2, perm)
+        return b
+
+    def _levels(self, eps_sorted, rho_sorted):
+        """Recursion level by level on nodes sorted by depth; returns the original order."""
+        _, inv, counts, local_parent = self._plan.levels
+        b = (1 - rho_sorted.pow(2)).sqrt() * eps_sorted
         out = [b[..., : counts[0], :]]
         start = counts[0]
         for d in range(1, len(counts)):
             stop = start + counts[d]
             prev = out[-1].index_select(-2, local_parent[d])
-            out.append(a[..., start:stop, :] * prev + b[..., start:stop, :])
+            out.append(rho_sorted[..., start:stop, :] * prev + b[..., start:stop, :])
             start = stop
         return torch.cat(out, dim=-2).index_select(-2, inv)
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        return self.loc + self.scale * self.whiten_inverse(eps)
+        if self._choose_method(eps.numel()) == "jump":
+            u = self._jump(self._edge_rho, eps)
+        else:  # i.i.d. noise may be drawn directly in depth order: one gather fewer
+            u = self._levels(eps, self._edge_rho.index_select(-2, self._plan.levels[0]))
+        return self.loc + self.scale * u
 
     # ----------------------------------------------------------------- densities
     def whiten(self, value: torch.Tensor) -> torch.Tensor:
