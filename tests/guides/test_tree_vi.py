@@ -157,3 +157,24 @@ def test_bad_input():
     guide, _ = make_guide("tree", parents)
     with pytest.raises(ValueError, match="TreeVIMixtureGuide"):
         MixtureTreeELBO().loss(GraphPriorVAE(torch.zeros(N, N), F), guide, x)
+
+
+def test_trains_with_fit_and_module_local_params():
+    from pyro_trees.infer import fit
+
+    t = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 0]])
+    # PyroModules used by fit() must be built with module-local params on
+    with pyro.settings.context(module_local_params=True):
+        model = SyntheticGraphVAE()
+        guide = TreeVIMixtureGuide(
+            GaussianEncoder(4, 4, ()), t, pair_net=PairNet(4, 4), plate="groups"
+        )
+    x = model.generate(30, torch.Generator().manual_seed(0))
+    before = guide.tree_logits.detach().clone()
+    res = fit(
+        model, guide, x, loss=MixtureTreeELBO(), num_steps=5, progress=False, subsample_size=10
+    )
+    assert res.num_steps == 5 and all(torch.isfinite(torch.tensor(res.losses)))
+    assert not torch.equal(guide.tree_logits.detach(), before)
+    r = pickle.loads(pickle.dumps(guide))
+    assert torch.equal(r.tree_logits.detach(), guide.tree_logits.detach())
