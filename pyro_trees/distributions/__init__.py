@@ -1,5 +1,8 @@
 """Distributions of pyro_trees: real ``TorchDistribution`` subclasses."""
 
+from pyro_trees.distributions.kronecker_normal import (
+    KroneckerNormal,
+)
 from pyro_trees.distributions.tree_balance import (
     BalancedLeaf,
     TreeBalance,
@@ -7,11 +10,22 @@ from pyro_trees.distributions.tree_balance import (
     expected_log_coupling,
     tree_balance_kl,
 )
+from pyro_trees.distributions.tree_mixture import (
+    MixtureOfTreeNormals,
+)
+from pyro_trees.distributions.tree_normal import (
+    TreeNormal,
+    validate_parents,
+)
 
 __all__ = [
     "BalancedLeaf",
+    "KroneckerNormal",
+    "MixtureOfTreeNormals",
     "TreeBalance",
+    "TreeNormal",
     "TreeRouting",
     "expected_log_coupling",
     "tree_balance_kl",
+    "validate_parents",
 ]

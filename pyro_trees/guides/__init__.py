@@ -1,5 +1,27 @@
 """Guide families, each with the signature of its model."""
 
-from pyro_trees.guides.rnn_tree import RNNTree, RNNTreeGuide
+from pyro_trees.guides.rnn_tree import (
+    RNNTree,
+    RNNTreeGuide,
+)
+from pyro_trees.guides.tree_vi import (
+    GaussianEncoder,
+    MixtureTreeELBO,
+    PairNet,
+    TreeVIGuide,
+    TreeVIMixtureGuide,
+    induced_forest,
+    tree_batches,
+)
 
-__all__ = ["RNNTree", "RNNTreeGuide"]
+__all__ = [
+    "GaussianEncoder",
+    "MixtureTreeELBO",
+    "PairNet",
+    "RNNTree",
+    "RNNTreeGuide",
+    "TreeVIGuide",
+    "TreeVIMixtureGuide",
+    "induced_forest",
+    "tree_batches",
+]

@@ -1,5 +1,19 @@
-"""Pyro models (``PyroModule``\\ s whose ``forward(x, y=None)`` samples inside plates)."""
+"""Pyro models: ``PyroModule`` classes whose ``forward(x, y=None)`` samples inside plates."""
 
-from pyro_trees.models.hme import HME
+from pyro_trees.models.hme import (
+    HME,
+)
+from pyro_trees.models.latent import (
+    SYNTHETIC_AFFINITY,
+    ConstrainedClusteringVAE,
+    GraphPriorVAE,
+    SyntheticGraphVAE,
+)
 
-__all__ = ["HME"]
+__all__ = [
+    "ConstrainedClusteringVAE",
+    "GraphPriorVAE",
+    "HME",
+    "SYNTHETIC_AFFINITY",
+    "SyntheticGraphVAE",
+]

@@ -1,0 +1,391 @@
+"""TreeVI guides: amortised tree-structured Gaussian posteriors over data instances.
+
+:class:`TreeVIGuide` maps each instance ``x_i`` to a mean and a standard deviation
+(an encoder) and each tree edge ``(i, j)`` to a correlation :math:`\\rho_{ij} = f(x_i,
+x_j)` (a pair network, eq. 12 of Xiao & Su 2024), and samples the latent site from a
+:class:`~pyro_trees.distributions.TreeNormal`. :class:`TreeVIMixtureGuide` does the same
+for a mixture of trees (MTreeVI) and trains with :class:`MixtureTreeELBO`. Both train with
+plain ``pyro.infer.SVI``.
+
+**Minibatches.** A guide called with ``idx`` (indices of a batch ``B`` of instances)
+samples ``z_B`` from the tree *restricted to B*: a node whose parent is outside ``B``
+becomes a root, so the edges leaving the batch are dropped and the cost of a step is
+:math:`O(|B| \\log |B|)`, independent of ``N``. With a model whose prior over the batch
+is the exact marginal ``p(z_B)`` (as the models of :mod:`pyro_trees.models.latent`), one
+step estimates
+
+.. math::
+
+    \\mathcal L_B = \\mathbb E_{q_B(z_B)}\\big[\\log p(x_B \\mid z_B) + \\log p(z_B)
+    - \\log q_B(z_B)\\big] \\le \\log p(x_B),
+
+the evidence lower bound of the *marginal model of the batch* (instances outside ``B``
+integrated out), with :math:`q_B` the forest induced by ``B``. It is not an unbiased
+estimate of the full-data ELBO (the correlated prior does not factorise over batches);
+with ``idx=None`` or ``B`` = all instances it is exactly the full ELBO of eq. 13. Batches
+that are connected pieces of the tree (:func:`tree_batches`) keep most edges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.distributions import TorchDistribution
+from pyro.infer import Trace_ELBO
+from pyro.nn import PyroModule, PyroParam
+from torch import nn
+from torch.distributions import constraints
+
+from pyro_trees.distributions.tree_normal import TreeNormal, validate_parents
+
+__all__ = [
+    "GaussianEncoder",
+    "MixtureTreeELBO",
+    "PairNet",
+    "TreeVIGuide",
+    "TreeVIMixtureGuide",
+    "induced_forest",
+    "tree_batches",
+]
+
+
+def _mlp(sizes):
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.Softplus()]
+    return nn.Sequential(*layers[:-1])
+
+
+class GaussianEncoder(nn.Module):
+    """Per-instance encoder ``x -> (loc, scale)``; ``(..., F) -> (..., D), (..., D)``.
+
+    :param int in_features: ``F``.
+    :param int latent_dim: ``D``.
+    :param hidden: sizes of the hidden layers (``()`` for an affine encoder).
+    """
+
+    def __init__(self, in_features: int, latent_dim: int, hidden=(64,)):
+        super().__init__()
+        self.net = _mlp([in_features, *hidden, 2 * latent_dim])
+        self.latent_dim = latent_dim
+
+    def forward(self, x):
+        out = self.net(x)
+        loc, s = out.split(self.latent_dim, dim=-1)
+        return loc, nn.functional.softplus(s) + 1e-4
+
+
+class PairNet(nn.Module):
+    """Edge correlation network :math:`\\rho_{ij} = f(x_i, x_j)` (eq. 12), symmetric in
+    its arguments: an MLP of ``[x_i + x_j, x_i * x_j]`` followed by ``max_rho * tanh``.
+    ``(..., F), (..., F) -> (..., D)``.
+    """
+
+    def __init__(self, in_features: int, latent_dim: int, hidden=(64,), max_rho: float = 0.999):
+        super().__init__()
+        if not 0 < max_rho < 1:
+            raise ValueError(f"max_rho must lie in (0, 1), got {max_rho}")
+        self.net = _mlp([2 * in_features, *hidden, latent_dim])
+        self.max_rho = max_rho
+
+    def forward(self, xi, xj):
+        return self.max_rho * torch.tanh(self.net(torch.cat([xi + xj, xi * xj], dim=-1)))
+
+
+def induced_forest(parents: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Parent array of the forest that the tree ``parents`` induces on the nodes ``idx``:
+    ``out[k]`` is the position in ``idx`` of the parent of ``idx[k]``, or ``-1`` if that
+    parent is not in ``idx`` (edges leaving the batch are dropped). ``O(B log B)``."""
+    idx = idx.to(parents.device).long()
+    sorted_idx, order = idx.sort()
+    if bool((sorted_idx[1:] == sorted_idx[:-1]).any()):
+        raise ValueError("idx contains repeated instances")
+    par = parents[idx]
+    pos = torch.searchsorted(sorted_idx, par.clamp_min(0)).clamp_max(idx.numel() - 1)
+    found = (par >= 0) & (sorted_idx[pos] == par)
+    return torch.where(found, order[pos], torch.full_like(par, -1))
+
+
+def tree_batches(parents, batch_size: int, *, generator: torch.Generator | None = None):
+    """Split the nodes into batches that are mostly connected pieces of the tree:
+    a depth-first (pre-order) listing cut into chunks of ``batch_size``, with the roots
+    visited in random order. Returns a list of index tensors covering every node once."""
+    parents = validate_parents(parents).cpu()
+    n = parents.numel()
+    children = [[] for _ in range(n)]
+    for c, p in enumerate(parents.tolist()):
+        if p >= 0:
+            children[p].append(c)
+    roots = (parents < 0).nonzero().squeeze(-1)
+    roots = roots[torch.randperm(roots.numel(), generator=generator)].tolist()
+    order = []
+    for r in roots:
+        stack = [r]
+        while stack:
+            v = stack.pop()
+            order.append(v)
+            stack.extend(reversed(children[v]))
+    order = torch.tensor(order)
+    return list(order.split(batch_size))
+
+
+@contextlib.contextmanager
+def _stratified(guide):
+    guide._stratify = True
+    try:
+        yield
+    finally:
+        guide._stratify = False
+
+
+class TreeVIGuide(PyroModule):
+    """Amortised TreeVI guide for a latent site of shape ``batch + (N, D)``.
+
+    ``x`` holds one row per instance on its second-to-last axis: ``(N, F)`` for
+    instance-level models (one tree over all instances), or ``(G, N, F)`` with a plate
+    of ``G`` independent groups on dim -1 (``plate="groups"``), each with the same tree
+    over its ``N`` members (the synthetic model of Sec. 4.1).
+
+    :param encoder: module ``x -> (loc, scale)``, ``(..., N, F) -> (..., N, D)``
+        (e.g. :class:`GaussianEncoder`).
+    :param parents: parent array ``(N,)`` of the tree (``-1`` at roots); ``None`` for
+        the mean-field guide (no correlation, ``Normal(loc, scale)``).
+    :param pair_net: module ``(x_child, x_parent) -> rho`` (e.g. :class:`PairNet`).
+    :param str site: name of the latent site of the model.
+    :param str plate: name of the model's group plate (dim -1), if any.
+    :param subsample_size: minibatch size of the group plate.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        parents=None,
+        *,
+        pair_net: nn.Module | None = None,
+        site: str = "z",
+        plate: str | None = None,
+        subsample_size: int | None = None,
+    ):
+        super().__init__()
+        self.encoder = encoder
+        if parents is not None:
+            if pair_net is None:
+                raise ValueError("a tree-structured guide needs a pair_net for the correlations")
+            parents = validate_parents(parents)
+        self.register_buffer("parents", parents)
+        self.pair_net = pair_net
+        self.site = site
+        self.plate = plate
+        self.subsample_size = subsample_size
+
+    def _select(self, x, idx):
+        if idx is None:
+            return x, self.parents
+        idx = torch.as_tensor(idx, device=x.device).long()
+        parents = None if self.parents is None else induced_forest(self.parents, idx)
+        return x.index_select(-2, idx), parents
+
+    def _rho(self, xb, parents, pair_net):
+        safe = torch.where(parents < 0, torch.arange(parents.numel(), device=xb.device), parents)
+        rho = pair_net(xb, xb.index_select(-2, safe))
+        return torch.where((parents < 0).unsqueeze(-1), torch.zeros_like(rho), rho)
+
+    def distribution(self, x, idx=None):
+        """The posterior ``q(z | x)`` (over the batch ``idx`` if given) as a distribution."""
+        xb, parents = self._select(x, idx)
+        loc, scale = self.encoder(xb)
+        if parents is None:
+            return dist.Normal(loc, scale).to_event(2)
+        return TreeNormal(loc, scale, parents, self._rho(xb, parents, self.pair_net))
+
+    @contextlib.contextmanager
+    def _plate(self, x, subsample_size=None):
+        if self.plate is None:
+            yield x
+            return
+        size = subsample_size if subsample_size is not None else self.subsample_size
+        with pyro.plate(self.plate, x.shape[0], subsample_size=size, dim=-1) as i:
+            yield x[i]
+
+    def forward(self, x, *args, idx=None, subsample_size=None, **kwargs):
+        with self._plate(x, subsample_size) as xb:
+            return pyro.sample(self.site, self.distribution(xb, idx))
+
+    @torch.no_grad()
+    def median(self, x, idx=None):
+        """Posterior means ``(..., N, D)``."""
+        return self.encoder(self._select(x, idx)[0])[0]
+
+
+class _StratifiedTreeMixture(TorchDistribution):
+    """One draw per component, stacked on a leading batch axis of size ``M``.
+
+    ``log_prob`` of the ``m``-th draw is the exact mixture density (``entropy="exact"``)
+    or the density of component ``m`` (``"bound"``, the paper's eq. 15)."""
+
+    arg_constraints = {}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = True
+
+    def __init__(self, components, logits, exact: bool):
+        self.components = components
+        self.logits = logits - logits.logsumexp(-1, keepdim=True)
+        self.exact = exact
+        bs = torch.broadcast_shapes(*(c.batch_shape for c in components))
+        self.components = [c.expand(bs) for c in components]
+        super().__init__((len(components),) + bs, components[0].event_shape, False)
+
+    def rsample(self, sample_shape=()):
+        if len(sample_shape):
+            raise NotImplementedError("one stratified draw at a time")
+        return torch.stack([c.rsample() for c in self.components], 0)
+
+    def log_prob(self, value):
+        if not self.exact:
+            return torch.stack([c.log_prob(v) for c, v in zip(self.components, value, strict=True)])
+        lp = torch.stack([c.log_prob(value) for c in self.components], -1)  # (M, ..., K)
+        return (lp + self.logits).logsumexp(-1)
+
+
+class TreeVIMixtureGuide(TreeVIGuide):
+    """MTreeVI guide (eqs. 14-15): ``M`` trees sharing the encoder's means and scales,
+    each with its own edge correlations, and learnable mixture weights.
+
+    Train it with :class:`MixtureTreeELBO`, which draws one sample from every tree and
+    weights the ``M`` terms by the mixture weights (a stratified, reparameterised
+    estimator). With ``entropy="bound"`` the objective is eq. 15,
+    :math:`\\sum_m \\pi_m(\\mathbb E_{q_m}\\log p(x, z) + H[q_m])`, a lower bound of the
+    mixture's ELBO that is linear in :math:`\\pi` (so it never beats the best single
+    tree); with ``entropy="exact"`` (default) it is the mixture's own ELBO
+    :math:`\\sum_m \\pi_m \\mathbb E_{q_m}[\\log p(x, z) - \\log q(z)]` with the exact
+    mixture density :math:`q = \\sum_k \\pi_k q_k` (cost ``M`` times that of the bound).
+    Called outside :class:`MixtureTreeELBO` (e.g. by ``Predictive``) it draws from the
+    mixture.
+
+    :param parents: ``(M, N)`` parent arrays.
+    :param pair_net: one module shared by the trees, or a list of ``M`` modules.
+    :param str entropy: ``"exact"`` or ``"bound"``.
+    :param int component_dim: the plate dim of the tree components (``-1`` for
+        instance-level models without plates, ``-2`` below a group plate).
+    """
+
+    def __init__(
+        self,
+        encoder,
+        parents,
+        *,
+        pair_net,
+        site="z",
+        plate=None,
+        subsample_size=None,
+        entropy: str = "exact",
+        component_dim: int | None = None,
+    ):
+        parents = torch.as_tensor(parents)
+        if parents.dim() != 2:
+            raise ValueError(f"parents must have shape (M, N), got {tuple(parents.shape)}")
+        if entropy not in ("exact", "bound"):
+            raise ValueError(f"entropy must be 'exact' or 'bound', got {entropy!r}")
+        super().__init__(encoder, None, site=site, plate=plate, subsample_size=subsample_size)
+        self.register_buffer("parents", torch.stack([validate_parents(p) for p in parents]))
+        nets = list(pair_net) if isinstance(pair_net, list | tuple | nn.ModuleList) else None
+        if nets is not None and len(nets) != parents.shape[0]:
+            raise ValueError(f"got {len(nets)} pair networks for {parents.shape[0]} trees")
+        self.pair_nets = nn.ModuleList(nets) if nets is not None else None
+        self.pair_net = None if nets is not None else pair_net
+        self.tree_logits = PyroParam(torch.zeros(parents.shape[0]))
+        self.entropy = entropy
+        self.component_dim = (
+            component_dim if component_dim is not None else (-2 if plate is not None else -1)
+        )
+        self._stratify = False
+
+    @property
+    def num_trees(self) -> int:
+        return self.parents.shape[0]
+
+    def tree_probs(self):
+        return torch.softmax(self.tree_logits, -1)
+
+    def _components(self, x, idx):
+        if idx is not None:
+            idx = torch.as_tensor(idx, device=x.device).long()
+            xb = x.index_select(-2, idx)
+            parents = [induced_forest(p, idx) for p in self.parents]
+        else:
+            xb, parents = x, list(self.parents)
+        loc, scale = self.encoder(xb)
+        comps = []
+        for m, par in enumerate(parents):
+            net = self.pair_nets[m] if self.pair_nets is not None else self.pair_net
+            comps.append(TreeNormal(loc, scale, par, self._rho(xb, par, net)))
+        return comps
+
+    def distribution(self, x, idx=None):
+        """The mixture ``q(z | x)`` as a :class:`~pyro_trees.distributions.MixtureOfTreeNormals`."""
+        from pyro_trees.distributions.tree_mixture import MixtureOfTreeNormals
+
+        comps = self._components(x, idx)
+        return MixtureOfTreeNormals(
+            torch.stack([c.loc for c in comps], -3),
+            torch.stack([c.scale for c in comps], -3),
+            torch.stack([c.parents for c in comps]),
+            torch.stack([c.rho for c in comps], -3),
+            self.tree_logits,
+        )
+
+    def forward(self, x, *args, idx=None, subsample_size=None, **kwargs):
+        with self._plate(x, subsample_size) as xb:
+            if self._stratify:
+                q = _StratifiedTreeMixture(
+                    self._components(xb, idx), self.tree_logits, self.entropy == "exact"
+                )
+                return pyro.sample(self.site, q)
+            return pyro.sample(self.site, self.distribution(xb, idx))
+
+
+class MixtureTreeELBO(Trace_ELBO):
+    """Trace ELBO for :class:`TreeVIMixtureGuide`: model and guide run inside a plate
+    ``"tree_components"`` of size ``M`` (at the guide's ``component_dim``) scaled by the
+    mixture weights, so the loss is :math:`-\\sum_m \\pi_m (\\log p(x, z^{(m)}) - \\log
+    q(z^{(m)}))` with one reparameterised draw :math:`z^{(m)}` per tree.
+
+    The model must broadcast over that extra batch dim (models whose likelihood is a
+    single site without plates, or a site inside a plate at dim -1, do)."""
+
+    def _wrap(self, fn, guide):
+        def wrapped(*args, **kwargs):
+            m = guide.num_trees
+            shape = (m,) + (1,) * (-guide.component_dim - 1)
+            with (
+                _stratified(guide),
+                pyro.plate("tree_components", m, dim=guide.component_dim),
+                poutine.scale(scale=guide.tree_probs().reshape(shape)),
+            ):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+    def _check(self, guide):
+        if not isinstance(guide, TreeVIMixtureGuide):
+            raise ValueError("MixtureTreeELBO needs a TreeVIMixtureGuide")
+
+    def loss(self, model, guide, *args, **kwargs):
+        self._check(guide)
+        return super().loss(self._wrap(model, guide), self._wrap(guide, guide), *args, **kwargs)
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        self._check(guide)
+        return super().differentiable_loss(
+            self._wrap(model, guide), self._wrap(guide, guide), *args, **kwargs
+        )
+
+    def loss_and_grads(self, model, guide, *args, **kwargs):
+        self._check(guide)
+        return super().loss_and_grads(
+            self._wrap(model, guide), self._wrap(guide, guide), *args, **kwargs
+        )

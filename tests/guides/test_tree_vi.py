@@ -1,0 +1,180 @@
+import pickle
+
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO
+
+from pyro_trees.distributions import MixtureOfTreeNormals, TreeNormal
+from pyro_trees.guides import (
+    GaussianEncoder,
+    MixtureTreeELBO,
+    PairNet,
+    TreeVIGuide,
+    TreeVIMixtureGuide,
+    induced_forest,
+    tree_batches,
+)
+from pyro_trees.guides.tree_vi import _stratified
+from pyro_trees.models import GraphPriorVAE, SyntheticGraphVAE
+
+N, F, D = 12, 6, 3
+
+
+def graph_data():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(N, F, generator=g) < 0.3).float()
+    edges = torch.stack([torch.arange(0, N, 2), torch.arange(1, N, 2)], 1)  # user pairs
+    parents = torch.tensor([-1] + list(range(N - 1)))  # a chain through the instances
+    return x, edges, parents
+
+
+def make_guide(kind, parents):
+    enc = GaussianEncoder(F, D, hidden=(8,))
+    if kind == "mean_field":
+        return TreeVIGuide(enc, None), Trace_ELBO()
+    if kind == "tree":
+        return TreeVIGuide(enc, parents, pair_net=PairNet(F, D, hidden=(8,))), Trace_ELBO()
+    par2 = torch.tensor([-1] + [0] * (N - 1))  # a star
+    guide = TreeVIMixtureGuide(
+        enc, torch.stack([parents, par2]), pair_net=PairNet(F, D, hidden=(8,)), entropy=kind
+    )
+    return guide, MixtureTreeELBO()
+
+
+@pytest.mark.parametrize("kind", ["mean_field", "tree", "exact", "bound"])
+@pytest.mark.parametrize("minibatch", [False, True])
+def test_svi_step_finite_loss_and_every_parameter_gets_a_gradient(kind, minibatch):
+    x, edges, parents = graph_data()
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    guide, elbo = make_guide(kind, parents)
+    idx = torch.tensor([1, 2, 3, 7, 8]) if minibatch else None
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
+    losses = [svi.step(x, idx=idx) for _ in range(3)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    for p in list(guide.parameters()) + list(model.parameters()):
+        p.grad = None
+    elbo.differentiable_loss(model, guide, x, idx=idx).backward()
+    for name, p in list(guide.named_parameters()) + list(model.named_parameters()):
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if kind == "tree" or "pair" not in name or kind in ("exact", "bound"):
+            assert p.grad.abs().sum() > 0, name
+
+
+def test_guide_distribution_shapes_and_minibatch_forest():
+    x, _, parents = graph_data()
+    guide, _ = make_guide("tree", parents)
+    q = guide.distribution(x)
+    assert isinstance(q, TreeNormal) and q.event_shape == (N, D) and q.height == N - 1
+    idx = torch.tensor([5, 3, 4, 9])
+    qb = guide.distribution(x, idx)
+    assert qb.event_shape == (4, D)
+    assert qb.parents.tolist() == [2, -1, 1, -1]  # 5<-4, 4<-3, 3 and 9 lose their parents
+    assert guide.median(x, idx).shape == (4, D)
+    mix, _ = make_guide("exact", parents)
+    assert isinstance(mix.distribution(x), MixtureOfTreeNormals)
+    assert mix(x).shape == (N, D)  # outside MixtureTreeELBO: a draw from the mixture
+
+
+def test_stratified_log_prob_is_the_mixture_density():
+    x, _, parents = graph_data()
+    guide, _ = make_guide("exact", parents)
+    with _stratified(guide), pyro.plate("tree_components", 2, dim=-1):
+        tr = pyro.poutine.trace(guide).get_trace(x)
+    site = tr.nodes["z"]
+    z = site["value"]
+    assert z.shape == (2, N, D)
+    expected = guide.distribution(x).log_prob(z)
+    assert torch.allclose(site["fn"].log_prob(z), expected, atol=1e-4)
+
+
+def test_induced_forest_matches_brute_force():
+    g = torch.Generator().manual_seed(3)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, 30)])
+    idx = torch.randperm(30, generator=g)[:11]
+    got = induced_forest(parents, idx)
+    for k, node in enumerate(idx.tolist()):
+        p = int(parents[node])
+        expected = idx.tolist().index(p) if p in idx.tolist() else -1
+        assert int(got[k]) == expected
+    with pytest.raises(ValueError, match="repeated"):
+        induced_forest(parents, torch.tensor([1, 1]))
+
+
+def test_tree_batches_cover_every_node_and_keep_edges():
+    parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, 63)])  # complete binary tree
+    batches = tree_batches(parents, 16, generator=torch.Generator().manual_seed(0))
+    assert sorted(torch.cat(batches).tolist()) == list(range(63))
+    kept = sum(int((induced_forest(parents, b) >= 0).sum()) for b in batches)
+    assert kept >= 0.75 * 62  # most edges stay inside a batch
+
+
+def test_synthetic_model_with_grouped_guides():
+    model = SyntheticGraphVAE()
+    x = model.generate(40, torch.Generator().manual_seed(0))
+    assert x.shape == (40, 4, 4)
+    t1 = torch.tensor([-1, 0, 0, 1])
+    guides = [
+        (TreeVIGuide(GaussianEncoder(4, 4, hidden=()), None, plate="groups"), Trace_ELBO()),
+        (
+            TreeVIGuide(GaussianEncoder(4, 4, ()), t1, pair_net=PairNet(4, 4), plate="groups"),
+            Trace_ELBO(),
+        ),
+        (
+            TreeVIMixtureGuide(
+                GaussianEncoder(4, 4, ()),
+                torch.stack([t1, torch.tensor([-1, 0, 1, 0])]),
+                pair_net=PairNet(4, 4),
+                plate="groups",
+            ),
+            MixtureTreeELBO(),
+        ),
+    ]
+    exact = float(model.exact_log_likelihood(x).sum())
+    for guide, elbo in guides:
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), elbo)
+        for _ in range(30):
+            svi.step(x, subsample_size=20)
+        with torch.no_grad():
+            bound = -sum(elbo.loss(model, guide, x) for _ in range(50)) / 50
+        assert bound < exact + 1.0  # an ELBO never exceeds the evidence (up to MC noise)
+        r = pickle.loads(pickle.dumps(guide))
+        assert r.median(x).shape == (40, 4, 4)
+
+
+def test_bad_input():
+    x, _, parents = graph_data()
+    with pytest.raises(ValueError, match="pair_net"):
+        TreeVIGuide(GaussianEncoder(F, D), parents)
+    with pytest.raises(ValueError, match="cycle"):
+        TreeVIGuide(GaussianEncoder(F, D), torch.tensor([1, 0]), pair_net=PairNet(F, D))
+    with pytest.raises(ValueError, match="entropy"):
+        TreeVIMixtureGuide(
+            GaussianEncoder(F, D), parents[None], pair_net=PairNet(F, D), entropy="x"
+        )
+    with pytest.raises(ValueError, match="max_rho"):
+        PairNet(F, D, max_rho=1.0)
+    guide, _ = make_guide("tree", parents)
+    with pytest.raises(ValueError, match="TreeVIMixtureGuide"):
+        MixtureTreeELBO().loss(GraphPriorVAE(torch.zeros(N, N), F), guide, x)
+
+
+def test_trains_with_fit_and_module_local_params():
+    from pyro_trees.infer import fit
+
+    t = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 0]])
+    # PyroModules used by fit() must be built with module-local params on
+    with pyro.settings.context(module_local_params=True):
+        model = SyntheticGraphVAE()
+        guide = TreeVIMixtureGuide(
+            GaussianEncoder(4, 4, ()), t, pair_net=PairNet(4, 4), plate="groups"
+        )
+    x = model.generate(30, torch.Generator().manual_seed(0))
+    before = guide.tree_logits.detach().clone()
+    res = fit(
+        model, guide, x, loss=MixtureTreeELBO(), num_steps=5, progress=False, subsample_size=10
+    )
+    assert res.num_steps == 5 and all(torch.isfinite(torch.tensor(res.losses)))
+    assert not torch.equal(guide.tree_logits.detach(), before)
+    r = pickle.loads(pickle.dumps(guide))
+    assert torch.equal(r.tree_logits.detach(), guide.tree_logits.detach())

@@ -1,0 +1,90 @@
+import pytest
+import torch
+from pyro import poutine
+from torch.distributions import MultivariateNormal
+
+from pyro_trees.distributions import KroneckerNormal
+from pyro_trees.models import SYNTHETIC_AFFINITY, GraphPriorVAE, SyntheticGraphVAE
+
+
+def test_kronecker_normal_matches_dense():
+    c = torch.eye(4, dtype=torch.float64) + 0.5 * SYNTHETIC_AFFINITY.double()
+    q = KroneckerNormal.from_affinity(SYNTHETIC_AFFINITY.double(), 0.5, 3)
+    z = q.sample((5,))
+    assert z.shape == (5, 4, 3)
+    dense = MultivariateNormal(torch.zeros(12, dtype=torch.float64), torch.kron(c, torch.eye(3)))
+    assert torch.allclose(q.log_prob(z), dense.log_prob(z.reshape(5, 12)))
+    with pytest.raises(ValueError, match="positive definite"):
+        KroneckerNormal.from_affinity(SYNTHETIC_AFFINITY, 3.0, 2)
+    with pytest.raises(ValueError, match="symmetric"):
+        KroneckerNormal.from_affinity(torch.triu(torch.ones(3, 3)), 0.1, 2)
+
+
+def test_synthetic_exact_log_likelihood_is_the_marginal_of_the_trace():
+    model = SyntheticGraphVAE()
+    x = model.generate(3, torch.Generator().manual_seed(1))
+    # log p(x) = log p(x, z) - log p(z | x) for any z; check with the Gaussian posterior
+    tr = poutine.trace(model).get_trace(x)
+    z = tr.nodes["z"]["value"].double()
+    tr.compute_log_prob()
+    log_joint = (tr.nodes["z"]["log_prob"] + tr.nodes["x"]["log_prob"]).double()
+    c = (model.prior_tril @ model.prior_tril.T).double()
+    prec = torch.linalg.inv(c) + torch.eye(4, dtype=torch.float64) / model.noise_var
+    cov = torch.linalg.inv(prec)
+    mean = cov @ x.double() / model.noise_var
+    post = KroneckerNormal(torch.linalg.cholesky(cov).expand(3, 4, 4), 4)
+    log_post = post.log_prob(z - mean)
+    assert torch.allclose(model.exact_log_likelihood(x), log_joint - log_post, atol=1e-3)
+
+
+def test_graph_prior_vae_shapes_and_errors():
+    edges = torch.tensor([[0, 1], [2, 3]])
+    model = GraphPriorVAE(edges, 5, num_nodes=4, latent_dim=2, hidden=(4,))
+    x = (torch.rand(4, 5) < 0.5).float()
+    tr = poutine.trace(model).get_trace(x, idx=torch.tensor([0, 1, 3]))
+    assert tr.nodes["z"]["value"].shape == (3, 2)
+    assert torch.allclose(
+        model.prior(torch.tensor([0, 1])).covariance_matrix,
+        torch.tensor([[1.0, 0.5], [0.5, 1.0]]),
+    )
+    with pytest.raises(ValueError, match="positive definite"):
+        GraphPriorVAE(torch.ones(3, 3) - torch.eye(3), 5, strength=1.5)
+    with pytest.raises(ValueError, match="likelihood"):
+        GraphPriorVAE(edges, 5, num_nodes=4, likelihood="poisson")
+    with pytest.raises(ValueError, match="num_groups"):
+        SyntheticGraphVAE()()
+
+
+def test_constrained_clustering_factor_and_guides():
+    import pyro
+    from pyro.infer import SVI, Trace_ELBO
+
+    from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(10, 8, generator=g) < 0.4).float()
+    pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9]])
+    w = torch.tensor([3.0, -2.0, 1.5, 4.0])
+    model = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=w)
+    idx = torch.tensor([5, 1, 0, 2, 9])  # holds pairs (0,1) and (1,5) only
+    tr = poutine.trace(model).get_trace(x, idx=idx)
+    z = tr.nodes["z"]["value"]
+    assert z.shape == (5, 2)
+    r = model.responsibilities(z)
+    expected = 3.0 * (r[2] * r[1]).sum() + 1.5 * (r[1] * r[0]).sum()
+    assert torch.allclose(tr.nodes["constraints"]["fn"].log_factor, expected)
+    assert model.predict(z).shape == (5,)
+    parents = torch.tensor([-1, 0, -1, 2, -1, 1, -1, -1, -1, 7])  # must-links as a forest
+    for guide in (
+        TreeVIGuide(GaussianEncoder(8, 2, (6,)), None),
+        TreeVIGuide(GaussianEncoder(8, 2, (6,)), parents, pair_net=PairNet(8, 2, (6,))),
+    ):
+        pyro.clear_param_store()
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+        losses = [svi.step(x, idx=idx) for _ in range(3)] + [svi.step(x)]
+        assert all(torch.isfinite(torch.tensor(losses)))
+    with pytest.raises(ValueError, match="weights"):
+        ConstrainedClusteringVAE(8, 3, constraints=pairs, weights=w[:2])
+    with pytest.raises(ValueError, match="num_clusters"):
+        ConstrainedClusteringVAE(8, 1)
