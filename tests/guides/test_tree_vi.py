@@ -159,16 +159,12 @@ def test_bad_input():
         MixtureTreeELBO().loss(GraphPriorVAE(torch.zeros(N, N), F), guide, x)
 
 
-def test_trains_with_fit_and_module_local_params():
+def test_trains_with_fit():
     from pyro_trees.infer import fit
 
     t = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 0]])
-    # PyroModules used by fit() must be built with module-local params on
-    with pyro.settings.context(module_local_params=True):
-        model = SyntheticGraphVAE()
-        guide = TreeVIMixtureGuide(
-            GaussianEncoder(4, 4, ()), t, pair_net=PairNet(4, 4), plate="groups"
-        )
+    model = SyntheticGraphVAE()
+    guide = TreeVIMixtureGuide(GaussianEncoder(4, 4, ()), t, pair_net=PairNet(4, 4), plate="groups")
     x = model.generate(30, torch.Generator().manual_seed(0))
     before = guide.tree_logits.detach().clone()
     res = fit(
