@@ -1,3 +1,5 @@
 """Guide families, each with the signature of its model."""
 
-__all__: list[str] = []
+from .dgp import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
+
+__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide"]

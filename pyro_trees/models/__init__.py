@@ -1,3 +1,5 @@
 """Pyro models (``PyroModule``\\ s whose ``forward(x, y=None)`` samples inside plates)."""
 
-__all__: list[str] = []
+from .dgp import DeepGP
+
+__all__ = ["DeepGP"]
