@@ -1,5 +1,12 @@
 """Guide families, each with the signature of its model."""
 
-from .dgp import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
+from pyro_trees.guides.dgp import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
+from pyro_trees.guides.rnn_tree import RNNTree, RNNTreeGuide
 
-__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide"]
+__all__ = [
+    "DGPFactorisedGuide",
+    "DGPIntermediateGuide",
+    "DGPJointGuide",
+    "RNNTree",
+    "RNNTreeGuide",
+]

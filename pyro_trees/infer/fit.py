@@ -3,14 +3,15 @@
 ``fit`` is a convenience on top of Pyro, never the only way in: every model and guide
 in pyro_trees also trains with a plain ``pyro.infer.SVI`` loop.
 
-Parameters are module-local (``pyro.settings.context(module_local_params=True)``):
-the model and the guide own their parameters, nothing is read from or written to the
-global param store, and ``torch.save`` / pickle of the model and guide is a complete
-checkpoint. Two models trained in one process never share parameters.
+Parameters belong to the model and the guide (``PyroModule`` attributes). ``fit`` runs
+inside a fresh scope of Pyro's param store (:func:`isolated_params`), so nothing is read
+from or left in the global store, two models trained in one process never share
+parameters, and ``torch.save`` / pickle of the model and guide is a complete checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -23,7 +24,7 @@ import torch
 from pyro.infer import Trace_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
 
-__all__ = ["FitResult", "fit", "make_optimizer"]
+__all__ = ["FitResult", "fit", "isolated_params", "make_optimizer"]
 
 _OPTIMIZERS = {
     "clipped_adam": ClippedAdam,
@@ -57,6 +58,18 @@ class FitResult:
     @property
     def num_steps(self) -> int:
         return len(self.losses)
+
+
+@contextlib.contextmanager
+def isolated_params():
+    """A fresh, empty scope of Pyro's param store for the duration of the block.
+
+    ``PyroModule`` parameters accessed inside are registered in the scope only, so a
+    model never picks up a same-named parameter of another model from the global
+    store; the global store is restored on exit.
+    """
+    with pyro.get_param_store().scope():
+        yield
 
 
 def make_optimizer(params, optim="clipped_adam", lr: float = 1e-2, **optim_args):
@@ -179,7 +192,7 @@ def fit(
 
     result = FitResult()
     start_step = 0
-    with pyro.settings.context(module_local_params=True):
+    with isolated_params():
         elbo = loss(model, guide)
         # A first evaluation creates lazily initialised parameters.
         elbo(*args, **kwargs)

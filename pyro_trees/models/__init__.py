@@ -1,5 +1,6 @@
 """Pyro models (``PyroModule``\\ s whose ``forward(x, y=None)`` samples inside plates)."""
 
-from .dgp import DeepGP
+from pyro_trees.models.dgp import DeepGP
+from pyro_trees.models.hme import HME
 
-__all__ = ["DeepGP"]
+__all__ = ["DeepGP", "HME"]

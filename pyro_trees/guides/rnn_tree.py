@@ -1,0 +1,245 @@
+r"""The RNN-Tree: an amortised posterior over the routing of a hierarchical mixture.
+
+Antorán et al., Sec. 4. A GRU runs for :math:`D` steps; at step :math:`d` its hidden
+state :math:`h_d` gives, for every input dimension :math:`l`, a linear split
+:math:`(w_{l0}, w_{l1})` (eq. 10) and a softmax over which dimension to split
+(eq. 11). The probability of going right marginalises the split dimension (eqs. 12-13):
+
+.. math:: q(m_d = 1 \mid h_d, x) = \sum_l \mathrm{softmax}_l(f(h_d))\,
+          \sigma(w_{l0} + w_{l1} x_l).
+
+Two ways to feed decisions back into the GRU:
+
+* ``feedback="soft"`` (the paper, eq. 14): one roll-out per input; the decision
+  probability plus quantisation noise :math:`\epsilon \sim U(-\frac12, \frac12)` is fed
+  back, and the leaf probabilities are :math:`\prod_d q(m_d \mid h_d, x)`. Conditional
+  and aggregate posteriors (App. C, eqs. 23-24) follow from these leaf probabilities
+  (:func:`pyro_trees.trees.node_log_reach`).
+* ``feedback="hard"``: the GRU is fed the binary decision of each path, so every node
+  of the tree has its own hidden state; these do not depend on ``x`` and cost
+  ``2**D - 1`` GRU steps per evaluation, whatever the batch. The routing posterior is
+  then an exact soft decision tree whose hard limit is the test-time tree
+  (a step beyond the paper: no train/test mismatch).
+
+At test time the single most likely tree replaces softmax by max and sigmoid by a step
+(:meth:`RNNTree.rules`): node ``i`` tests ``x_l <= -w_{l0}/w_{l1}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroModule
+from torch import nn
+
+from pyro_trees import trees
+
+__all__ = ["RNNTree", "RNNTreeGuide"]
+
+
+class RNNTree(PyroModule):
+    """The routing network: maps inputs ``(N, L)`` to leaf logits ``(N, 2**D)``.
+
+    A :class:`~pyro.nn.PyroModule` (a plain ``nn.Module`` with Pyro-aware parameters)
+    that maps context to a distribution's parameters, as ``zuko``'s lazy distributions.
+
+    :param int in_features: input dimension :math:`L`.
+    :param int depth: tree depth :math:`D`.
+    :param int hidden_size: GRU width.
+    :param str feedback: ``"soft"`` (paper, eq. 14) or ``"hard"`` (per-node states).
+    :param float noise: half-width of the uniform quantisation noise fed back during
+        training with soft feedback (the paper: 0.5); 0 disables it.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        depth: int,
+        *,
+        hidden_size: int = 32,
+        feedback: str = "soft",
+        noise: float = 0.5,
+    ):
+        super().__init__()
+        if in_features < 1:
+            raise ValueError(f"in_features must be >= 1, got {in_features}")
+        if feedback not in ("soft", "hard"):
+            raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
+        self.in_features = int(in_features)
+        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        self.hidden_size = int(hidden_size)
+        self.feedback = feedback
+        self.noise = float(noise)
+        self.h0 = nn.Parameter(torch.zeros(hidden_size))
+        # PyroModule[...] so that plain SVI (global param store) also trains them.
+        self.cell = PyroModule[nn.GRUCell](1, hidden_size)
+        self.dim_head = PyroModule[nn.Linear](hidden_size, in_features)  # f_NN, eq. 11
+        self.split_head = PyroModule[nn.Linear](hidden_size, 2 * in_features)  # g_NN, eq. 10
+        self.reset_split_parameters()
+
+    def reset_split_parameters(self) -> None:
+        """Spread the initial thresholds over the standardised input range.
+
+        The split head's bias starts at ``w_0 ~ U(-1, 1)``, ``w_1 = 2``, i.e. thresholds
+        in ``(-0.5, 0.5)`` and moderately sharp sigmoids on standardised inputs.
+        """
+        with torch.no_grad():
+            self.split_head.weight.mul_(0.1)
+            L = self.in_features
+            self.split_head.bias[:L].uniform_(-1.0, 1.0)
+            self.split_head.bias[L:].fill_(2.0)
+
+    # -- per-node quantities -------------------------------------------------------
+    def _heads(self, h: torch.Tensor):
+        """Dimension log-probabilities and split weights from hidden states ``(..., H)``."""
+        log_dim = F.log_softmax(self.dim_head(h), dim=-1)
+        w = self.split_head(h)
+        return log_dim, w[..., : self.in_features], w[..., self.in_features :]
+
+    @staticmethod
+    def _log_right_left(x, log_dim, w0, w1):
+        """``log q(m=1)``, ``log q(m=0)`` of eq. 13, each ``(...)``; broadcasting over x."""
+        z = w0 + w1 * x
+        log_right = torch.logsumexp(log_dim + F.logsigmoid(z), dim=-1)
+        log_left = torch.logsumexp(log_dim + F.logsigmoid(-z), dim=-1)
+        return log_right, log_left
+
+    def node_states(self) -> torch.Tensor:
+        """Hidden states of every internal node under hard feedback, ``(2**D - 1, H)``.
+
+        The root's input is 0; a node's children are fed its decision, 0 (left) or 1
+        (right). These states do not depend on the input.
+        """
+        h = self.h0.unsqueeze(0)
+        inp = h.new_zeros(1, 1)
+        h = self.cell(inp, h)
+        states = [h]
+        for _ in range(self.depth - 1):
+            n = h.shape[0]
+            bits = torch.tensor([0.0, 1.0], dtype=h.dtype, device=h.device).repeat(n)
+            h = self.cell(bits.unsqueeze(-1), h.repeat_interleave(2, dim=0))
+            states.append(h)
+        return torch.cat(states, dim=0)
+
+    # -- routing posteriors --------------------------------------------------------
+    def depth_log_probs(self, x: torch.Tensor, *, noise: bool | None = None):
+        """Soft-feedback roll-out (eq. 14): ``(log_right, log_left)``, each ``(N, D)``.
+
+        :param noise: feed back quantisation noise; default: ``self.training``.
+        """
+        noise = self.training if noise is None else noise
+        n = x.shape[0]
+        h = self.h0.to(x.dtype).expand(n, -1)
+        inp = x.new_zeros(n, 1)
+        rights, lefts = [], []
+        for _ in range(self.depth):
+            h = self.cell(inp, h)
+            log_dim, w0, w1 = self._heads(h)
+            log_right, log_left = self._log_right_left(x, log_dim, w0, w1)
+            rights.append(log_right)
+            lefts.append(log_left)
+            inp = log_right.exp().unsqueeze(-1)
+            if noise and self.noise > 0:
+                inp = inp + (torch.rand_like(inp) * 2 - 1) * self.noise
+        return torch.stack(rights, -1), torch.stack(lefts, -1)
+
+    def node_logits(self, x: torch.Tensor, *, feedback: str | None = None, noise=None):
+        """Log-odds of going right at every internal node, ``(N, 2**D - 1)``."""
+        feedback = self.feedback if feedback is None else feedback
+        if feedback == "soft":
+            log_right, log_left = self.depth_log_probs(x, noise=noise)
+            return trees.depth_logits_to_node_logits(log_right - log_left)
+        if feedback == "hard":
+            log_dim, w0, w1 = self._heads(self.node_states().to(x.dtype))
+            log_right, log_left = self._log_right_left(
+                x.unsqueeze(-2), log_dim, w0, w1
+            )  # (N, 2**D - 1)
+            return log_right - log_left
+        raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
+
+    def forward(self, x: torch.Tensor, *, feedback: str | None = None, noise=None):
+        """Leaf logits (normalised log-probabilities) of shape ``(N, 2**D)``."""
+        return trees.leaf_log_probs(self.node_logits(x, feedback=feedback, noise=noise))
+
+    def leaf_probs(self, x, *, num_samples: int = 32, feedback=None, generator=None):
+        """The routing posterior averaged over the quantisation noise, ``(N, 2**D)``.
+
+        With soft feedback, averages ``num_samples`` noisy roll-outs (the distribution
+        the ELBO was trained on); ``generator`` makes the average reproducible. With
+        hard feedback the posterior is exact and no sampling happens.
+        """
+        feedback = self.feedback if feedback is None else feedback
+        if feedback == "hard" or self.noise == 0 or num_samples < 1:
+            return self.forward(x, feedback=feedback, noise=False).exp()
+        total = 0.0
+        state = None
+        if generator is not None:
+            state = torch.random.get_rng_state()
+            torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
+        try:
+            for _ in range(num_samples):
+                total = total + self.forward(x, feedback="soft", noise=True).exp()
+        finally:
+            if state is not None:
+                torch.random.set_rng_state(state)
+        return total / num_samples
+
+    # -- the most likely tree ----------------------------------------------------------
+    @torch.no_grad()
+    def rules(self, leaf_values=None) -> trees.DecisionRules:
+        """The single most likely tree: max instead of softmax, step instead of sigmoid.
+
+        Node ``i`` tests dimension ``l* = argmax_l f(h_i)`` against
+        ``-w_{l*0} / w_{l*1}``; a zero slope gives a constant decision (threshold
+        ``-inf``/``+inf``).
+        """
+        log_dim, w0, w1 = self._heads(self.node_states())
+        feature = log_dim.argmax(-1)
+        a = w0.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
+        b = w1.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
+        greater = b >= 0
+        safe_b = torch.where(b == 0, torch.ones_like(b), b)
+        threshold = torch.where(
+            b == 0,
+            torch.where(a > 0, torch.full_like(a, -math.inf), torch.full_like(a, math.inf)),
+            -a / safe_b,
+        )
+        if leaf_values is None:
+            leaf_values = [f"leaf {i}" for i in range(trees.num_leaves(self.depth))]
+        return trees.DecisionRules(feature, threshold, greater, list(leaf_values))
+
+    def hard_leaf(self, x: torch.Tensor) -> torch.Tensor:
+        """Leaf ``(N,)`` of each input under the single most likely tree."""
+        return self.rules().route(x)
+
+
+class RNNTreeGuide(PyroModule):
+    """Guide for :class:`~pyro_trees.models.HME`: the RNN-Tree routing posterior.
+
+    ``forward(x, y=None, subsample_size=None)`` has the model's signature and samples
+    the per-point site ``"leaf"`` inside the plate ``"data"`` from
+    ``Categorical(logits=RNNTree(x))``, marked for parallel enumeration so that
+    :class:`~pyro_trees.infer.TreeELBO` (or ``TraceEnum_ELBO``) sums it out exactly.
+
+    :param int in_features: input dimension.
+    :param int depth: tree depth; must match the model's.
+    :param kwargs: passed to :class:`RNNTree` (``hidden_size``, ``feedback``, ``noise``).
+    """
+
+    def __init__(self, in_features: int, depth: int, **kwargs):
+        super().__init__()
+        self.tree = RNNTree(in_features, depth, **kwargs)
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth
+
+    def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
+        n = x.shape[0]
+        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
+            logits = self.tree(x[idx])
+            pyro.sample("leaf", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})

@@ -1,0 +1,144 @@
+r"""Autoregressive hierarchical mixture of experts with the tree-balance prior.
+
+Antorán et al., *Amortised Variational Inference for Hierarchical Mixture Models*,
+Secs. 3 and 5. Generative story for :math:`N` inputs :math:`x_n \in \mathbb{R}^L`:
+
+.. math::
+
+    M = (\ell_1, \dots, \ell_N) &\sim \mathrm{TreeBalance}(D, N)
+        \qquad \text{(routing of every point to one of } 2^D \text{ leaves; eqs. 3-6)} \\
+    y_n \mid \ell_n, x_n &\sim \mathrm{expert}_{\ell_n}(x_n)
+
+Experts (the paper's choice is ``experts="constant"``; eq. in Sec. 5):
+
+* regression: :math:`\mathcal{N}(\mu_\ell, \sigma^2)`, :math:`\sigma = 1` as in the paper
+  (``noise_scale=1.0``) or learnt (``noise_scale=None``);
+* classification: :math:`\mathrm{Categorical}(\mathrm{softmax}(\tau_\ell))`;
+* ``experts="linear"``: the mean (or the logits) is :math:`W_\ell^\top x + b_\ell`.
+
+The expert parameters are point estimates (the paper's hyperparameters
+:math:`\theta`). The routing site ``"leaf"`` sits inside the plate ``"data"`` with the
+per-point marginal of the prior, :class:`~pyro_trees.distributions.BalancedLeaf`;
+:class:`~pyro_trees.infer.TreeELBO` adds the coupling that makes it the joint
+:class:`~pyro_trees.distributions.TreeBalance`.
+
+**Shapes.** ``x``: ``(N, L)``. ``y``: ``(N,)`` for a single regression output and
+for class labels (long, in ``[0, num_classes)``); ``(N, num_outputs)`` otherwise. The
+plate ``"data"`` (``dim=-1``) is owned by this class and by the guide.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from pyro.ops.indexing import Vindex
+
+from pyro_trees import trees
+from pyro_trees.distributions.tree_balance import BalancedLeaf
+
+__all__ = ["HME"]
+
+
+class HME(PyroModule):
+    """Hierarchical mixture of experts with the tree-balance prior on routing.
+
+    :param int in_features: input dimension :math:`L`.
+    :param int depth: tree depth :math:`D` (``2**D`` experts).
+    :param str likelihood: ``"gaussian"`` (regression) or ``"categorical"``.
+    :param int num_outputs: regression outputs (``"gaussian"``).
+    :param int num_classes: classes (``"categorical"``).
+    :param str experts: ``"constant"`` (the paper) or ``"linear"``.
+    :param noise_scale: fixed observation noise (the paper: 1.0) or ``None`` to learn
+        one scale per output.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        depth: int,
+        *,
+        likelihood: str = "gaussian",
+        num_outputs: int = 1,
+        num_classes: int | None = None,
+        experts: str = "constant",
+        noise_scale: float | None = 1.0,
+    ):
+        super().__init__()
+        if likelihood not in ("gaussian", "categorical"):
+            raise ValueError(f"likelihood must be 'gaussian' or 'categorical', got {likelihood!r}")
+        if experts not in ("constant", "linear"):
+            raise ValueError(f"experts must be 'constant' or 'linear', got {experts!r}")
+        if in_features < 1:
+            raise ValueError(f"in_features must be >= 1, got {in_features}")
+        self.in_features = int(in_features)
+        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        self.likelihood = likelihood
+        self.experts = experts
+        leaves = trees.num_leaves(self.depth)
+        if likelihood == "gaussian":
+            if num_outputs < 1:
+                raise ValueError(f"num_outputs must be >= 1, got {num_outputs}")
+            self.num_outputs = int(num_outputs)
+            width = self.num_outputs
+            if noise_scale is None:
+                self.noise_scale = PyroParam(torch.ones(width), constraint=constraints.positive)
+                self.learn_noise = True
+            else:
+                if not noise_scale > 0:
+                    raise ValueError(f"noise_scale must be positive or None, got {noise_scale}")
+                self.register_buffer("fixed_noise_scale", torch.full((width,), float(noise_scale)))
+                self.learn_noise = False
+        else:
+            if num_classes is None or num_classes < 2:
+                raise ValueError(f"num_classes must be >= 2 for 'categorical', got {num_classes}")
+            self.num_classes = int(num_classes)
+            width = self.num_classes
+            self.learn_noise = False
+        self.width = width
+        self.leaf_loc = PyroParam(0.1 * torch.randn(leaves, width))
+        if experts == "linear":
+            self.leaf_weight = PyroParam(torch.zeros(leaves, self.in_features, width))
+
+    @property
+    def num_leaves(self) -> int:
+        return trees.num_leaves(self.depth)
+
+    def scale(self) -> torch.Tensor:
+        """Observation noise scale ``(num_outputs,)`` (regression only)."""
+        return self.noise_scale if self.learn_noise else self.fixed_noise_scale
+
+    def leaf_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Every expert's mean (or logits) for every input: ``(N, 2**D, width)``."""
+        loc = self.leaf_loc.to(x.dtype)
+        if self.experts == "constant":
+            return loc.expand(x.shape[0], -1, -1)
+        return torch.einsum("nf,lfo->nlo", x, self.leaf_weight.to(x.dtype)) + loc
+
+    def expert(self, x: torch.Tensor, leaf: torch.Tensor) -> dist.Distribution:
+        """Distribution of ``y`` given the leaf; ``leaf`` broadcasts against ``(N,)``
+        (a sampled ``(N,)`` or an enumerated ``(2**D, 1)`` value)."""
+        out = Vindex(self.leaf_outputs(x))[torch.arange(x.shape[0], device=x.device), leaf]
+        if self.likelihood == "categorical":
+            return dist.Categorical(logits=out)
+        scale = self.scale().to(x.dtype)
+        if self.num_outputs == 1:
+            return dist.Normal(out[..., 0], scale[0])
+        return dist.Normal(out, scale).to_event(1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
+        """Sample (or condition on) ``y`` for inputs ``x``; returns ``y``'s sample."""
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}"
+            )
+        n = x.shape[0]
+        if y is not None and y.shape[0] != n:
+            raise ValueError(f"x has {n} rows but y has {y.shape[0]}")
+        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
+            leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n))
+            return pyro.sample(
+                "obs", self.expert(x[idx], leaf), obs=None if y is None else y[idx]
+            )
