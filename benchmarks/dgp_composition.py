@@ -95,7 +95,7 @@ def run_one(kind, L, seed, x, y):
         "final_loss": sum(res.losses[-50:]) / len(res.losses[-50:]),
         "train_loglik": pred["log_lik"],
         "train_rmse": pred["rmse"],
-        "noise_sd": float(model.noise),
+        "noise_sd": float(model.noise.detach()),
         "seconds": seconds,
     }
     for i, r in enumerate(ratios, 1):
