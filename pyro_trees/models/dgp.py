@@ -282,6 +282,14 @@ class DeepGP(PyroModule):
                 y = y.squeeze(-1)
             if y.shape != (N,):
                 raise ValueError(f"y must have shape ({N},) to match x; got {tuple(y.shape)}")
+        batch = N if subsample_size is None or num_data is not None else int(subsample_size)
+        check_kernel_memory(
+            max(z.shape[0] for z in self.inducing_inputs),
+            batch,
+            num_outputs=max(self.dims[1:]),
+            dtype=x.dtype,
+            device=x.device,
+        )
         if not _module_local():
             for i, k in enumerate(self.kernels):
                 pyro.module(f"kernel_{i + 1}", k)

@@ -248,3 +248,16 @@ def test_bad_input_raises_value_errors():
         DGPIntermediateGuide(model)
     with pytest.raises(ValueError, match="rank"):
         DGPJointGuide(model, rank=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", GUIDES)
+def test_runs_on_cuda(kind):
+    x, y = _data()
+    model, guide = _build(kind)
+    model.cuda()
+    guide.cuda()
+    with pyro.settings.context(module_local_params=True):
+        loss = _loss(kind, particles=2, vectorize=True)(model, guide)(x.cuda(), y.cuda())
+        loss.backward()
+        assert torch.isfinite(loss) and loss.device.type == "cuda"
