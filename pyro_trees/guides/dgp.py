@@ -27,6 +27,7 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro.distributions.transforms import LowerCholeskyAffine
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
@@ -130,7 +131,12 @@ class DGPJointGuide(PyroModule):
     def distribution(self):
         """The joint ``q(U)`` over the concatenated vector of length ``T``."""
         if self.rank is None:
-            return dist.MultivariateNormal(self.loc, scale_tril=self.scale_tril)
+            # loc + L eps with the pair cached, so log q of a fresh draw reuses eps instead
+            # of a triangular solve: in float32 the optimiser otherwise learns an
+            # ill-conditioned L whose solve error inflates the Monte Carlo entropy.
+            base = dist.Normal(torch.zeros_like(self.loc), 1.0).to_event(1)
+            affine = LowerCholeskyAffine(self.loc, self.scale_tril, cache_size=1)
+            return dist.TransformedDistribution(base, [affine])
         return dist.LowRankMultivariateNormal(self.loc, self.cov_factor, self.cov_diag)
 
     def forward(self, x=None, y=None, **kwargs):
