@@ -16,7 +16,8 @@ cached 90/10 splits, and the seconds per training step as a ratio to GPyTorch's,
 measured in this run (contended 2-core machine: the lead reruns timings).
 
 Run from the repository root: ``python -m benchmarks.dgp_uci [concrete|kin40k ...]``
-(``PYRO_TREES_SMOKE=1`` for a quick pass).
+(``PYRO_TREES_SMOKE=1`` for a quick pass, ``DGP_STEPS`` to override the step count).
+Results go to ``benchmarks/results/dgp_uci_<names>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ def main(names):
     rows = []
     for name in names:
         M, steps, batch = SETTINGS[name]
+        steps = int(os.environ.get("DGP_STEPS", steps))
         Xtr, ytr, Xte, yte, sy = load_uci(name)
         torch.manual_seed(0)
         Z1 = Xtr[torch.randperm(len(Xtr))[:M]].clone()
@@ -227,7 +229,7 @@ def main(names):
         + markdown_table(rows, cols)
     )
     if not SMOKE:
-        write_results("dgp_uci", {"rows": rows}, md)
+        write_results("dgp_uci_" + "_".join(names), {"rows": rows}, md)
     print(md)
 
 
