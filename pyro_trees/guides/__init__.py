@@ -1,5 +1,10 @@
 """Guide families, each with the signature of its model."""
 
+from pyro_trees.guides.dgp import (
+    DGPFactorisedGuide,
+    DGPIntermediateGuide,
+    DGPJointGuide,
+)
 from pyro_trees.guides.rnn_tree import (
     RNNTree,
     RNNTreeGuide,
@@ -15,6 +20,9 @@ from pyro_trees.guides.tree_vi import (
 )
 
 __all__ = [
+    "DGPFactorisedGuide",
+    "DGPIntermediateGuide",
+    "DGPJointGuide",
     "GaussianEncoder",
     "MixtureTreeELBO",
     "PairNet",

@@ -1,5 +1,10 @@
 """Training: the ``fit`` loop, ELBO pieces that Pyro lacks, and tree structures for TreeVI."""
 
+from pyro_trees.infer.dgp import (
+    collapse_ratio,
+    dgp_predict,
+    layer_samples,
+)
 from pyro_trees.infer.fit import (
     FitResult,
     fit,
@@ -24,8 +29,11 @@ __all__ = [
     "LearnedTree",
     "TreeELBO",
     "acyclicity",
+    "collapse_ratio",
+    "dgp_predict",
     "fit",
     "isolated_params",
+    "layer_samples",
     "learn_tree_structure",
     "make_optimizer",
     "maximum_spanning_tree",

@@ -1,5 +1,8 @@
 """Pyro models: ``PyroModule`` classes whose ``forward(x, y=None)`` samples inside plates."""
 
+from pyro_trees.models.dgp import (
+    DeepGP,
+)
 from pyro_trees.models.hme import (
     HME,
 )
@@ -12,6 +15,7 @@ from pyro_trees.models.latent import (
 
 __all__ = [
     "ConstrainedClusteringVAE",
+    "DeepGP",
     "GraphPriorVAE",
     "HME",
     "SYNTHETIC_AFFINITY",

@@ -1,0 +1,215 @@
+"""Guides of the deep GP: factorised, jointly Gaussian and intermediate-output inducing guides.
+
+Each guide only defines the distribution of the model's inducing sites (``u_i`` or
+``f_z_i``, see :class:`~pyro_trees.models.DeepGP`); the map from them to the layer
+outputs is the model's conditional, shared by all three (the split of GPyTorch's
+variational distribution and variational strategy).
+
+* :class:`DGPFactorisedGuide`: :math:`q(U_1) \\cdots q(U_L)`, a full-covariance
+  Gaussian per layer and output (the standard doubly stochastic DGP, eq. 2 of
+  Ustyuzhaninov et al.). Train with :class:`~pyro.infer.TraceMeanField_ELBO` for the
+  closed-form KL.
+* :class:`DGPJointGuide`: :math:`q(U_1, \\dots, U_L) = N(\\mu, \\Sigma)` with covariance
+  across layers, full or low-rank plus diagonal (``rank=``); one auxiliary site holds
+  the joint draw and each ``u_i`` is a :class:`~pyro.distributions.Delta` on its slice,
+  as in :class:`~pyro.infer.autoguide.AutoMultivariateNormal`. Train with
+  :class:`~pyro.infer.Trace_ELBO` (Monte Carlo KL).
+* :class:`DGPIntermediateGuide`: free-form Gaussians :math:`q(F_i^Z) = N(m_i, S_i)` over
+  each layer's outputs at the inducing inputs (eq. 4), for a model with
+  ``inducing="propagated"``. With :class:`~pyro.infer.TraceMeanField_ELBO` the KL
+  terms are :math:`\\mathrm{KL}[q(F_i^Z) \\| p(F_i^Z \\mid (F_{i-1}^Z)^s)]` in closed
+  form for sampled :math:`F_{i-1}^Z`, i.e. the estimator of eq. (7). Its parameter
+  count is :math:`\\sum_i P_i (M + M(M+1)/2)`, linear in the depth.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions.transforms import LowerCholeskyAffine
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints
+
+__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide"]
+
+
+def _like(model):
+    z = model.inducing_inputs[0]
+    return {"dtype": z.dtype, "device": z.device}
+
+
+def _check_model(model, inducing: str, cls: str):
+    if getattr(model, "inducing", None) != inducing:
+        raise ValueError(
+            f"{cls} needs a DeepGP with inducing={inducing!r}; got "
+            f"{getattr(model, 'inducing', type(model).__name__)!r}"
+        )
+
+
+class DGPFactorisedGuide(PyroModule):
+    """Mean-field over layers: :math:`q(U_i) = N(m_i, S_i)` independently per layer.
+
+    :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="layer"``.
+    :param float init_scale: initial standard deviation of q (whitened units when the
+        model whitens, else relative to the prior).
+    """
+
+    def __init__(self, model, *, init_scale: float = 0.1):
+        super().__init__()
+        _check_model(model, "layer", type(self).__name__)
+        self.site_names = model.site_names()
+        self.site_shapes = model.site_shapes()
+        like = _like(model)
+        for name, (P, M) in zip(self.site_names, self.site_shapes, strict=True):
+            setattr(self, f"{name}_loc", PyroParam(torch.zeros(P, M, **like)))
+            eye = torch.eye(M, **like).expand(P, M, M) * init_scale
+            setattr(
+                self,
+                f"{name}_scale_tril",
+                PyroParam(eye.clone(), constraint=constraints.lower_cholesky),
+            )
+
+    def distribution(self, name: str):
+        """``q(u_i)`` of one site, event shape ``(P_i, M_i)``."""
+        return dist.MultivariateNormal(
+            getattr(self, f"{name}_loc"), scale_tril=getattr(self, f"{name}_scale_tril")
+        ).to_event(1)
+
+    def forward(self, x=None, y=None, **kwargs):
+        """Sample every ``u_i`` (the data arguments are ignored)."""
+        return {name: pyro.sample(name, self.distribution(name)) for name in self.site_names}
+
+
+class DGPJointGuide(PyroModule):
+    """Jointly Gaussian inducing outputs across layers, :math:`q(U_1..U_L) = N(\\mu, \\Sigma)`.
+
+    The vector :math:`U` concatenates the flattened ``u_i`` (``T = sum_i P_i M_i``).
+
+    :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="layer"``.
+    :param rank: ``None`` for a full ``(T, T)`` Cholesky factor; an integer for
+        :math:`\\Sigma = W W^\\top + \\mathrm{diag}(d)` with ``W`` of shape ``(T, rank)``.
+    :param float init_scale: initial standard deviation.
+    """
+
+    def __init__(self, model, *, rank: int | None = None, init_scale: float = 0.1):
+        super().__init__()
+        _check_model(model, "layer", type(self).__name__)
+        self.site_names = model.site_names()
+        self.site_shapes = model.site_shapes()
+        sizes = [P * M for P, M in self.site_shapes]
+        self.sizes = sizes
+        T = sum(sizes)
+        like = _like(model)
+        self.rank = rank
+        self.loc = PyroParam(torch.zeros(T, **like))
+        if rank is None:
+            self.scale_tril = PyroParam(
+                torch.eye(T, **like) * init_scale, constraint=constraints.lower_cholesky
+            )
+        else:
+            if not 1 <= int(rank) <= T:
+                raise ValueError(f"rank must be between 1 and {T}; got {rank}")
+            self.cov_factor = PyroParam(torch.randn(T, int(rank), **like) * init_scale * 0.1)
+            self.cov_diag = PyroParam(
+                torch.full((T,), init_scale**2, **like), constraint=constraints.positive
+            )
+
+    @classmethod
+    def from_factorised(cls, model, guide: DGPFactorisedGuide) -> DGPJointGuide:
+        """A joint guide with the block-diagonal covariance of a factorised guide."""
+        joint = cls(model)
+        locs, blocks = [], []
+        with torch.no_grad():
+            for name in guide.site_names:
+                locs.append(getattr(guide, f"{name}_loc").reshape(-1))
+                blocks.extend(getattr(guide, f"{name}_scale_tril").unbind(0))
+            joint.loc = torch.cat(locs)
+            joint.scale_tril = torch.block_diag(*blocks)
+        return joint
+
+    def distribution(self):
+        """The joint ``q(U)`` over the concatenated vector of length ``T``."""
+        if self.rank is None:
+            # loc + L eps with the pair cached, so log q of a fresh draw reuses eps instead
+            # of a triangular solve: in float32 the optimiser otherwise learns an
+            # ill-conditioned L whose solve error inflates the Monte Carlo entropy.
+            base = dist.Normal(torch.zeros_like(self.loc), 1.0).to_event(1)
+            affine = LowerCholeskyAffine(self.loc, self.scale_tril, cache_size=1)
+            return dist.TransformedDistribution(base, [affine])
+        return dist.LowRankMultivariateNormal(self.loc, self.cov_factor, self.cov_diag)
+
+    def forward(self, x=None, y=None, **kwargs):
+        """Sample the joint vector, then each ``u_i`` as a Delta on its slice."""
+        U = pyro.sample("_dgp_joint_u", self.distribution(), infer={"is_auxiliary": True})
+        out = {}
+        for name, (P, M), piece in zip(
+            self.site_names, self.site_shapes, U.split(self.sizes, dim=-1), strict=True
+        ):
+            value = piece.reshape(*piece.shape[:-1], P, M)
+            out[name] = pyro.sample(name, dist.Delta(value, event_dim=2))
+        return out
+
+
+class DGPIntermediateGuide(PyroModule):
+    """Free-form Gaussians over the layer outputs at the inducing inputs (eq. 4).
+
+    :math:`q(F_i^Z) = N(m_i, S_i)` independently per layer and output, with
+    ``m_i`` of shape ``(P_i, M)`` and ``S_i`` full ``(M, M)`` per output.
+
+    :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="propagated"``.
+    :param float init_scale: initial standard deviation.
+
+    The means start at the layers' mean functions applied to ``Z`` in turn (``Z``
+    itself through identity layers, zero through zero-mean ones) and the covariances
+    at ``init_scale**2`` times the prior covariance given those means, so that the
+    initial KL terms are moderate even where the prior is nearly singular.
+    """
+
+    def __init__(self, model, *, init_scale: float = 0.1):
+        super().__init__()
+        _check_model(model, "propagated", type(self).__name__)
+        self.site_names = model.site_names()
+        self.site_shapes = model.site_shapes()
+        with torch.no_grad():
+            f = model.inducing_inputs[0].detach()
+            for i, (name, (_P, M)) in enumerate(
+                zip(self.site_names, self.site_shapes, strict=True)
+            ):
+                prior = model.inducing_prior(i, f.mT)
+                f = model.mean(i, f)
+                setattr(self, f"{name}_loc", PyroParam(f.mT.clone().contiguous()))
+                tril = prior.base_dist.scale_tril.expand(_P, M, M) * init_scale
+                setattr(
+                    self,
+                    f"{name}_scale_tril",
+                    PyroParam(tril.clone(), constraint=constraints.lower_cholesky),
+                )
+
+    def distribution(self, name: str):
+        """``q(F_i^Z)`` of one site, event shape ``(P_i, M)``."""
+        return dist.MultivariateNormal(
+            getattr(self, f"{name}_loc"), scale_tril=getattr(self, f"{name}_scale_tril")
+        ).to_event(1)
+
+    def forward(self, x=None, y=None, **kwargs):
+        """Sample every ``F_i^Z`` (the data arguments are ignored)."""
+        return {name: pyro.sample(name, self.distribution(name)) for name in self.site_names}
+
+    def kl(self, model, num_samples: int = 1) -> torch.Tensor:
+        """Monte Carlo estimate of eq. (7) per layer.
+
+        Draws ``num_samples`` values of every :math:`F_{i-1}^Z` from this guide and
+        averages :math:`\\mathrm{KL}[q(F_i^Z) \\| p(F_i^Z \\mid (F_{i-1}^Z)^s)]`, each in
+        closed form.
+
+        :returns: a tensor ``(L,)`` of the layers' KL estimates.
+        """
+        out = []
+        prev = None
+        for i, name in enumerate(self.site_names):
+            q = self.distribution(name)
+            p = model.inducing_prior(i, prev)
+            out.append(torch.distributions.kl_divergence(q, p).reshape(-1).mean())
+            prev = q.rsample((num_samples,))
+        return torch.stack(out)

@@ -1,0 +1,98 @@
+"""Predictive summaries, per-layer samples and the collapse measure of the deep GP."""
+
+import warnings
+
+import pyro
+import pytest
+import torch
+
+from pyro_trees.gp import conditional
+from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide
+from pyro_trees.infer import collapse_ratio, dgp_predict, layer_samples
+from pyro_trees.models import DeepGP
+
+with warnings.catch_warnings():
+    # linear_operator (imported by GPyTorch) uses torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import gpytorch
+
+
+def _rbf():
+    return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+
+
+def _sparse_gp(scale):
+    Z = torch.linspace(-1, 1, 12, dtype=torch.float64).unsqueeze(-1)
+    with pyro.settings.context(module_local_params=True):
+        model = DeepGP([_rbf()], [Z], noise=0.2)
+        guide = DGPFactorisedGuide(model, init_scale=scale)
+        with torch.no_grad():
+            guide.u_1_loc = torch.randn(1, 12, dtype=torch.float64)
+    return model, guide
+
+
+def test_predictive_matches_the_analytic_sparse_gp():
+    model, guide = _sparse_gp(0.5)
+    x = torch.linspace(-1.2, 1.2, 9, dtype=torch.float64).unsqueeze(-1)
+    loc, var = conditional(
+        model.kernels[0], x, model.z_1, guide.u_1_loc, guide.u_1_scale_tril, whiten=True
+    )
+    with torch.no_grad():
+        var = var[0] + model.noise**2
+        y = loc[0] + var.sqrt() * torch.randn(9, dtype=torch.float64)
+    pred = dgp_predict(model, guide, x, y, num_samples=4000)
+    with torch.no_grad():
+        exact = torch.distributions.Normal(loc[0], var.sqrt()).log_prob(y).mean()
+        torch.testing.assert_close(pred["mean"], loc[0], atol=0.03, rtol=0)
+        torch.testing.assert_close(pred["var"], var, atol=0.03, rtol=0.05)
+    assert pred["log_lik"] == pytest.approx(float(exact), abs=0.02)
+    assert (pred["lower"] < pred["mean"]).all() and (pred["mean"] < pred["upper"]).all()
+    # a 95 % interval of N(mu, var): about +-1.96 sd
+    width = (pred["upper"] - pred["lower"]) / (2 * var.sqrt())
+    assert ((width - 1.96).abs() < 0.15).all()
+    with pytest.raises(ValueError, match="level"):
+        dgp_predict(model, guide, x, level=1.5)
+
+
+def test_collapse_ratio_separates_point_masses_from_the_prior():
+    x = torch.linspace(-1, 1, 25, dtype=torch.float64).unsqueeze(-1)
+    point, guide = _sparse_gp(1e-4)
+    s = layer_samples(point, guide, x, num_samples=30)
+    assert s["layers"][0].shape == (30, 25, 1) and s["compositions"][0].shape == (30, 25, 1)
+    assert collapse_ratio(point, s, 1) < 0.05
+    prior, guide = _sparse_gp(1.0)
+    with torch.no_grad():
+        guide.u_1_loc = torch.zeros(1, 12, dtype=torch.float64)
+    s = layer_samples(prior, guide, x, num_samples=300)
+    assert collapse_ratio(prior, s, 1) == pytest.approx(1.0, abs=0.1)
+    with pytest.raises(ValueError, match="layer"):
+        collapse_ratio(prior, s, 2)
+
+
+@pytest.mark.parametrize("inducing", ["layer", "propagated"])
+def test_layer_samples_compose_coherently(inducing):
+    """Shapes of the draws, grids spanning the previous composition, and the figure."""
+    Z = torch.linspace(-1, 1, 6, dtype=torch.float64).unsqueeze(-1)
+    ks = [_rbf(), _rbf(), _rbf()]
+    with pyro.settings.context(module_local_params=True):
+        if inducing == "layer":
+            model = DeepGP(ks, [Z] * 3)
+            guide = DGPFactorisedGuide(model, init_scale=1e-3)
+        else:
+            model = DeepGP(ks, Z, inducing="propagated", jitter=1e-4)
+            guide = DGPIntermediateGuide(model, init_scale=1e-3)
+    x = torch.linspace(-1, 1, 15, dtype=torch.float64).unsqueeze(-1)
+    s = layer_samples(model, guide, x, num_samples=3, num_grid=40)
+    assert [g.shape[0] for g in s["grids"]] == [15, 40, 40]
+    comp = s["compositions"]
+    assert [c.shape for c in comp] == [(3, 15, 1)] * 3
+    # grids of inner layers cover the range of the previous composition
+    lo, hi = comp[0].min(), comp[0].max()
+    assert s["grids"][1].min() <= lo and s["grids"][1].max() >= hi
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pyro_trees.plotting import plot_dgp_layers
+
+    fig = plot_dgp_layers([s, s], data=(x, x[:, 0]), labels=["a", "b"])
+    assert len(fig.axes) == 4

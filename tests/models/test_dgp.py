@@ -1,0 +1,280 @@
+"""DeepGP model with its three guides: shapes, identities between guides, gradients, I/O."""
+
+import io
+import math
+import warnings
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
+
+from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
+from pyro_trees.models import DeepGP
+
+with warnings.catch_warnings():
+    # linear_operator (imported by GPyTorch) uses torch.jit.script, deprecated in torch 2.13
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import gpytorch
+
+GUIDES = ["factorised", "joint", "lowrank", "intermediate"]
+
+
+def _data(n=20, d=1):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, d, generator=g, dtype=torch.float64) * 2 - 1
+    y = torch.sin(3 * x.sum(-1)) + 0.05 * torch.randn(n, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def _kernels(L, d=1):
+    ks = [gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()]
+    ks += [
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.PeriodicKernel()).double()
+        for _ in range(L - 1)
+    ]
+    return ks
+
+
+def _build(kind, L=2, M=6, d=1, whiten=True, local=True):
+    ctx = pyro.settings.context(module_local_params=local)
+    with ctx:
+        Z = torch.linspace(-1, 1, M, dtype=torch.float64).unsqueeze(-1).expand(M, d).clone()
+        if kind == "intermediate":
+            model = DeepGP(_kernels(L, d), Z, inducing="propagated", jitter=1e-5)
+            guide = DGPIntermediateGuide(model)
+        else:
+            model = DeepGP(_kernels(L, d), [Z] * L if d == 1 else None, whiten=whiten)
+            if kind == "factorised":
+                guide = DGPFactorisedGuide(model)
+            elif kind == "joint":
+                guide = DGPJointGuide(model)
+            else:
+                guide = DGPJointGuide(model, rank=3)
+    return model, guide
+
+
+def _loss(kind, particles=1, vectorize=False):
+    cls = TraceMeanField_ELBO if kind in ("factorised", "intermediate") else Trace_ELBO
+    return cls(num_particles=particles, vectorize_particles=vectorize, max_plate_nesting=1)
+
+
+@pytest.mark.parametrize("kind", GUIDES)
+def test_site_shapes_under_plates_and_particles(kind):
+    x, y = _data()
+    model, guide = _build(kind)
+    with pyro.settings.context(module_local_params=True):
+        tr = poutine.trace(poutine.replay(model, trace=poutine.trace(guide).get_trace(x, y)))
+        tr = tr.get_trace(x, y, subsample_size=7)
+        assert tr.nodes["obs"]["value"].shape == (7,)
+        assert tr.nodes["f_1"]["value"].shape == (7, 1)
+        assert tr.nodes["data"]["value"].shape == (7,)
+        for name, shape in zip(model.site_names(), model.site_shapes(), strict=True):
+            assert tr.nodes[name]["value"].shape == shape
+        loss = _loss(kind, particles=3, vectorize=True)
+        assert torch.isfinite(loss(model, guide)(x, y))
+        pred = Predictive(model, guide=guide, num_samples=4, parallel=True)(x)
+        assert pred["obs"].shape == (4, 20)
+        assert pred["f_1"].shape == (4, 20, 1)
+
+
+@pytest.mark.parametrize("kind", GUIDES)
+def test_every_parameter_gets_a_gradient(kind):
+    x, y = _data()
+    model, guide = _build(kind, L=3)
+    with pyro.settings.context(module_local_params=True):
+        elbo = _loss(kind, particles=2, vectorize=True)(model, guide)
+        elbo(x, y).backward()
+        params = dict(model.named_parameters()) | {
+            f"guide.{k}": v for k, v in guide.named_parameters()
+        }
+    assert len(params) > 5
+    for name, p in params.items():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_block_diagonal_joint_guide_reproduces_factorised_elbo(whiten):
+    x, y = _data()
+    model, fact = _build("factorised", L=3, whiten=whiten)
+    with pyro.settings.context(module_local_params=True):
+        # give the factorised guide non-trivial parameters
+        with torch.no_grad():
+            for name in fact.site_names:
+                P, M = getattr(fact, f"{name}_loc").shape
+                setattr(fact, f"{name}_loc", torch.randn(P, M, dtype=torch.float64))
+                tril = torch.tril(torch.randn(P, M, M, dtype=torch.float64), -1) * 0.2
+                tril = tril + torch.diag_embed(torch.rand(P, M, dtype=torch.float64) + 0.3)
+                setattr(fact, f"{name}_scale_tril", tril)
+        joint = DGPJointGuide.from_factorised(model, fact)
+        for seed in range(3):
+            pyro.set_rng_seed(seed)
+            ftr = poutine.trace(fact).get_trace(x, y)
+            values = {n: ftr.nodes[n]["value"] for n in fact.site_names}
+            U = torch.cat([v.reshape(-1) for v in values.values()])
+            jtr = poutine.trace(poutine.condition(joint, data={"_dgp_joint_u": U})).get_trace(x, y)
+            for n in fact.site_names:
+                assert torch.equal(jtr.nodes[n]["value"], values[n])
+            elbos = []
+            for gtr in (ftr, jtr):
+                pyro.set_rng_seed(100 + seed)
+                mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(x, y)
+                elbos.append(mtr.log_prob_sum() - gtr.log_prob_sum())
+            torch.testing.assert_close(elbos[0], elbos[1], rtol=1e-10, atol=1e-8)
+        # and the estimators agree in expectation (analytic KL vs Monte Carlo KL)
+        pyro.set_rng_seed(0)
+        a = TraceMeanField_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
+        b = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
+        la, lb = float(a.loss(model, fact, x, y)), float(b.loss(model, joint, x, y))
+    assert abs(la - lb) < 0.02 * abs(la) + 1.0, (la, lb)
+
+
+def test_eq7_monte_carlo_kl_is_unbiased():
+    model, guide = _build("intermediate", L=3, M=5)
+    with pyro.settings.context(module_local_params=True):
+        with torch.no_grad():
+            for name in guide.site_names:
+                loc = getattr(guide, f"{name}_loc")
+                setattr(guide, f"{name}_loc", loc + 0.3 * torch.randn_like(loc))
+            # eq. 7 with one sample of F_{i-1}^Z, repeated
+            pyro.set_rng_seed(0)
+            small = torch.stack([guide.kl(model, num_samples=1) for _ in range(400)])
+            # a high-sample plain MC estimate of E_q[log q(F_i^Z) - log p(F_i^Z | F_{i-1}^Z)]
+            S = 20000
+            draws = [guide.distribution(n).sample((S,)) for n in guide.site_names]
+            big = []
+            for i, name in enumerate(guide.site_names):
+                prior = model.inducing_prior(i, draws[i - 1] if i else None)
+                lq = guide.distribution(name).log_prob(draws[i])
+                big.append((lq - prior.log_prob(draws[i])).mean())
+            big = torch.stack(big)
+    se = small.std(0) / 400**0.5
+    # the first layer's KL has no inner sample: exact
+    torch.testing.assert_close(small[:, 0], small[0, 0].expand(400))
+    assert ((small.mean(0) - big).abs() <= 4 * se + 0.05 * big.abs() + 1e-6).all(), (
+        small.mean(0),
+        big,
+        se,
+    )
+
+
+def test_single_propagated_layer_equals_unwhitened_sparse_gp():
+    """With one layer, eq. (3)'s augmentation is the sparse GP's: ELBOs agree exactly."""
+    x, y = _data()
+    Z = torch.linspace(-1, 1, 5, dtype=torch.float64).unsqueeze(-1)
+    with pyro.settings.context(module_local_params=True):
+        k = _kernels(1)[0]
+        a = DeepGP([k], Z, inducing="propagated")
+        b = DeepGP([k], [Z], whiten=False)
+        ga, gb = DGPIntermediateGuide(a), DGPFactorisedGuide(b)
+        with torch.no_grad():
+            gb.u_1_loc = ga.f_z_1_loc.detach().clone()
+            gb.u_1_scale_tril = ga.f_z_1_scale_tril.detach().clone()
+        out = []
+        for model, guide in ((a, ga), (b, gb)):
+            pyro.set_rng_seed(3)
+            out.append(TraceMeanField_ELBO(num_particles=3).loss(model, guide, x, y))
+    assert out[0] == pytest.approx(out[1], rel=1e-10)
+
+
+def test_intermediate_guide_parameters_grow_linearly_with_depth():
+    counts = {"intermediate": [], "joint": []}
+    for L in (2, 3, 4, 5):
+        for kind in counts:
+            _, guide = _build(kind, L=L, M=6)
+            counts[kind].append(sum(p.numel() for p in guide.parameters()))
+    inter, joint = torch.tensor(counts["intermediate"]), torch.tensor(counts["joint"])
+    assert (inter.diff() == inter.diff()[0]).all()  # linear: constant increments
+    assert (inter.diff() == 6 + 6 * 6).all()  # one (M,) mean and (M, M) factor per layer
+    assert (joint.diff().diff() > 0).all()  # the joint guide grows quadratically
+
+
+@pytest.mark.parametrize("kind", ["factorised", "intermediate"])
+def test_plain_svi_trains_every_parameter(kind):
+    x, y = _data()
+    model, guide = _build(kind, local=False)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), _loss(kind))
+    svi.step(x, y)
+    store = dict(pyro.get_param_store().named_parameters())
+    before = {k: v.detach().clone() for k, v in store.items()}
+    assert any("kernel_1" in k for k in store) and any("kernel_2" in k for k in store)
+    for _ in range(3):
+        svi.step(x, y)
+    for k, v in pyro.get_param_store().named_parameters():
+        assert not torch.equal(before[k], v.detach()), k
+
+
+@pytest.mark.parametrize("kind", GUIDES)
+def test_save_load_is_exact(kind):
+    x, _ = _data()
+    model, guide = _build(kind)
+    buf = io.BytesIO()
+    torch.save({"model": model, "guide": guide}, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=False)
+    outs = []
+    with pyro.settings.context(module_local_params=True):
+        for m, g in ((model, guide), (state["model"], state["guide"])):
+            pyro.set_rng_seed(5)
+            outs.append(Predictive(m, guide=g, num_samples=3)(x)["obs"])
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_bad_input_raises_value_errors():
+    x, y = _data()
+    model, guide = _build("factorised")
+    with pyro.settings.context(module_local_params=True):
+        bad = x.clone()
+        bad[3, 0] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            model(bad, y)
+        bad_y = y.clone()
+        bad_y[0] = float("inf")
+        with pytest.raises(ValueError, match="infinite"):
+            model(x, bad_y)
+        with pytest.raises(ValueError, match="shape"):
+            model(x, y[:-1])
+        with pytest.raises(ValueError, match="features but the model was fit with 1"):
+            Predictive(model, guide=guide, num_samples=2)(torch.zeros(5, 3, dtype=x.dtype))
+    with pytest.raises(ValueError, match=r"GiB"):
+        DeepGP(_kernels(1), [torch.zeros(400_000, 1)])
+    with pytest.raises(ValueError, match="identity"):
+        DeepGP(_kernels(2), [torch.zeros(3, 2), torch.zeros(3, 1)], output_dims=[1, 1])
+    with pytest.raises(ValueError, match="one inducing-input tensor per layer"):
+        DeepGP(_kernels(2), [torch.zeros(3, 1)])
+    with pytest.raises(ValueError, match="inducing='propagated'"):
+        DGPIntermediateGuide(model)
+    with pytest.raises(ValueError, match="rank"):
+        DGPJointGuide(model, rank=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", GUIDES)
+def test_runs_on_cuda(kind):
+    x, y = _data()
+    model, guide = _build(kind)
+    model.cuda()
+    guide.cuda()
+    with pyro.settings.context(module_local_params=True):
+        loss = _loss(kind, particles=2, vectorize=True)(model, guide)(x.cuda(), y.cuda())
+        loss.backward()
+        assert torch.isfinite(loss) and loss.device.type == "cuda"
+
+
+def test_joint_guide_log_density_of_fresh_draws_avoids_the_triangular_solve():
+    """float32 with an ill-conditioned factor: log q of a draw stays exact (from its noise)."""
+    model, _ = _build("joint")
+    with pyro.settings.context(module_local_params=True):
+        guide = DGPJointGuide(model.float())
+        T = guide.loc.shape[0]
+        with torch.no_grad():
+            L = torch.eye(T) * 1e-4 + torch.tril(torch.ones(T, T), -1) * 3.0
+            guide.scale_tril = L
+        q = guide.distribution()
+        lq = float(q.log_prob(q.rsample()).detach())
+    # log q = -|eps|^2 / 2 - sum log L_ii - T log(2 pi) / 2 with |eps|^2 ~ chi^2_T
+    sq = -2 * (lq + float(L.diagonal().log().sum()) + 0.5 * T * math.log(2 * math.pi))
+    assert abs(sq - T) < 6 * (2 * T) ** 0.5, (sq, T)

@@ -1,0 +1,160 @@
+"""GP conditionals: exact GP regression, whitening, KLs against torch's closed form."""
+
+import warnings
+
+import pytest
+import torch
+
+with warnings.catch_warnings():
+    # linear_operator (imported by GPyTorch) decorates with torch.jit.script, deprecated
+    # in torch 2.13; the pyproject filter names linear_operator but torch issues it.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import gpytorch
+from torch.distributions import MultivariateNormal, kl_divergence
+
+from pyro_trees.gp import (
+    check_kernel_memory,
+    cholesky,
+    conditional,
+    gaussian_kl,
+    kernel_matrix,
+    sample_gaussian,
+)
+
+
+def _kernel(batch_shape=()):
+    k = gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RBFKernel(batch_shape=batch_shape), batch_shape=batch_shape
+    ).double()
+    k.base_kernel.lengthscale = 0.7
+    k.outputscale = 1.3
+    return k
+
+
+def _exact_gp(kernel, X, y, Xs, noise):
+    K = kernel(X, X).to_dense() + noise * torch.eye(len(X), dtype=X.dtype)
+    Ks = kernel(Xs, X).to_dense()
+    Kss = kernel(Xs, Xs).to_dense()
+    mean = Ks @ torch.linalg.solve(K, y)
+    cov = Kss - Ks @ torch.linalg.solve(K, Ks.T)
+    return mean, cov
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+@pytest.mark.parametrize("noise", [1e-1, 1e-6])
+def test_conditional_equals_exact_gp_when_z_is_x(whiten, noise):
+    torch.manual_seed(0)
+    X = torch.rand(12, 2, dtype=torch.float64) * 3
+    y = torch.sin(X.sum(-1))
+    Xs = torch.rand(7, 2, dtype=torch.float64) * 3
+    k = _kernel()
+    # the exact posterior of u = f(X) given y ...
+    K = k(X, X).to_dense()
+    Ky = K + noise * torch.eye(12, dtype=X.dtype)
+    m = K @ torch.linalg.solve(Ky, y)
+    S = K - K @ torch.linalg.solve(Ky, K)
+    S = 0.5 * (S + S.T) + 1e-10 * torch.eye(12, dtype=X.dtype)
+    jitter = 1e-10
+    Lzz = torch.linalg.cholesky(K + jitter * torch.eye(12, dtype=X.dtype))
+    if whiten:  # u = L^-1 f(Z)
+        m = torch.linalg.solve_triangular(Lzz, m.unsqueeze(-1), upper=False).squeeze(-1)
+        S = torch.linalg.solve_triangular(
+            Lzz, torch.linalg.solve_triangular(Lzz, S, upper=False).T, upper=False
+        )
+        S = 0.5 * (S + S.T) + 1e-10 * torch.eye(12, dtype=X.dtype)
+    LS = torch.linalg.cholesky(S)
+    # ... mapped through the conditional equals exact GP regression at new inputs
+    mean, cov = conditional(
+        k, Xs, X, m.unsqueeze(0), LS.unsqueeze(0), whiten=whiten, full_cov=True, jitter=jitter
+    )
+    emean, ecov = _exact_gp(k, X, y, Xs, noise)
+    torch.testing.assert_close(mean[0], emean, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cov[0], ecov, atol=1e-6, rtol=1e-6)
+    _, var = conditional(k, Xs, X, m.unsqueeze(0), LS.unsqueeze(0), whiten=whiten, jitter=jitter)
+    torch.testing.assert_close(var[0], ecov.diagonal(), atol=1e-6, rtol=1e-6)
+
+
+def test_point_conditional_interpolates_as_noise_goes_to_zero():
+    torch.manual_seed(1)
+    X = torch.linspace(0, 2, 8, dtype=torch.float64).unsqueeze(-1)
+    y = torch.cos(3 * X[:, 0])
+    k = _kernel()
+    Xs = torch.rand(5, 1, dtype=torch.float64) * 2
+    mean, cov = conditional(k, Xs, X, y.unsqueeze(0), full_cov=True, jitter=1e-12)
+    emean, ecov = _exact_gp(k, X, y, Xs, 1e-12)
+    torch.testing.assert_close(mean[0], emean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(cov[0], ecov, atol=1e-6, rtol=1e-5)
+    # at the inducing inputs themselves the posterior is the data, with no variance
+    mean, var = conditional(k, X, X, y.unsqueeze(0), jitter=1e-12)
+    torch.testing.assert_close(mean[0], y, atol=1e-6, rtol=1e-6)
+    assert var.abs().max() < 1e-6
+
+
+def test_whitened_equals_unwhitened_under_the_change_of_variables():
+    torch.manual_seed(2)
+    Z = torch.randn(6, 3, dtype=torch.float64)
+    X = torch.randn(4, 3, dtype=torch.float64)
+    k = _kernel(batch_shape=(2,))
+    Lzz = cholesky(kernel_matrix(k, Z), 1e-6)  # (2, 6, 6)
+    v = torch.randn(2, 6, dtype=torch.float64)
+    Lv = torch.tril(torch.randn(2, 6, 6, dtype=torch.float64)) + 3 * torch.eye(6)
+    u = (Lzz @ v.unsqueeze(-1)).squeeze(-1)
+    Lu = Lzz @ Lv
+    a = conditional(k, X, Z, v, Lv, whiten=True, full_cov=True)
+    b = conditional(k, X, Z, u, Lu, whiten=False, full_cov=True)
+    for s, t in zip(a, b, strict=True):
+        assert s.shape == (2, 4, 4)[: s.dim()]
+        torch.testing.assert_close(s, t)
+
+
+def test_conditional_broadcasts_sample_batches_and_shared_kernels():
+    Z = torch.randn(5, 2)
+    X = torch.randn(10, 3, 2)  # a batch of 10 sample inputs
+    u = torch.randn(10, 4, 5)
+    k = gpytorch.kernels.RBFKernel()
+    loc, var = conditional(k, X, Z.expand(10, 5, 2), u)
+    assert loc.shape == var.shape == (10, 4, 3)
+    loc, cov = conditional(k, X, Z.expand(10, 5, 2), u, full_cov=True)
+    assert cov.shape == (10, 4, 3, 3)
+    f = sample_gaussian(loc, cov, full_cov=True)
+    assert f.shape == (10, 4, 3)
+
+
+def test_gaussian_kl_equals_torch_closed_form():
+    torch.manual_seed(3)
+    B, M = (3, 2), 5
+    q_loc = torch.randn(*B, M, dtype=torch.float64)
+    p_loc = torch.randn(*B, M, dtype=torch.float64)
+    q_L = torch.tril(torch.randn(*B, M, M, dtype=torch.float64), -1) + torch.diag_embed(
+        torch.rand(*B, M, dtype=torch.float64) + 0.5
+    )
+    p_L = torch.tril(torch.randn(M, M, dtype=torch.float64), -1) + torch.diag(
+        torch.rand(M, dtype=torch.float64) + 0.5
+    )
+    q = MultivariateNormal(q_loc, scale_tril=q_L)
+    expect = kl_divergence(q, MultivariateNormal(p_loc, scale_tril=p_L.expand(*B, M, M)))
+    torch.testing.assert_close(gaussian_kl(q_loc, q_L, p_loc, p_L), expect)
+    eye = torch.eye(M, dtype=torch.float64).expand(*B, M, M)
+    expect = kl_divergence(q, MultivariateNormal(torch.zeros_like(q_loc), scale_tril=eye))
+    torch.testing.assert_close(gaussian_kl(q_loc, q_L), expect)
+
+
+def test_gradients_reach_kernel_hyperparameters():
+    k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    Z = torch.randn(4, 1, requires_grad=True)
+    u = torch.randn(1, 4, requires_grad=True)
+    loc, var = conditional(k, torch.randn(6, 1), Z, u, torch.eye(4).unsqueeze(0) * 0.3)
+    (loc.sum() + var.sum()).backward()
+    for p in [*k.parameters(), Z, u]:
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+def test_cholesky_raises_on_indefinite():
+    with pytest.raises(ValueError, match="not positive definite"):
+        cholesky(-torch.eye(3))
+
+
+def test_memory_check_says_how_much():
+    assert check_kernel_memory(10, 100, available=10**9) > 0
+    with pytest.raises(ValueError, match=r"100000 inducing points need about \d+\.\d+ GiB"):
+        check_kernel_memory(100_000, 1000, available=2**30)
