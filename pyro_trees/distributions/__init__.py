@@ -1,3 +1,5 @@
 """Distributions of pyro_trees: real ``TorchDistribution`` subclasses."""
 
-__all__: list[str] = []
+from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator, SplitIndicator
+
+__all__ = ["RelaxedSplitIndicator", "SplitIndicator"]
