@@ -1,3 +1,5 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
-__all__: list[str] = []
+from pyro_trees.estimators.vart import VaRTRegressor
+
+__all__ = ["VaRTRegressor"]

@@ -157,6 +157,11 @@ class VaRTGuide(PyroModule):
         self.model._check_x(x, y)
         opts = {"dtype": x.dtype, "device": x.device}
         out = {}
+        # read each (constrained) parameter once per call, then slice level by level
+        split_logits = self.split_logits.to(**opts)
+        beta_loc, beta_scale = self.beta_loc.to(**opts), self.beta_scale.to(**opts)
+        theta_loc, theta_scale = self.theta_loc.to(**opts), self.theta_scale.to(**opts)
+        ls_loc, ls_scale = self.log_sigma_loc.to(**opts), self.log_sigma_scale.to(**opts)
         with poutine.scale(scale=self.model.lam):
             exist = torch.ones(1, **opts)
             for d in range(self.depth + 1):
@@ -167,9 +172,7 @@ class VaRTGuide(PyroModule):
                         with weighted(exist):
                             split = pyro.sample(
                                 f"split_{d}",
-                                RelaxedSplitIndicator(
-                                    self.split_logits[sl].to(**opts), self.temperature
-                                ),
+                                RelaxedSplitIndicator(split_logits[sl], self.temperature),
                             )
                     else:
                         split = pyro.sample(f"split_{d}", dist.Delta(torch.zeros(n, **opts)))
@@ -178,24 +181,13 @@ class VaRTGuide(PyroModule):
                         with weighted(psi):
                             out[f"beta_{d}"] = pyro.sample(
                                 f"beta_{d}",
-                                dist.Normal(
-                                    self.beta_loc[sl].to(**opts), self.beta_scale[sl].to(**opts)
-                                ).to_event(1),
+                                dist.Normal(beta_loc[sl], beta_scale[sl]).to_event(1),
                             )
                     with weighted(kappa):
                         pyro.sample(
-                            f"theta_{d}",
-                            dist.Normal(
-                                self.theta_loc[sl].to(**opts), self.theta_scale[sl].to(**opts)
-                            ).to_event(1),
+                            f"theta_{d}", dist.Normal(theta_loc[sl], theta_scale[sl]).to_event(1)
                         )
-                        pyro.sample(
-                            f"log_sigma_{d}",
-                            dist.Normal(
-                                self.log_sigma_loc[sl].to(**opts),
-                                self.log_sigma_scale[sl].to(**opts),
-                            ),
-                        )
+                        pyro.sample(f"log_sigma_{d}", dist.Normal(ls_loc[sl], ls_scale[sl]))
                 exist = child_exist
         return out
 
