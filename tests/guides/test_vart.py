@@ -232,3 +232,17 @@ def test_most_probable_structure_dynamic_programme():
     assert guide.most_probable_structure().tolist() == [True, True, False]
     psi, kappa = guide.node_probs()
     assert torch.allclose(psi + kappa, torch.tensor([1, 0.6, 0.6, 0.54, 0.54, 0.12, 0.12]))
+
+
+@pytest.mark.cuda
+def test_cuda_svi_step_and_predictive():
+    x, y = _data(16)
+    x, y = x.float().cuda(), y.float().cuda()
+    with pyro.settings.context(module_local_params=True):
+        model = VaRT(2)
+        guide = VaRTGuide(model, 3).cuda()
+        loss = Trace_ELBO()(model, guide)(x, y)
+        loss.backward()
+    assert all(p.grad.is_cuda for p in guide.parameters())
+    out = Predictive(model, guide=guide, num_samples=3, parallel=True)(x)
+    assert out["obs"].is_cuda and out["obs"].shape == (3, 16)
