@@ -99,8 +99,8 @@ def run_toy(args):
                 "VaRT ATE": ate["mean"],
                 "90% interval": f"[{ate['lower']:.2f}, {ate['upper']:.2f}]",
                 "CATE RMSE": float(np.sqrt(np.mean((cate - true_cate) ** 2))),
-                "80% band covers E[Y(0)|x]": cov[0],
-                "80% band covers E[Y(1)|x]": cov[1],
+                "80% band covers mu0": cov[0],
+                "80% band covers mu1": cov[1],
                 "seconds": secs,
             }
         )
@@ -130,7 +130,7 @@ def _figure(figs, path):
             mean, lo, hi = po[a]
             ax.plot(grid[:, 0], mean, color=color, ls="--", lw=1.5)
             ax.fill_between(grid[:, 0], lo, hi, color=color, alpha=0.2)
-        ax.set_title(f"{setting} overlap: E[Y(1)|x] (red), E[Y(0)|x] (blue), 80 % bands")
+        ax.set_title(f"setting {setting!r}: E[Y(1)|x] red, E[Y(0)|x] blue, 80 % bands")
         ax.set_xlabel("x")
     fig.tight_layout()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def run_ihdp(args):
                 "surface": surface,
                 "runs": args.runs,
                 "VaRT ATE": f"{np.mean(vart):.2f} ± {np.std(vart):.2f}",
-                "|VaRT - 4|": abs(float(np.mean(vart)) - 4.0),
+                "abs(VaRT - 4)": abs(float(np.mean(vart)) - 4.0),
                 "BART ATE (ours)": f"{np.mean(bart):.2f} ± {np.std(bart):.2f}",
                 "paper VaRT": f"{p[0]} ± {p[1]}",
                 "paper BART": f"{p[2]} ± {p[3]}",
