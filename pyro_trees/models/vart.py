@@ -88,8 +88,9 @@ class VaRT(PyroModule):
     ``nodes_d`` of size ``2**d`` at ``dim=-1``) and stops at the first level where no
     node splits. Since :math:`\gamma_d \to 0`, the expected number of nodes at depth
     :math:`d`, :math:`2^d \prod_{k<d} \gamma_k`, vanishes super-exponentially for
-    :math:`\beta > 0`, so a prior draw is finite almost surely (with the defaults a
-    node at depth 6 exists with probability below :math:`10^{-5}`). Under a guide
+    :math:`\beta > 0`, so a prior draw is finite almost surely (with the defaults the
+    expected number of nodes at depth 7, which bounds the probability that the tree
+    reaches depth 7, is :math:`3.5 \cdot 10^{-6}`). Under a guide
     truncated at depth :math:`D` (:class:`~pyro_trees.guides.VaRTGuide`) every node of
     level :math:`D` is a leaf and sampling stops there. A pathologically deep prior
     draw raises the memory ``ValueError`` of :func:`pyro_trees.trees.check_depth`
