@@ -21,7 +21,7 @@ def run(out_dir: Path, smoke: bool = False) -> list[dict]:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    n, steps, draws = (60, 20, 30) if smoke else (300, 500, 100)
+    n, steps, draws = (60, 20, 30) if smoke else (250, 400, 100)
     d = make_vart_causal_toy(n, "partial", random_state=0)
     t0 = time.perf_counter()
     reg = VaRTRegressor(depth=3, lam=1.0, num_steps=steps, num_samples=draws, random_state=0)
