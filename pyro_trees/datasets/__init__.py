@@ -41,6 +41,10 @@ from pyro_trees.datasets.public import (
     load_uci,
     uci_split,
 )
+from pyro_trees.datasets.vart import (
+    make_vart_causal_toy,
+    simulate_ihdp_surface,
+)
 
 __all__ = [
     "NOISE_LOG_SIGMA_LEVELS",
@@ -63,10 +67,12 @@ __all__ = [
     "make_noise_task",
     "make_parity",
     "make_pulse",
+    "make_vart_causal_toy",
     "noise_log_sigma",
     "noise_task_mean",
     "parity_test_set",
     "pulse_function",
     "sha256sum",
+    "simulate_ihdp_surface",
     "uci_split",
 ]

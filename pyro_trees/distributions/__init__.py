@@ -3,6 +3,10 @@
 from pyro_trees.distributions.kronecker_normal import (
     KroneckerNormal,
 )
+from pyro_trees.distributions.split_indicator import (
+    RelaxedSplitIndicator,
+    SplitIndicator,
+)
 from pyro_trees.distributions.tree_balance import (
     BalancedLeaf,
     TreeBalance,
@@ -22,6 +26,8 @@ __all__ = [
     "BalancedLeaf",
     "KroneckerNormal",
     "MixtureOfTreeNormals",
+    "RelaxedSplitIndicator",
+    "SplitIndicator",
     "TreeBalance",
     "TreeNormal",
     "TreeRouting",

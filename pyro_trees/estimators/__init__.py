@@ -1,5 +1,19 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
-from pyro_trees.estimators.rnn_tree import RNNTreeClassifier, RNNTreeRegressor
+from pyro_trees.estimators.rnn_tree import (
+    RNNTreeClassifier,
+    RNNTreeRegressor,
+)
+from pyro_trees.estimators.vart import (
+    VaRTRegressor,
+)
+from pyro_trees.estimators.vart_causal import (
+    VaRTCausal,
+)
 
-__all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
+__all__ = [
+    "RNNTreeClassifier",
+    "RNNTreeRegressor",
+    "VaRTCausal",
+    "VaRTRegressor",
+]

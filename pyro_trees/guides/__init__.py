@@ -18,6 +18,10 @@ from pyro_trees.guides.tree_vi import (
     induced_forest,
     tree_batches,
 )
+from pyro_trees.guides.vart import (
+    TemperatureSchedule,
+    VaRTGuide,
+)
 
 __all__ = [
     "DGPFactorisedGuide",
@@ -28,8 +32,10 @@ __all__ = [
     "PairNet",
     "RNNTree",
     "RNNTreeGuide",
+    "TemperatureSchedule",
     "TreeVIGuide",
     "TreeVIMixtureGuide",
+    "VaRTGuide",
     "induced_forest",
     "tree_batches",
 ]

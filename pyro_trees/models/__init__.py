@@ -12,6 +12,9 @@ from pyro_trees.models.latent import (
     GraphPriorVAE,
     SyntheticGraphVAE,
 )
+from pyro_trees.models.vart import (
+    VaRT,
+)
 
 __all__ = [
     "ConstrainedClusteringVAE",
@@ -20,4 +23,5 @@ __all__ = [
     "HME",
     "SYNTHETIC_AFFINITY",
     "SyntheticGraphVAE",
+    "VaRT",
 ]

@@ -1,0 +1,123 @@
+"""Node split indicators of a stochastic tree: hard in the prior, relaxed in the guide.
+
+VaRT (Salazar, 2023) scores a split indicator :math:`s \\in [0, 1]` of a node with the
+Bernoulli log-mass extended linearly to the unit interval,
+
+.. math:: \\ell(s; \\gamma) = s \\log\\gamma + (1 - s)\\log(1 - \\gamma),
+
+which is the Bernoulli log-mass at :math:`s \\in \\{0, 1\\}` and the paper's term for a
+relaxed (Gumbel-softmax) indicator (eqs. 23 and 25 with :math:`\\psi_i = A_i s_i` and
+:math:`\\kappa_i = A_i (1 - s_i)`). :class:`SplitIndicator` samples hard Bernoulli draws
+(the prior); :class:`RelaxedSplitIndicator` samples the binary Gumbel-softmax relaxation
+of eqs. 20-22 by reparameterisation (the guide). Both share :math:`\\ell`.
+
+Note that :math:`\\ell` is not a normalised density on ``(0, 1)``: it is the surrogate
+the paper optimises, exact in the zero-temperature limit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pyro.distributions import TorchDistribution
+from torch.distributions import constraints
+from torch.distributions.utils import broadcast_all, clamp_probs
+
+__all__ = ["RelaxedSplitIndicator", "SplitIndicator"]
+
+_EMPTY = torch.Size()
+
+
+class SplitIndicator(TorchDistribution):
+    """Split indicator ``s ~ Bernoulli(probs)`` scored by the linear extension of its
+    log-mass to ``[0, 1]`` (see the module docstring).
+
+    :param probs: split probabilities :math:`\\gamma`, any batch shape.
+    """
+
+    arg_constraints = {"probs": constraints.unit_interval}
+    support = constraints.unit_interval
+    has_rsample = False
+
+    def __init__(self, probs, validate_args=None):
+        (self.probs,) = broadcast_all(probs)
+        super().__init__(self.probs.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(SplitIndicator, _instance)
+        new.probs = self.probs.expand(torch.Size(batch_shape))
+        super(SplitIndicator, new).__init__(new.probs.shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self):
+        return self.probs
+
+    @property
+    def variance(self):
+        return self.probs * (1 - self.probs)
+
+    def sample(self, sample_shape=_EMPTY):
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            return torch.bernoulli(self.probs.expand(shape))
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        p = clamp_probs(self.probs)
+        return value * p.log() + (1 - value) * (-p).log1p()
+
+
+class RelaxedSplitIndicator(TorchDistribution):
+    """Binary Gumbel-softmax (concrete) relaxation of a split indicator, eqs. 20-22.
+
+    ``rsample`` draws :math:`s = \\mathrm{softmax}((g_1 + \\log\\gamma, g_2 +
+    \\log(1-\\gamma)) / \\tau)_1 = \\sigma((\\mathrm{logit}\\,\\gamma + g_1 - g_2)/\\tau)`
+    with :math:`g_1, g_2 \\sim \\mathrm{Gumbel}(0, 1)`, clamped into the open unit
+    interval so that logarithms stay finite. At ``temperature == 0`` it returns the hard
+    argmax of eq. 20 (exact Bernoulli draws, no gradient). ``log_prob`` is the linear
+    extension of the Bernoulli log-mass shared with :class:`SplitIndicator`.
+
+    :param logits: log-odds :math:`\\mathrm{logit}\\,\\tilde\\gamma` of splitting.
+    :param float temperature: :math:`\\tau \\ge 0`.
+    """
+
+    arg_constraints = {"logits": constraints.real}
+    support = constraints.unit_interval
+    has_rsample = True
+
+    def __init__(self, logits, temperature: float, validate_args=None):
+        temperature = float(temperature)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        (self.logits,) = broadcast_all(logits)
+        self.temperature = temperature
+        super().__init__(self.logits.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(RelaxedSplitIndicator, _instance)
+        new.logits = self.logits.expand(torch.Size(batch_shape))
+        new.temperature = self.temperature
+        super(RelaxedSplitIndicator, new).__init__(new.logits.shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def probs(self):
+        return torch.sigmoid(self.logits)
+
+    def rsample(self, sample_shape=_EMPTY):
+        shape = self._extended_shape(sample_shape)
+        u = clamp_probs(torch.rand(shape, dtype=self.logits.dtype, device=self.logits.device))
+        noise = u.log() - (-u).log1p()  # g1 - g2 ~ Logistic(0, 1)
+        z = self.logits.expand(shape) + noise
+        if self.temperature == 0:
+            return (z > 0).to(self.logits.dtype).detach()
+        return clamp_probs(torch.sigmoid(z / self.temperature))
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        return value * F.logsigmoid(self.logits) + (1 - value) * F.logsigmoid(-self.logits)

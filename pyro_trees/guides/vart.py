@@ -1,0 +1,238 @@
+"""The truncated variational family of VaRT (Sec. 2.4, eqs. 11-12, 17-29).
+
+References
+
+* S. Salazar, *VaRT: Variational Regression Trees*, NeurIPS 2023.
+* E. Jang, S. Gu, B. Poole, *Categorical reparameterization with Gumbel-softmax*, 2017.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints
+
+from pyro_trees import trees
+from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
+from pyro_trees.models.vart import VaRT, node_weights, weighted
+
+__all__ = ["TemperatureSchedule", "VaRTGuide"]
+
+
+@dataclass(frozen=True)
+class TemperatureSchedule:
+    """Geometric annealing of the Gumbel-softmax temperature towards zero.
+
+    .. math:: \\tau_t = \\tau_0 (\\tau_\\infty / \\tau_0)^{\\min(t / T, 1)}
+
+    :param float start: :math:`\\tau_0` (default 1).
+    :param float end: :math:`\\tau_\\infty > 0` reached after ``num_steps`` (default 0.1).
+    :param int num_steps: :math:`T`.
+
+    Drive it from a training loop with ``guide.temperature = schedule(step)``, or pass
+    ``schedule.callback(guide)`` as ``callback`` of :func:`pyro_trees.fit`.
+    """
+
+    num_steps: int
+    start: float = 1.0
+    end: float = 0.1
+
+    def __post_init__(self):
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if not (self.start > 0 and self.end > 0):
+            raise ValueError(f"temperatures must be > 0, got {self.start} and {self.end}")
+
+    def __call__(self, step: int) -> float:
+        frac = min(max(step, 0) / self.num_steps, 1.0)
+        return self.start * (self.end / self.start) ** frac
+
+    def callback(self, guide: VaRTGuide):
+        """A ``fit`` callback setting ``guide.temperature`` after every step."""
+
+        def _cb(step: int, loss: float) -> None:
+            guide.temperature = self(step + 1)
+
+        return _cb
+
+
+class VaRTGuide(PyroModule):
+    r"""Variational family over trees truncated at depth ``depth`` (Sec. 2.4).
+
+    For every internal position :math:`i < 2^D` (heap order),
+    :math:`s_i \sim \mathrm{RelaxedBernoulli}(\tilde\gamma_i, \tau)` (eqs. 20-22, see
+    :class:`~pyro_trees.distributions.RelaxedSplitIndicator`) and
+    :math:`\beta_i \sim \mathcal N(\tilde\mu_i, \tilde S_i)`; for every node
+    :math:`i < 2^{D+1}`, :math:`\theta_i \sim \mathcal N(\tilde\zeta_i, \tilde\Psi_i)` and
+    :math:`\log\sigma_i \sim \mathcal N(\tilde m_i, \tilde v_i)` (eqs. 17-19, diagonal
+    covariances). Nodes at depth :math:`D` are leaves with probability one (their
+    ``split_D`` site is a ``Delta`` at zero): this is the truncation. The log-density
+    terms are weighted as in eqs. 25-26 (:math:`A_i` on ``split``, :math:`\psi_i` on
+    ``beta``, :math:`\kappa_i` on the leaf parameters) and scaled by the model's ``lam``,
+    mirroring :class:`~pyro_trees.models.VaRT`, so plain ``SVI(model, guide, optim,
+    Trace_ELBO())`` maximises the :math:`\lambda`-weighted ELBO of eq. 4.
+
+    The temperature :math:`\tau` is the attribute ``temperature`` (a float, saved with
+    the module); anneal it with :class:`TemperatureSchedule`. ``temperature = 0`` samples
+    the hard indicators of eq. 20 (used for prediction).
+
+    :param model: the :class:`~pyro_trees.models.VaRT` model (its ``lam`` and input size
+        are read from it; it is not registered as a submodule).
+    :param int depth: truncation depth :math:`D \ge 1`.
+    :param float temperature: initial :math:`\tau` (default 1).
+    :param float init_split_prob: initial :math:`\tilde\gamma_i` (default 0.9).
+    :param float init_scale: initial standard deviations of every Gaussian (default 0.05).
+    :param float init_noise: initial mean noise scale :math:`e^{\tilde m_i}` (default 0.5).
+    :param generator: optional ``torch.Generator`` for the random split directions.
+    """
+
+    def __init__(
+        self,
+        model: VaRT,
+        depth: int,
+        *,
+        temperature: float = 1.0,
+        init_split_prob: float = 0.9,
+        init_scale: float = 0.05,
+        init_noise: float = 0.5,
+        generator: torch.Generator | None = None,
+    ):
+        super().__init__()
+        if not isinstance(model, VaRT):
+            raise ValueError(f"model must be a VaRT, got {type(model).__name__}")
+        depth = trees.check_depth(depth)
+        if not 0 < init_split_prob < 1:
+            raise ValueError(f"init_split_prob must lie in (0, 1), got {init_split_prob}")
+        if not init_scale > 0 or not init_noise > 0:
+            raise ValueError("init_scale and init_noise must be > 0")
+        self._model = (model,)
+        self.depth = depth
+        self.temperature = float(temperature)
+        width = model.in_features + 1
+        n_int, n_all = trees.num_internal(depth), trees.num_internal(depth + 1)
+        logit = math.log(init_split_prob) - math.log1p(-init_split_prob)
+        self.split_logits = PyroParam(torch.full((n_int,), logit))
+        loc = torch.randn(n_int, width, generator=generator) / math.sqrt(width)
+        self.beta_loc = PyroParam(loc)
+        self.beta_scale = PyroParam(torch.full((n_int, width), init_scale), constraints.positive)
+        self.theta_loc = PyroParam(torch.zeros(n_all, width))
+        self.theta_scale = PyroParam(torch.full((n_all, width), init_scale), constraints.positive)
+        self.log_sigma_loc = PyroParam(torch.full((n_all,), math.log(init_noise)))
+        self.log_sigma_scale = PyroParam(torch.full((n_all,), init_scale), constraints.positive)
+
+    @property
+    def model(self) -> VaRT:
+        return self._model[0]
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        value = float(value)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {value}")
+        self._temperature = value
+
+    @contextlib.contextmanager
+    def temperature_set_to(self, value: float):
+        """Temporarily set the temperature (``0`` for hard trees at prediction time)."""
+        old = self.temperature
+        self.temperature = value
+        try:
+            yield self
+        finally:
+            self.temperature = old
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
+        """Sample a truncated tree; the arguments only fix dtype and device."""
+        self.model._check_x(x, y)
+        opts = {"dtype": x.dtype, "device": x.device}
+        out = {}
+        # read each (constrained) parameter once per call, then slice level by level
+        split_logits = self.split_logits.to(**opts)
+        beta_loc, beta_scale = self.beta_loc.to(**opts), self.beta_scale.to(**opts)
+        theta_loc, theta_scale = self.theta_loc.to(**opts), self.theta_scale.to(**opts)
+        ls_loc, ls_scale = self.log_sigma_loc.to(**opts), self.log_sigma_scale.to(**opts)
+        with poutine.scale(scale=self.model.lam):
+            exist = torch.ones(1, **opts)
+            for d in range(self.depth + 1):
+                n = 1 << d
+                sl = slice(n - 1, 2 * n - 1)
+                with pyro.plate(f"nodes_{d}", n, dim=-1):
+                    if d < self.depth:
+                        with weighted(exist):
+                            split = pyro.sample(
+                                f"split_{d}",
+                                RelaxedSplitIndicator(split_logits[sl], self.temperature),
+                            )
+                    else:
+                        split = pyro.sample(f"split_{d}", dist.Delta(torch.zeros(n, **opts)))
+                    psi, kappa, child_exist = node_weights(exist, split)
+                    if d < self.depth:
+                        with weighted(psi):
+                            out[f"beta_{d}"] = pyro.sample(
+                                f"beta_{d}",
+                                dist.Normal(beta_loc[sl], beta_scale[sl]).to_event(1),
+                            )
+                    with weighted(kappa):
+                        pyro.sample(
+                            f"theta_{d}", dist.Normal(theta_loc[sl], theta_scale[sl]).to_event(1)
+                        )
+                        pyro.sample(f"log_sigma_{d}", dist.Normal(ls_loc[sl], ls_scale[sl]))
+                exist = child_exist
+        return out
+
+    @torch.no_grad()
+    def split_probs(self) -> torch.Tensor:
+        """:math:`\\tilde\\gamma_i` of the internal positions, ``(2**D - 1,)``."""
+        return torch.sigmoid(self.split_logits)
+
+    @torch.no_grad()
+    def node_probs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Under hard indicators: ``(P(node i internal), P(node i leaf))`` for every node
+        ``i < 2**(D+1)`` in heap order (the expectations of :math:`\\psi_i, \\kappa_i`)."""
+        gamma = torch.cat([self.split_probs(), self.split_logits.new_zeros(1 << self.depth)])
+        exist = torch.ones(1, dtype=gamma.dtype, device=gamma.device)
+        psi_all, kappa_all = [], []
+        for d in range(self.depth + 1):
+            n = 1 << d
+            psi, kappa, exist = node_weights(exist, gamma[n - 1 : 2 * n - 1])
+            psi_all.append(psi)
+            kappa_all.append(kappa)
+        return torch.cat(psi_all), torch.cat(kappa_all)
+
+    @torch.no_grad()
+    def most_probable_structure(self) -> torch.Tensor:
+        """The tree structure of highest probability under the guide.
+
+        Exact dynamic programme over subtrees: the best probability of the subtree at
+        ``i`` is :math:`\\max(1 - \\tilde\\gamma_i,\\ \\tilde\\gamma_i\\, b_{2i} b_{2i+1})`.
+
+        :returns: bool ``(2**D - 1,)``: whether each internal position splits (only
+            meaningful where all its ancestors split).
+        """
+        gamma = self.split_probs().double()
+        n_int = gamma.shape[0]
+        best = torch.ones(2 * n_int + 1, dtype=torch.float64)
+        split = torch.zeros(n_int, dtype=torch.bool)
+        for j in range(n_int - 1, -1, -1):  # heap node j + 1, children 2j + 1, 2j + 2
+            leaf = 1 - gamma[j]
+            inner = gamma[j] * best[2 * j + 1] * best[2 * j + 2]
+            split[j] = inner > leaf
+            best[j] = torch.maximum(leaf, inner)
+        return split
+
+    def extra_repr(self) -> str:
+        return (
+            f"depth={self.depth}, in_features={self.model.in_features}, "
+            f"temperature={self.temperature:.4g}"
+        )

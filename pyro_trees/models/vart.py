@@ -1,0 +1,276 @@
+"""VaRT: the nonparametric stochastic-tree prior and the mixture-of-leaves likelihood.
+
+References
+
+* S. Salazar, *VaRT: Variational Regression Trees*, NeurIPS 2023 (Secs. 2.2-3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.nn import PyroModule
+
+from pyro_trees import trees
+from pyro_trees.distributions.split_indicator import SplitIndicator
+
+__all__ = ["VaRT", "mixture_params", "node_weights", "weighted", "with_bias"]
+
+
+def with_bias(x: torch.Tensor) -> torch.Tensor:
+    """Append a column of ones: ``(N, L) -> (N, L + 1)`` (the split and leaf intercepts)."""
+    return torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], dim=-1)
+
+
+@contextlib.contextmanager
+def weighted(weight: torch.Tensor):
+    """Multiply the log-densities of the enclosed sites by a non-negative ``weight``.
+
+    ``poutine.scale`` needs strictly positive factors, so entries that are exactly zero
+    (nodes absent from a hard tree) are masked out and the others scaled.
+    """
+    positive = weight > 0
+    with poutine.mask(mask=positive), poutine.scale(scale=torch.where(positive, weight, 1.0)):
+        yield
+
+
+def node_weights(exist: torch.Tensor, split: torch.Tensor):
+    """The indicator weights of eqs. 28-29 for one level of the tree.
+
+    :param exist: :math:`A_i = \\prod_{k \\ge 1} s_{pa^k(i)}`, the (soft) indicator that
+        node ``i`` belongs to the tree; shape broadcastable with ``split``.
+    :param split: :math:`s_i`, shape ``batch_shape + (2**d,)``.
+    :returns: ``(psi, kappa, child_exist)``: :math:`\\psi_i = A_i s_i` (node ``i`` is
+        internal), :math:`\\kappa_i = A_i (1 - s_i)` (node ``i`` is a leaf) and the
+        existence of the ``2**(d+1)`` children (heap order).
+    """
+    psi = exist * split
+    kappa = exist * (1 - split)
+    return psi, kappa, psi.repeat_interleave(2, dim=-1)
+
+
+class VaRT(PyroModule):
+    r"""Variational regression tree model: a stochastic tree of unbounded depth.
+
+    **Prior** (Sec. 2.3, eqs. 13-14). Nodes are heap-numbered (root 1, children
+    :math:`2i, 2i+1`, see :mod:`pyro_trees.trees`). For every node :math:`i` of depth
+    :math:`d`
+
+    .. math::
+        s_i \sim \mathrm{Bernoulli}(\gamma_d), \quad
+        \gamma_d = \alpha (1 + d)^{-\beta}, \quad
+        \beta_i \sim \mathcal N(0, S), \quad
+        \theta_i \sim \mathcal N(0, \Psi), \quad
+        \log\sigma_i \sim \mathcal N(m_\sigma, v_\sigma),
+
+    a node exists when all its ancestors split; an existing node with :math:`s_i = 1` is
+    internal and routes :math:`x` left with probability :math:`\sigma(\beta_i^\top x)`
+    (``x`` with an intercept column appended); one with :math:`s_i = 0` is a leaf.
+    :math:`S = s_\beta^2 I`, :math:`\Psi = s_\theta^2 I`. The paper leaves the leaf noise
+    :math:`\sigma_i` unspecified; here each node's log noise scale is part of its leaf
+    parameters, with the Gaussian prior above.
+
+    **Likelihood** (Secs. 2.2, 3, eq. 27): with :math:`\kappa_i` the leaf indicator
+    and :math:`P(x \to i)` the soft routing probability of reaching node :math:`i`,
+
+    .. math:: p(y \mid x, T, \Theta) = \sum_i \kappa_i\, P(x \to i)\,
+              \mathcal N(y;\ \theta_i^\top x,\ \sigma_i^2).
+
+    The weights :math:`\kappa_i P(x \to i)` sum to one for hard *and* relaxed split
+    indicators, so the likelihood is a proper mixture at every temperature.
+
+    **Unbounded depth.** The model is not truncated. It samples the tree level by level
+    (sites ``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` inside the plate
+    ``nodes_d`` of size ``2**d`` at ``dim=-1``) and stops at the first level where no
+    node splits. Since :math:`\gamma_d \to 0`, the expected number of nodes at depth
+    :math:`d`, :math:`2^d \prod_{k<d} \gamma_k`, vanishes super-exponentially for
+    :math:`\beta > 0`, so a prior draw is finite almost surely (with the defaults the
+    expected number of nodes at depth 7, which bounds the probability that the tree
+    reaches depth 7, is :math:`3.5 \cdot 10^{-6}`). Under a guide
+    truncated at depth :math:`D` (:class:`~pyro_trees.guides.VaRTGuide`) every node of
+    level :math:`D` is a leaf and sampling stops there. A pathologically deep prior
+    draw raises the memory ``ValueError`` of :func:`pyro_trees.trees.check_depth`
+    instead of exhausting memory.
+
+    **Weighting** (eqs. 4, 23-24). Each node's prior terms are weighted by its indicator
+    (:math:`A_i` for ``split``, :math:`\psi_i` for ``beta``, :math:`\kappa_i` for the leaf
+    parameters, see :func:`weighted`) and every latent site by ``lam`` through
+    ``poutine.scale``, so plain :class:`pyro.infer.Trace_ELBO` estimates the
+    :math:`\lambda`-weighted ELBO :math:`E_q \log p(Y|X,T,\Theta) - \lambda\, KL(q\|p)`.
+
+    Observations live in the plate ``data`` (``dim=-1``, ``subsample_size`` for
+    minibatches, rescaled by Pyro). The site ``mean`` records the conditional mean
+    :math:`\sum_i \kappa_i P(x \to i)\theta_i^\top x` of each point.
+
+    :param int in_features: number of inputs :math:`L`.
+    :param float lam: :math:`\lambda` of eq. 4 (``1e-3`` in the paper's regression runs).
+    :param float split_alpha: :math:`\alpha`; :param float split_beta: :math:`\beta`
+        (the depth decay of Chipman et al.'s split probabilities; defaults 0.95 and 2).
+    :param float split_scale: :math:`s_\beta`; :param float leaf_scale: :math:`s_\theta`.
+    :param float noise_loc: :math:`m_\sigma`; :param float noise_scale: :math:`v_\sigma`.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        *,
+        lam: float = 1e-3,
+        split_alpha: float = 0.95,
+        split_beta: float = 2.0,
+        split_scale: float = 1.0,
+        leaf_scale: float = 1.0,
+        noise_loc: float = -1.0,
+        noise_scale: float = 1.0,
+    ):
+        super().__init__()
+        if int(in_features) < 1:
+            raise ValueError(f"in_features must be >= 1, got {in_features}")
+        if not lam > 0:
+            raise ValueError(f"lam must be > 0, got {lam}")
+        if not 0 < split_alpha < 1:
+            raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
+        if split_beta < 0:
+            raise ValueError(f"split_beta must be >= 0, got {split_beta}")
+        for name, v in (("split_scale", split_scale), ("leaf_scale", leaf_scale)):
+            if not v > 0:
+                raise ValueError(f"{name} must be > 0, got {v}")
+        if not noise_scale > 0:
+            raise ValueError(f"noise_scale must be > 0, got {noise_scale}")
+        self.in_features = int(in_features)
+        self.lam = float(lam)
+        self.split_alpha = float(split_alpha)
+        self.split_beta = float(split_beta)
+        self.split_scale = float(split_scale)
+        self.leaf_scale = float(leaf_scale)
+        self.noise_loc = float(noise_loc)
+        self.noise_scale = float(noise_scale)
+
+    def split_prob(self, depth: int) -> float:
+        """Prior split probability :math:`\\gamma_d = \\alpha (1 + d)^{-\\beta}`."""
+        return self.split_alpha * (1.0 + depth) ** (-self.split_beta)
+
+    def _check_x(self, x: torch.Tensor, y) -> None:
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
+        if y is not None and y.shape != x.shape[:1]:
+            raise ValueError(f"y must have shape ({x.shape[0]},) to match x; got {tuple(y.shape)}")
+
+    def sample_tree(self, num_points: int = 1, like: torch.Tensor | None = None) -> dict:
+        """Sample (or, under a guide, replay) a tree level by level; see the class docstring.
+
+        :returns: dict of per-node tensors in heap order: ``split``, ``log_exist``
+            (:math:`\\log A_i`), ``beta`` (internal positions ``2**D - 1``, ``L + 1``),
+            ``theta`` (all nodes, ``L + 1``), ``log_sigma``, with ``D`` the number of
+            levels sampled minus one.
+        """
+        like = torch.zeros(()) if like is None else like
+        opts = {"dtype": like.dtype, "device": like.device}
+        width = self.in_features + 1
+        exist = torch.ones(1, **opts)
+        log_exist = torch.zeros(1, **opts)
+        out = {"split": [], "log_exist": [], "beta": [], "theta": [], "log_sigma": []}
+        depth = 0
+        while True:
+            n = 1 << depth
+            if depth > 0:
+                trees.check_depth(depth, num_points, dtype=like.dtype, device=like.device)
+            with pyro.plate(f"nodes_{depth}", n, dim=-1):
+                gamma = torch.full((n,), self.split_prob(depth), **opts)
+                with weighted(exist):
+                    split = pyro.sample(f"split_{depth}", SplitIndicator(gamma))
+                psi, kappa, child_exist = node_weights(exist, split)
+                any_internal = bool((psi > 0).any())
+                if any_internal:
+                    with weighted(psi):
+                        beta = pyro.sample(
+                            f"beta_{depth}",
+                            dist.Normal(torch.zeros(n, width, **opts), self.split_scale).to_event(
+                                1
+                            ),
+                        )
+                    out["beta"].append(beta)
+                with weighted(kappa):
+                    theta = pyro.sample(
+                        f"theta_{depth}",
+                        dist.Normal(torch.zeros(n, width, **opts), self.leaf_scale).to_event(1),
+                    )
+                    log_sigma = pyro.sample(
+                        f"log_sigma_{depth}",
+                        dist.Normal(torch.full((n,), self.noise_loc, **opts), self.noise_scale),
+                    )
+            out["split"].append(split)
+            out["log_exist"].append(log_exist.expand(split.shape))
+            out["theta"].append(theta)
+            out["log_sigma"].append(log_sigma)
+            if not any_internal:
+                break
+            log_exist = (log_exist + split.log()).repeat_interleave(2, dim=-1)
+            exist = child_exist
+            depth += 1
+        return {
+            "split": _bcat(out["split"]),
+            "log_exist": _bcat(out["log_exist"]),
+            "beta": _bcat_event(out["beta"]) if out["beta"] else None,
+            "theta": _bcat_event(out["theta"]),
+            "log_sigma": _bcat(out["log_sigma"]),
+        }
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
+        """Sample a tree (scaled by ``lam``), then ``obs`` for each point in ``data``.
+
+        :param x: inputs ``(N, L)``. :param y: targets ``(N,)`` or ``None``.
+        :returns: the ``obs`` values of the (sub)sampled points, ``batch_shape + (B,)``.
+        """
+        self._check_x(x, y)
+        batch = x.shape[0] if subsample_size is None else min(int(subsample_size), x.shape[0])
+        with poutine.scale(scale=self.lam):
+            tree = self.sample_tree(batch, like=x)
+        with pyro.plate("data", x.shape[0], subsample_size=subsample_size, dim=-1) as idx:
+            xb = x[idx]
+            yb = None if y is None else y[idx]
+            mix_logits, means, sigma = mixture_params(tree, with_bias(xb))
+            pyro.deterministic("mean", (mix_logits.softmax(-1) * means).sum(-1))
+            return pyro.sample(
+                "obs",
+                dist.MixtureSameFamily(
+                    dist.Categorical(logits=mix_logits), dist.Normal(means, sigma)
+                ),
+                obs=yb,
+            )
+
+
+def _bcat(tensors):
+    shape = torch.broadcast_shapes(*(t.shape[:-1] for t in tensors))
+    return torch.cat([t.expand(shape + t.shape[-1:]) for t in tensors], dim=-1)
+
+
+def _bcat_event(tensors):
+    shape = torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
+    return torch.cat([t.expand(shape + t.shape[-2:]) for t in tensors], dim=-2)
+
+
+def mixture_params(tree: dict, x1: torch.Tensor):
+    """Mixture logits, component means and scales of eq. 27 for inputs ``x1``.
+
+    :param tree: output of :meth:`VaRT.sample_tree` (batch shape ``B``, ``M`` nodes).
+    :param x1: inputs with the intercept column, ``(N, L + 1)``.
+    :returns: ``(logits, means, sigma)`` of shapes ``B + (N, M)``; ``logits`` is
+        :math:`\\log\\kappa_i + \\log P(x \\to i)` (``-inf`` for absent nodes).
+    """
+    split, log_exist = tree["split"], tree["log_exist"]
+    log_kappa = log_exist + torch.log1p(-split)
+    beta = tree["beta"]
+    if beta is None:
+        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
+    else:
+        # node logit = log-odds of going right = -beta^T x (beta^T x routes left).
+        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
+        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
+    logits = log_kappa.unsqueeze(-2) + log_reach
+    means = torch.einsum("...jk,nk->...nj", tree["theta"], x1)
+    sigma = tree["log_sigma"].exp().unsqueeze(-2).expand(means.shape)
+    return logits, means, sigma

@@ -1,0 +1,111 @@
+"""VaRTRegressor: fit/predict contract, intervals, pickling, batching and bad input."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from pyro_trees.estimators import VaRTRegressor
+from pyro_trees.estimators import vart as vart_module
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, size=(120, 3))
+    y = np.where(X[:, 0] > 0, 2.0 + X[:, 1], -1.0) + 0.1 * rng.normal(size=120)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, y = data
+    return VaRTRegressor(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0).fit(X, y)
+
+
+def test_fit_predict_interval_and_score(fitted, data):
+    X, y = data
+    pred = fitted.predict(X)
+    assert pred.shape == (120,) and np.isfinite(pred).all()
+    lo, hi = fitted.predict_interval(X, level=0.9)
+    assert lo.shape == hi.shape == (120,)
+    assert (lo <= hi).all()
+    lo50, hi50 = fitted.predict_interval(X, level=0.5)
+    assert ((hi50 - lo50) <= (hi - lo) + 1e-9).all()
+    # the step function is learnt far better than the constant predictor
+    assert fitted.score(X, y) > 0.8
+    draws = fitted.sample_predictive(X[:7], num_samples=20)
+    assert draws.shape == (20, 7)
+    assert fitted.sample_function(X[:7]).shape == (50, 7)
+    imp = fitted.feature_importances_
+    assert imp.shape == (3,) and np.isclose(imp.sum(), 1.0) and imp.argmax() == 0
+
+
+def test_predict_is_deterministic_batched_and_pickles_exactly(fitted, data, monkeypatch):
+    X, _ = data
+    pred = fitted.predict(X)
+    assert np.array_equal(pred, fitted.predict(X))
+    clone = pickle.loads(pickle.dumps(fitted))
+    assert np.array_equal(clone.predict(X), pred)
+    assert np.array_equal(clone.predict_interval(X)[0], fitted.predict_interval(X)[0])
+    # tiny prediction batches: same trees, same numbers
+    monkeypatch.setattr(vart_module, "_PREDICT_BYTES", 1)
+    fitted._tree_samples = None
+    assert np.allclose(fitted.predict(X[:12]), pred[:12], atol=1e-5)
+    # one row at a time agrees with all rows at once
+    assert np.allclose(fitted.predict(X[5:6]), pred[5:6], atol=1e-5)
+
+
+def test_export_text_and_params(fitted):
+    text = fitted.export_text(feature_names=["a", "b", "c"])
+    assert "value:" in text and text.endswith("\n")
+    assert text.splitlines()[0].startswith("|--- ")
+    assert "a" in text.splitlines()[0]  # the root splits on the informative feature
+    with pytest.raises(ValueError, match="feature_names"):
+        fitted.export_text(feature_names=["a"])
+    assert fitted.get_params()["depth"] == 2
+    assert "depth=2" in repr(fitted)
+
+
+def test_minibatch_training_runs(data):
+    X, y = data
+    est = VaRTRegressor(depth=2, num_steps=20, batch_size=16, num_samples=5, random_state=1)
+    est.fit(X, y)
+    assert est.fit_result_.num_steps == 20
+    assert np.isfinite(est.predict(X)).all()
+
+
+def test_bad_input(fitted, data):
+    X, y = data
+    est = VaRTRegressor(depth=2, num_steps=1)
+    with pytest.raises(ValueError, match="not fitted"):
+        est.predict(X)
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.fit(Xn, y)
+    Xi = X.copy()
+    Xi[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinite"):
+        fitted.predict(Xi)
+    with pytest.raises(ValueError, match="mismatched lengths"):
+        est.fit(X, y[:-1])
+    with pytest.raises(ValueError, match="features"):
+        fitted.predict(X[:, :2])
+    with pytest.raises(ValueError, match="level"):
+        fitted.predict_interval(X, level=1.0)
+    with pytest.raises(ValueError, match="level"):
+        fitted.predict_interval(X, level=0.0)
+    with pytest.raises(ValueError, match=r"depth 60 .* would need about"):
+        VaRTRegressor(depth=60).fit(X, y)
+    with pytest.raises(ValueError, match="num_samples"):
+        fitted.sample_predictive(X, num_samples=10_000)
+
+
+@pytest.mark.cuda
+def test_cuda_estimator(data):
+    X, y = data
+    est = VaRTRegressor(depth=2, num_steps=5, num_samples=4, device="cuda", random_state=0)
+    est.fit(X, y)
+    assert est.predict(X).shape == (120,)
+    assert est.predict_interval(X)[0].shape == (120,)

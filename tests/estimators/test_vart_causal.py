@@ -1,0 +1,47 @@
+import numpy as np
+import pytest
+
+from pyro_trees.estimators import VaRTCausal, VaRTRegressor
+
+
+@pytest.fixture(scope="module")
+def causal():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(150, 2))
+    A = rng.binomial(1, 0.5, size=150)
+    y = X[:, 0] + 3.0 * A + 0.1 * rng.normal(size=150)
+    reg = VaRTRegressor(depth=2, lam=1e-2, num_steps=150, lr=0.05, num_samples=40, random_state=0)
+    return VaRTCausal(reg).fit(X, A, y), X
+
+
+def test_cate_and_ate(causal):
+    model, X = causal
+    mean, lo, hi = model.cate(X[:10], level=0.9)
+    assert mean.shape == lo.shape == hi.shape == (10,)
+    assert (lo <= mean).all() and (mean <= hi).all()
+    ate = model.ate(level=0.9)
+    assert ate["lower"] <= ate["mean"] <= ate["upper"]
+    assert ate["draws"].shape == (40,)
+    # the constant effect 3 is recovered
+    assert abs(ate["mean"] - 3.0) < 0.5
+    # ATE draws are the per-tree averages of the CATE draws over the training X
+    assert np.allclose(ate["draws"], model.sample_cate(X).mean(1))
+    po = model.potential_outcomes(X[:5], level=0.8)
+    assert set(po) == {0, 1} and po[1][0].shape == (5,)
+
+
+def test_bad_input(causal):
+    model, X = causal
+    y = np.zeros(150)
+    with pytest.raises(ValueError, match="A must hold"):
+        VaRTCausal().fit(X, np.full(150, 2), y)
+    with pytest.raises(ValueError, match="single treatment arm"):
+        VaRTCausal().fit(X, np.ones(150), y)
+    with pytest.raises(ValueError, match="one entry per row"):
+        VaRTCausal().fit(X, np.ones(10), y)
+    with pytest.raises(ValueError, match="not fitted"):
+        VaRTCausal().cate(X)
+    with pytest.raises(ValueError, match="features"):
+        model.cate(X[:, :1])
+    with pytest.raises(ValueError, match="level"):
+        model.ate(level=1.5)
