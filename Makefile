@@ -10,7 +10,7 @@ PYRO_TREES_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(HOME)/.cache
 export PYRO_TREES_DATA
 DEMO_OUT ?= demo_output
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint clean
 
 install: $(VENV)/.installed
 
@@ -31,9 +31,6 @@ test: install
 lint: install
 	$(BIN)/ruff check pyro_trees tests benchmarks
 	$(BIN)/ruff format --check pyro_trees tests benchmarks
-
-bench: install
-	$(BIN)/python -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache
