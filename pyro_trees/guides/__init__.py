@@ -1,3 +1,5 @@
 """Guide families, each with the signature of its model."""
 
-__all__: list[str] = []
+from pyro_trees.guides.bayesian_hme import BayesianHMEGuide
+
+__all__ = ["BayesianHMEGuide"]

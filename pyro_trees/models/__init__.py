@@ -1,3 +1,5 @@
 """Pyro models (``PyroModule``\\ s whose ``forward(x, y=None)`` samples inside plates)."""
 
-__all__: list[str] = []
+from pyro_trees.models.bayesian_hme import BayesianHME
+
+__all__ = ["BayesianHME"]
