@@ -1,3 +1,5 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
-__all__: list[str] = []
+from pyro_trees.estimators.bayesian_hme import BayesianHMERegressor
+
+__all__ = ["BayesianHMERegressor"]
