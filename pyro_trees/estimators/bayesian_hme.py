@@ -45,7 +45,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
     :param int n_iter: coordinate-ascent cycles per start (at most).
     :param bool anneal: deterministic annealing of the likelihood temperature
         (:func:`~pyro_trees.infer.bayesian_hme_vb.temperature_schedule` with
-        ``anneal_iters = n_iter // 4``).
+        ``anneal_iters = n_iter // 4``, as the paper's 200 of 800).
     :param float tol: stop a batch early when no bound moved by more than ``tol * N``.
     :param prune_after: keep only the best ``keep`` starts per topology after this many
         cycles (``None``: run every start to the end).
