@@ -317,7 +317,8 @@ def update_experts(data: VBData, state: VBState, temperature: float = 1.0, *, r=
     e_alpha = state.alpha_a / state.alpha_b
     prec = e_alpha[..., None, None] * eye + scale[..., None, None] * rxx
     cov, _ = _gauss_from_precision(prec)
-    rxt = torch.einsum("...nj,np,nd->...jpd", r, data.x, data.t)  # (..., E, P, D)
+    xt = (data.x.unsqueeze(-1) * data.t.unsqueeze(-2)).flatten(-2)  # (N, P * D)
+    rxt = (r.transpose(-1, -2) @ xt).unflatten(-1, (p, data.t.shape[-1]))  # (..., E, P, D)
     mean = scale[..., None, None] * (cov @ rxt)
     return replace(state, w_mean=mean.transpose(-1, -2), w_cov=cov)
 
