@@ -64,6 +64,7 @@ def main(argv=None):
     parser.add_argument("--max-experts", type=int, default=8)
     parser.add_argument("--prune-after", type=int, default=100)
     parser.add_argument("--keep", type=int, default=5)
+    parser.add_argument("--tag", default="", help="suffix of the result files' name")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -129,7 +130,7 @@ def main(argv=None):
     )
     if not args.smoke:
         write_results(
-            "bhme_kin8nm",
+            "bhme_kin8nm" + (f"_{args.tag}" if args.tag else ""),
             {
                 "rows": rows,
                 "paper": PAPER,

@@ -248,3 +248,14 @@ def test_run_vb_stops_on_tolerance():
     res = vb.run_vb(data, vb.init_state(data, (2,)), num_iters=500, tol=1e-8)
     assert res.iterations < 500
     assert res.history.shape == (res.iterations, 2)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    x, t = toy(d=2)
+    data = vb.VBData.build(x, t, TOPS[0])
+    state = warm_state(data, cycles=2)
+    cuda = vb.VBData.build(x.cuda(), t.cuda(), TOPS[0])
+    out_cpu = vb.vb_cycle(data, state)
+    out_gpu = vb.vb_cycle(cuda, state.to("cuda"))
+    assert torch.allclose(vb.bound(cuda, out_gpu).cpu(), vb.bound(data, out_cpu))

@@ -148,3 +148,11 @@ def test_pickle_round_trip():
     assert m2.topology == model.topology
     for (n1, p1), (n2, p2) in zip(guide.named_parameters(), g2.named_parameters(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2)
+
+
+@pytest.mark.cuda
+def test_model_and_guide_on_cuda():
+    x, y = toy()
+    model = BayesianHME(1, 1, Topology([1, 3])).cuda()
+    guide = BayesianHMEGuide(model).cuda()
+    assert math.isfinite(Trace_ELBO().loss(model, guide, x.cuda(), y.cuda()))
