@@ -1,19 +1,32 @@
 """pyro_trees: tree-structured probabilistic models and variational guides for Pyro."""
 
-from pyro_trees import datasets, distributions, estimators, guides, infer, models, trees
+from pyro_trees import (
+    datasets,
+    distributions,
+    estimators,
+    guides,
+    infer,
+    models,
+    topology,
+    trees,
+)
 from pyro_trees.estimators import (
+    BayesianHMERegressor,
     RNNTreeClassifier,
     RNNTreeRegressor,
     VaRTCausal,
     VaRTRegressor,
 )
 from pyro_trees.infer import fit
+from pyro_trees.topology import Topology
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BayesianHMERegressor",
     "RNNTreeClassifier",
     "RNNTreeRegressor",
+    "Topology",
     "VaRTCausal",
     "VaRTRegressor",
     "__version__",
@@ -24,5 +37,6 @@ __all__ = [
     "guides",
     "infer",
     "models",
+    "topology",
     "trees",
 ]

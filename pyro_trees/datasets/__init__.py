@@ -9,6 +9,11 @@ Each paper's synthetic generators live in their own module (:mod:`.hme` for
 Antorán et al.); :mod:`.public` holds the loaders, :mod:`.cache` the cache itself.
 """
 
+from pyro_trees.datasets.bayesian_hme import (
+    robot_arm,
+    robot_arm_forward,
+    toy_inverse,
+)
 from pyro_trees.datasets.cache import (
     REGISTRY,
     RemoteFile,
@@ -72,7 +77,10 @@ __all__ = [
     "noise_task_mean",
     "parity_test_set",
     "pulse_function",
+    "robot_arm",
+    "robot_arm_forward",
     "sha256sum",
     "simulate_ihdp_surface",
+    "toy_inverse",
     "uci_split",
 ]

@@ -1,5 +1,8 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
+from pyro_trees.estimators.bayesian_hme import (
+    BayesianHMERegressor,
+)
 from pyro_trees.estimators.rnn_tree import (
     RNNTreeClassifier,
     RNNTreeRegressor,
@@ -12,6 +15,7 @@ from pyro_trees.estimators.vart_causal import (
 )
 
 __all__ = [
+    "BayesianHMERegressor",
     "RNNTreeClassifier",
     "RNNTreeRegressor",
     "VaRTCausal",

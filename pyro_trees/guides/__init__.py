@@ -1,5 +1,8 @@
 """Guide families, each with the signature of its model."""
 
+from pyro_trees.guides.bayesian_hme import (
+    BayesianHMEGuide,
+)
 from pyro_trees.guides.dgp import (
     DGPFactorisedGuide,
     DGPIntermediateGuide,
@@ -24,6 +27,7 @@ from pyro_trees.guides.vart import (
 )
 
 __all__ = [
+    "BayesianHMEGuide",
     "DGPFactorisedGuide",
     "DGPIntermediateGuide",
     "DGPJointGuide",

@@ -1,5 +1,11 @@
 """Training: the ``fit`` loop, ELBO pieces that Pyro lacks, and tree structures for TreeVI."""
 
+from pyro_trees.infer.bayesian_hme_vb import (
+    ModelSelection,
+    VBData,
+    VBState,
+    select_topology,
+)
 from pyro_trees.infer.dgp import (
     collapse_ratio,
     dgp_predict,
@@ -27,7 +33,10 @@ from pyro_trees.infer.tree_structure import (
 __all__ = [
     "FitResult",
     "LearnedTree",
+    "ModelSelection",
     "TreeELBO",
+    "VBData",
+    "VBState",
     "acyclicity",
     "collapse_ratio",
     "dgp_predict",
@@ -39,5 +48,6 @@ __all__ = [
     "maximum_spanning_tree",
     "parents_from_edges",
     "parents_to_adjacency",
+    "select_topology",
     "similarity_dfs_tree",
 ]

@@ -1,5 +1,8 @@
 """Pyro models: ``PyroModule`` classes whose ``forward(x, y=None)`` samples inside plates."""
 
+from pyro_trees.models.bayesian_hme import (
+    BayesianHME,
+)
 from pyro_trees.models.dgp import (
     DeepGP,
 )
@@ -17,6 +20,7 @@ from pyro_trees.models.vart import (
 )
 
 __all__ = [
+    "BayesianHME",
     "ConstrainedClusteringVAE",
     "DeepGP",
     "GraphPriorVAE",

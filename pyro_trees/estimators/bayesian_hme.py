@@ -1,0 +1,288 @@
+"""Scikit-learn style Bayesian HME regressor: closed-form VB with model selection."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyro.distributions as dist
+import torch
+
+from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.infer.bayesian_hme_vb import VBData, select_topology, temperature_schedule
+from pyro_trees.topology import Topology, enumerate_topologies
+from pyro_trees.validation import check_level, check_X, check_X_y
+
+__all__ = ["BayesianHMERegressor"]
+
+
+def _as_topology(value) -> Topology:
+    if isinstance(value, Topology):
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and not all(isinstance(v, int) for v in value):
+        return Topology.from_nested(value)
+    try:
+        return Topology(value)
+    except ValueError as exc:
+        raise ValueError(f"invalid topology {value!r}: {exc}") from None
+
+
+class BayesianHMERegressor(TreeEstimatorMixin):
+    """Bayesian hierarchical mixture of linear experts (Bishop & Svensén, 2003).
+
+    ``fit`` runs the paper's closed-form variational Bayes
+    (:mod:`pyro_trees.infer.bayesian_hme_vb`) on every candidate topology from many
+    random restarts (run as one batch), keeps the best bound per topology and selects the
+    topology with the highest bound. The bounds also give model-averaging weights
+    ``exp(bound)`` (``weights_``).
+
+    :param int max_experts: search every topology with ``min_experts..max_experts``
+        experts, unique up to mirror symmetry (ignored when ``topologies`` is given).
+    :param int min_experts: see ``max_experts``.
+    :param topologies: a :class:`~pyro_trees.topology.Topology`, a list of them (gate
+        sets or nested pairs are converted), or ``None`` for the search above.
+    :param int n_restarts: random starts per topology.
+    :param int n_iter: coordinate-ascent cycles per start (at most).
+    :param bool anneal: deterministic annealing of the likelihood temperature
+        (:func:`~pyro_trees.infer.bayesian_hme_vb.temperature_schedule` with
+        ``anneal_iters = n_iter // 4``, as the paper's 200 of 800).
+    :param float tol: stop a batch early when no bound moved by more than ``tol * N``.
+    :param prune_after: keep only the best ``keep`` starts per topology after this many
+        cycles (``None``: run every start to the end).
+    :param int keep: see ``prune_after``.
+    :param str predict_mode: ``"expert"`` (mean of the most probable expert, the paper's
+        choice for multi-modal inverse problems) or ``"mixture"`` (the predictive mean).
+    :param bool standardize: fit on standardised inputs and targets (predictions and
+        ``elbo_`` are reported on the original scale).
+    :param float prior_a: Gamma shape of the precisions' priors.
+    :param float prior_b: Gamma rate of the precisions' priors.
+    :param random_state: ``None`` or an int seed for the random starts.
+
+    Fitted attributes: ``topology_`` (selected), ``elbo_`` (its bound, on the original
+    scale of ``y``), ``topologies_``, ``bounds_`` (best bound per topology, original
+    scale), ``weights_`` (normalised ``exp(bounds_)``), ``state_`` (the selected
+    :class:`~pyro_trees.infer.bayesian_hme_vb.VBState`), ``states_`` (the best state per
+    topology), ``search_seconds_``.
+    """
+
+    def __init__(
+        self,
+        max_experts: int = 5,
+        min_experts: int = 1,
+        topologies=None,
+        n_restarts: int = 20,
+        n_iter: int = 200,
+        anneal: bool = False,
+        tol: float = 1e-6,
+        prune_after: int | None = None,
+        keep: int = 5,
+        predict_mode: str = "expert",
+        standardize: bool = True,
+        prior_a: float = 1e-3,
+        prior_b: float = 1e-3,
+        random_state: int | None = None,
+    ):
+        self.max_experts = max_experts
+        self.min_experts = min_experts
+        self.topologies = topologies
+        self.n_restarts = n_restarts
+        self.n_iter = n_iter
+        self.anneal = anneal
+        self.tol = tol
+        self.prune_after = prune_after
+        self.keep = keep
+        self.predict_mode = predict_mode
+        self.standardize = standardize
+        self.prior_a = prior_a
+        self.prior_b = prior_b
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ fitting
+    def _candidates(self) -> list[Topology]:
+        if self.topologies is None:
+            return enumerate_topologies(self.max_experts, self.min_experts)
+        if isinstance(self.topologies, Topology):
+            return [self.topologies]
+        if isinstance(self.topologies, (str, bytes)) or not hasattr(self.topologies, "__iter__"):
+            raise ValueError(f"invalid topology {self.topologies!r}: give Topology objects")
+        tops = [_as_topology(t) for t in self.topologies]
+        if not tops:
+            raise ValueError("topologies is empty")
+        return tops
+
+    def fit(self, X, y):
+        """Search the topologies and keep the one with the highest bound.
+
+        :param X: inputs ``(N, L)``; :param y: targets ``(N,)`` or ``(N, D)``.
+        :raises ValueError: for NaN/inf, mismatched lengths, fewer points than experts,
+            an invalid topology or invalid settings.
+        """
+        if self.predict_mode not in ("expert", "mixture"):
+            raise ValueError(
+                f"predict_mode must be 'expert' or 'mixture', got {self.predict_mode!r}"
+            )
+        for name in ("n_restarts", "n_iter", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        X, y = check_X_y(X, y, multi_output=True, dtype=torch.float64)
+        X, y = X.cpu(), y.cpu()
+        self.y_ndim_ = y.dim()
+        t = y.unsqueeze(-1) if y.dim() == 1 else y
+        tops = self._candidates()
+        most = max(top.num_experts for top in tops)
+        if most > X.shape[0]:
+            raise ValueError(
+                f"fewer data points ({X.shape[0]}) than experts ({most}): use fewer experts"
+            )
+        if self.standardize:
+            self.x_mean_, self.x_std_ = X.mean(0), X.std(0).clamp_min(1e-12)
+            self.y_mean_, self.y_std_ = t.mean(0), t.std(0).clamp_min(1e-12)
+            if X.shape[0] < 2:
+                self.x_std_, self.y_std_ = (
+                    torch.ones_like(self.x_std_),
+                    torch.ones_like(self.y_std_),
+                )
+        else:
+            self.x_mean_, self.x_std_ = (
+                torch.zeros(X.shape[1], dtype=X.dtype),
+                torch.ones(X.shape[1], dtype=X.dtype),
+            )
+            self.y_mean_, self.y_std_ = (
+                torch.zeros(t.shape[1], dtype=X.dtype),
+                torch.ones(t.shape[1], dtype=X.dtype),
+            )
+        xs = (X - self.x_mean_) / self.x_std_
+        ts = (t - self.y_mean_) / self.y_std_
+        seed = self.random_state
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        generator = torch.Generator().manual_seed(int(seed))
+        temps = None
+        if self.anneal:
+            temps = temperature_schedule(self.n_iter, anneal_iters=max(1, self.n_iter // 4))
+        sel = select_topology(
+            xs,
+            ts,
+            tops,
+            num_restarts=self.n_restarts,
+            temperatures=temps,
+            num_iters=self.n_iter,
+            tol=self.tol,
+            prior_a=self.prior_a,
+            prior_b=self.prior_b,
+            generator=generator,
+            prune_after=self.prune_after,
+            keep=self.keep,
+        )
+        # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
+        jacobian = X.shape[0] * float(self.y_std_.log().sum())
+        self.topologies_ = sel.topologies
+        self.bounds_ = (sel.bounds - jacobian).numpy()
+        self.weights_ = sel.weights.numpy()
+        self.states_ = sel.states
+        self.best_index_ = sel.best
+        self.topology_ = sel.topologies[sel.best]
+        self.state_ = sel.states[sel.best]
+        self.elbo_ = float(self.bounds_[sel.best])
+        self.search_seconds_ = sel.seconds
+        self.n_features_in_ = X.shape[1]
+        self.is_fitted_ = True
+        return self
+
+    # ------------------------------------------------------------------ prediction
+    def _components(self, X, index: int):
+        """Log gate probabilities ``(N, E)``, expert means ``(N, E, D)`` and predictive
+        variances ``(N, E, D)`` on the standardised scale, for topology ``index``."""
+        state = self.states_[index]
+        top = self.topologies_[index]
+        data = VBData.build(X, torch.zeros(X.shape[0], 1, dtype=X.dtype), top)
+        xb = data.x
+        if top.num_gates:
+            mean_a = xb @ state.v_mean.T  # (N, G)
+            var_a = data.quad(state.v_cov).T
+            # MacKay's probit approximation of E[sigma(a)] under a Gaussian a
+            kappa = (1 + math.pi * var_a / 8).rsqrt()
+            log_pi = top.expert_log_probs(kappa * mean_a)
+        else:
+            log_pi = xb.new_zeros(xb.shape[0], 1)
+        means = torch.einsum("np,jdp->njd", xb, state.w_mean)
+        var = (state.tau_b / state.tau_a)[None, :] + data.quad(state.w_cov).T  # (N, E)
+        return log_pi, means, var.unsqueeze(-1).expand(means.shape)
+
+    def _prepare(self, X) -> torch.Tensor:
+        self._check_is_fitted()
+        X = check_X(X, n_features=self.n_features_in_, dtype=torch.float64).cpu()
+        return (X - self.x_mean_) / self.x_std_
+
+    def predict_distribution(self, X, average: bool = False) -> dist.MixtureSameFamily:
+        """Approximate predictive density ``p(y | x)`` on the scale of ``y``.
+
+        A mixture of Gaussians over experts: weights from the gates' posterior mean
+        logits with MacKay's probit correction, variance ``1 / E[tau_j] + x^T S_j x``.
+        With ``average=True`` every searched topology contributes, weighted by
+        ``weights_`` (Bayesian model averaging by the bound).
+
+        :returns: a :class:`~pyro.distributions.MixtureSameFamily` with batch shape
+            ``(N,)`` and event shape ``(D,)``.
+        """
+        Xs = self._prepare(X)
+        indices = range(len(self.topologies_)) if average else [self.best_index_]
+        log_w, means, var = [], [], []
+        for k in indices:
+            lp, m, v = self._components(Xs, k)
+            shift = math.log(self.weights_[k]) if average and self.weights_[k] > 0 else 0.0
+            if average and self.weights_[k] <= 0:
+                continue
+            log_w.append(lp + shift)
+            means.append(m)
+            var.append(v)
+        log_w, means, var = torch.cat(log_w, -1), torch.cat(means, -2), torch.cat(var, -2)
+        loc = means * self.y_std_ + self.y_mean_
+        scale = var.sqrt() * self.y_std_
+        comp = dist.Normal(loc, scale).to_event(1)
+        return dist.MixtureSameFamily(dist.Categorical(logits=log_w), comp)
+
+    def _out(self, value: torch.Tensor) -> np.ndarray:
+        value = value.detach().cpu().numpy()
+        return value[..., 0] if self.y_ndim_ == 1 else value
+
+    def predict(self, X, mode: str | None = None) -> np.ndarray:
+        """Predictions ``(N,)`` (or ``(N, D)``): the mean of the most probable expert
+        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean."""
+        mode = self.predict_mode if mode is None else mode
+        if mode not in ("expert", "mixture"):
+            raise ValueError(f"mode must be 'expert' or 'mixture', got {mode!r}")
+        d = self.predict_distribution(X)
+        if mode == "mixture":
+            return self._out(d.mean)
+        probs = d.mixture_distribution.probs  # (N, E)
+        best = probs.argmax(-1)
+        loc = d.component_distribution.base_dist.loc  # (N, E, D)
+        return self._out(loc[torch.arange(loc.shape[0]), best])
+
+    def predict_interval(self, X, level: float = 0.9, average: bool = False):
+        """Central predictive interval of each output's marginal mixture.
+
+        :returns: ``(lower, upper)`` arrays of the shape of :meth:`predict`.
+        """
+        level = check_level(level)
+        d = self.predict_distribution(X, average=average)
+        w = d.mixture_distribution.probs.unsqueeze(-1)  # (N, E, 1)
+        loc = d.component_distribution.base_dist.loc
+        scale = d.component_distribution.base_dist.scale
+        normal = torch.distributions.Normal(loc, scale)
+
+        def quantile(q: float) -> torch.Tensor:
+            lo = (loc - 10 * scale).min(-2).values
+            hi = (loc + 10 * scale).max(-2).values
+            for _ in range(60):  # bisection on the mixture CDF
+                mid = 0.5 * (lo + hi)
+                cdf = (w * normal.cdf(mid.unsqueeze(-2))).sum(-2)
+                below = cdf < q
+                lo = torch.where(below, mid, lo)
+                hi = torch.where(below, hi, mid)
+            return 0.5 * (lo + hi)
+
+        alpha = (1 - level) / 2
+        return self._out(quantile(alpha)), self._out(quantile(1 - alpha))

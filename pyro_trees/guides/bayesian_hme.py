@@ -1,0 +1,103 @@
+r"""Variational guide over the global parameters of :class:`~pyro_trees.models.BayesianHME`.
+
+The family is the one of the paper's (and :mod:`pyro_trees.infer.bayesian_hme_vb`'s)
+closed-form variational Bayes, without its local Jaakkola-Jordan bound:
+
+.. math:: q = \prod_g N(v_g \mid m_g, L_g L_g^\top)\, \mathrm{Gamma}(\beta_g)
+          \prod_j \Big[\prod_{k=1}^{D} N(w_{jk} \mid m_{jk}, C_j C_j^\top)\Big]
+          \mathrm{Gamma}(\alpha_j)\, \mathrm{Gamma}(\tau_j),
+
+full-covariance Gaussians for every gate and every expert (the ``D`` rows of an expert
+share one covariance, as in the exact coordinate update) and Gamma precisions. The
+assignment is summed out in the model, so no local factor is needed, and the ELBO
+:class:`~pyro.infer.Trace_ELBO` estimates is at least the closed-form bound of the same
+global factors (it uses the exact log-sigmoid and the exact posterior over experts).
+
+:meth:`BayesianHMEGuide.load_vb_state` copies a closed-form solution into the guide.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+
+__all__ = ["BayesianHMEGuide"]
+
+
+class BayesianHMEGuide(PyroModule):
+    """Full-covariance Gaussian weights and Gamma precisions for a Bayesian HME.
+
+    :param model: the :class:`~pyro_trees.models.BayesianHME` to approximate.
+    :param float init_scale: initial standard deviation of the Gaussian factors and of
+        the random initial gate means (which break the symmetry between experts).
+    :param float init_precision: initial mean of every Gamma factor (shape 1).
+    """
+
+    def __init__(self, model, *, init_scale: float = 0.1, init_precision: float = 1.0):
+        super().__init__()
+        if not init_scale > 0 or not init_precision > 0:
+            raise ValueError("init_scale and init_precision must be positive")
+        g, e = model.num_gates, model.num_experts
+        p, d = model.in_features + 1, model.out_features
+        self.num_gates, self.num_experts = g, e
+        opts = {"dtype": model.signs.dtype, "device": model.signs.device}
+        eye = torch.eye(p, **opts)
+        ones_g, ones_e = torch.ones(g, **opts), torch.ones(e, **opts)
+        if g:
+            self.v_loc = PyroParam(torch.randn(g, p, **opts) * init_scale)
+            self.v_scale_tril = PyroParam(
+                eye.expand(g, p, p) * init_scale, constraint=constraints.lower_cholesky
+            )
+            self.beta_conc = PyroParam(ones_g.clone(), constraint=constraints.positive)
+            self.beta_rate = PyroParam(ones_g / init_precision, constraint=constraints.positive)
+        self.W_loc = PyroParam(torch.randn(e, d, p, **opts) * init_scale)
+        self.W_scale_tril = PyroParam(
+            eye.expand(e, p, p) * init_scale, constraint=constraints.lower_cholesky
+        )
+        self.alpha_conc = PyroParam(ones_e.clone(), constraint=constraints.positive)
+        self.alpha_rate = PyroParam(ones_e / init_precision, constraint=constraints.positive)
+        self.tau_conc = PyroParam(ones_e.clone(), constraint=constraints.positive)
+        self.tau_rate = PyroParam(ones_e / init_precision, constraint=constraints.positive)
+
+    def forward(self, x, y=None, subsample_size=None):
+        """Sample every global site of the model (the signature of the model)."""
+        if self.num_gates:
+            with pyro.plate("gates", self.num_gates, dim=-1):
+                pyro.sample("beta", dist.Gamma(self.beta_conc, self.beta_rate))
+                pyro.sample("v", dist.MultivariateNormal(self.v_loc, scale_tril=self.v_scale_tril))
+        with pyro.plate("experts", self.num_experts, dim=-1):
+            pyro.sample("alpha", dist.Gamma(self.alpha_conc, self.alpha_rate))
+            pyro.sample("tau", dist.Gamma(self.tau_conc, self.tau_rate))
+            q_w = dist.MultivariateNormal(self.W_loc, scale_tril=self.W_scale_tril.unsqueeze(-3))
+            pyro.sample("W", q_w.to_event(1))
+
+    @torch.no_grad()
+    def median(self) -> dict:
+        """Posterior modes of the weights and medians-by-mean of the precisions."""
+        out = {
+            "W": self.W_loc.detach().clone(),
+            "alpha": (self.alpha_conc / self.alpha_rate).detach(),
+            "tau": (self.tau_conc / self.tau_rate).detach(),
+        }
+        if self.num_gates:
+            out["v"] = self.v_loc.detach().clone()
+            out["beta"] = (self.beta_conc / self.beta_rate).detach()
+        return out
+
+    @torch.no_grad()
+    def load_vb_state(self, state) -> BayesianHMEGuide:
+        """Copy a :class:`~pyro_trees.infer.bayesian_hme_vb.VBState` without batch dims."""
+        if state.batch_shape != torch.Size():
+            raise ValueError(f"expected a single state, got batch shape {tuple(state.batch_shape)}")
+        if self.num_gates:
+            self.v_loc = state.v_mean.detach().clone()
+            self.v_scale_tril = torch.linalg.cholesky(state.v_cov)
+            self.beta_conc, self.beta_rate = state.beta_a.clone(), state.beta_b.clone()
+        self.W_loc = state.w_mean.detach().clone()
+        self.W_scale_tril = torch.linalg.cholesky(state.w_cov)
+        self.alpha_conc, self.alpha_rate = state.alpha_a.clone(), state.alpha_b.clone()
+        self.tau_conc, self.tau_rate = state.tau_a.clone(), state.tau_b.clone()
+        return self

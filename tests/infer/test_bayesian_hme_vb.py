@@ -1,0 +1,261 @@
+import math
+from dataclasses import fields, replace
+
+import pytest
+import torch
+import torch.distributions as D
+
+from pyro_trees.infer import bayesian_hme_vb as vb
+from pyro_trees.topology import Topology, enumerate_topologies
+
+TOPS = [
+    Topology.from_nested((None, (None, None))),  # unbalanced, 3 experts
+    Topology.balanced(2),
+    Topology(),  # a single expert, no gate
+]
+
+
+def toy(n=40, d=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, dtype=torch.float64, generator=g)
+    t = x + 0.3 * torch.sin(2 * math.pi * x) + 0.05 * torch.randn(n, generator=g).double()
+    if d == 1:
+        return t[:, None], x  # the inverse problem: input t, target x
+    return t[:, None], torch.stack([x, x.square() - 0.3 * torch.sin(3 * x)], -1)
+
+
+def warm_state(data, batch=(3,), cycles=3, temperature=1.0):
+    g = torch.Generator().manual_seed(1)
+    state = vb.init_state(data, batch, generator=g)
+    for _ in range(cycles):
+        state = vb.vb_cycle(data, state, temperature)
+    return state
+
+
+@pytest.mark.parametrize("top", TOPS, ids=str)
+@pytest.mark.parametrize("d", [1, 2])
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_bound_never_decreases(top, d, temperature):
+    x, t = toy(d=d)
+    data = vb.VBData.build(x, t, top)
+    g = torch.Generator().manual_seed(2)
+    state = vb.init_state(data, (4,), generator=g)
+    prev = vb.bound(data, state, temperature)
+    for _ in range(12):
+        for update in vb.UPDATES:
+            state = update(data, state, temperature)
+            value = vb.bound(data, state, temperature)
+            assert torch.isfinite(value).all()
+            slack = 1e-9 * value.abs().clamp_min(1.0)
+            assert (value >= prev - slack).all(), (update.__name__, (value - prev).min())
+            prev = value
+
+
+def test_fused_cycle_equals_sequential_updates():
+    x, t = toy(d=2)
+    data = vb.VBData.build(x, t, TOPS[1])
+    state = warm_state(data)
+    seq = state
+    for update in vb.UPDATES:
+        seq = update(data, seq, 1.7)
+    fused, _, value = vb._fused_cycle(data, state, 1.7)
+    for f in fields(seq):
+        assert torch.allclose(getattr(fused, f.name), getattr(seq, f.name), atol=1e-10), f.name
+    assert torch.allclose(value, vb.bound(data, seq, 1.7))
+
+
+def _perturbations(state, name, g):
+    """A random direction in the parameters of one factor, keeping the factor valid."""
+    groups = {
+        "update_experts": ("w_mean", "w_cov"),
+        "update_noise": ("tau_a", "tau_b"),
+        "update_expert_precisions": ("alpha_a", "alpha_b"),
+        "update_xi": ("xi",),
+        "update_gates": ("v_mean", "v_cov"),
+        "update_gate_precisions": ("beta_a", "beta_b"),
+        "update_assignments": ("log_r",),
+    }[name]
+    out = {}
+    for field in groups:
+        value = getattr(state, field)
+        dirn = torch.randn(value.shape, generator=g, dtype=value.dtype)
+        if field.endswith("_cov"):  # L A L^T with |A| < 1 keeps cov + eps * dirn PD
+            sym = dirn + dirn.transpose(-1, -2)
+            sym = sym / torch.linalg.matrix_norm(sym, 2)[..., None, None] / 2
+            chol = torch.linalg.cholesky(value)
+            dirn = chol @ sym @ chol.transpose(-1, -2)
+        elif field.endswith(("_a", "_b")):  # relative moves keep Gamma parameters positive
+            dirn = dirn * value
+        out[field] = dirn
+    return out
+
+
+def _moved(state, dirs, eps):
+    new = {}
+    for field, dirn in dirs.items():
+        value = getattr(state, field) + eps * dirn
+        if field == "log_r":
+            value = value.log_softmax(-1)
+        new[field] = value
+    return replace(state, **new)
+
+
+@pytest.mark.parametrize("update", vb.UPDATES, ids=lambda u: u.__name__)
+def test_each_update_is_a_stationary_point(update):
+    x, t = toy(d=2)
+    data = vb.VBData.build(x, t, TOPS[0])
+    state = warm_state(data, cycles=4)
+    g = torch.Generator().manual_seed(3)
+    dirs = _perturbations(state, update.__name__, g)
+    eps = 1e-4
+
+    def slope(s):  # central differences with one Richardson step: error O(eps**4)
+        up = vb.bound(data, _moved(s, dirs, eps))
+        down = vb.bound(data, _moved(s, dirs, -eps))
+        up2 = vb.bound(data, _moved(s, dirs, eps / 2))
+        down2 = vb.bound(data, _moved(s, dirs, -eps / 2))
+        coarse, fine = (up - down) / (2 * eps), (up2 - down2) / eps
+        return (4 * fine - coarse) / 3, up, down
+
+    # before the update the bound moves to first order along the direction ...
+    perturbed = _moved(state, dirs, 0.05)
+    s0, _, _ = slope(perturbed)
+    assert s0.abs().max() > 1e-3
+    # ... after it, the finite-difference slope vanishes and the bound is a maximum
+    optimum = update(data, perturbed)
+    s1, up, down = slope(optimum)
+    centre = vb.bound(data, optimum)
+    assert s1.abs().max() < 1e-5 * max(1.0, float(s0.abs().max()))
+    assert (up <= centre + 1e-9).all() and (down <= centre + 1e-9).all()
+
+
+def test_jj_bound_is_tight_and_gate_terms_are_path_sums():
+    # With a point-mass q(v) and xi = |a| the JJ bound is exact: the gate terms equal
+    # log pi_j(x) computed from the topology's paths.
+    x, t = toy(n=15)
+    for top in enumerate_topologies(5, 2):
+        data = vb.VBData.build(x, t, top)
+        state = warm_state(data, batch=(), cycles=1)
+        state = replace(state, v_cov=state.v_cov * 0.0)
+        logits = state.v_mean @ data.x.T  # (G, N)
+        state = replace(state, xi=logits.abs())
+        exact = top.expert_log_probs(logits.T)
+        assert torch.allclose(vb.gate_terms(data, state), exact, atol=1e-12)
+
+
+def test_responsibilities_are_normalised_and_bound_is_logsumexp():
+    x, t = toy()
+    data = vb.VBData.build(x, t, TOPS[1])
+    state = warm_state(data)
+    assert torch.allclose(state.log_r.exp().sum(-1), torch.ones(3, 40, dtype=torch.float64))
+    # at the optimal q(Z) the assignment part of the bound is sum_n logsumexp_j
+    point = vb.gate_terms(data, state) + vb.expected_expert_loglik(data, state)
+    glob = vb._global_terms(data, state)
+    assert torch.allclose(vb.bound(data, state), point.logsumexp(-1).sum(-1) + glob)
+
+
+def _mc_elbo(data, state, num_samples, g, jj=True):
+    """Monte Carlo estimate of the same ELBO, sampling the global factors from q and
+    summing q(Z) exactly."""
+    a0, b0 = data.prior_a, data.prior_b
+    s = (num_samples,)
+    x, t = data.x, data.t
+
+    def gamma(a, b):
+        return D.Gamma(a, b)
+
+    qa, qb, qt = (
+        gamma(state.alpha_a, state.alpha_b),
+        gamma(state.beta_a, state.beta_b),
+        gamma(state.tau_a, state.tau_b),
+    )
+    alpha, beta, tau = qa.sample(s), qb.sample(s), qt.sample(s)
+    qv = D.MultivariateNormal(state.v_mean, state.v_cov)
+    qw = D.MultivariateNormal(state.w_mean, state.w_cov.unsqueeze(-3))
+    v, w = qv.sample(s), qw.sample(s)
+    prior = gamma(torch.tensor(a0).double(), torch.tensor(b0).double())
+    log_p = prior.log_prob(alpha).sum(-1) + prior.log_prob(beta).sum(-1)
+    log_p = log_p + prior.log_prob(tau).sum(-1)
+    log_p = log_p + D.Normal(0, beta.rsqrt().unsqueeze(-1)).log_prob(v).sum((-1, -2))
+    log_p = log_p + D.Normal(0, alpha.rsqrt()[..., None, None]).log_prob(w).sum((-1, -2, -3))
+    log_q = qa.log_prob(alpha).sum(-1) + qb.log_prob(beta).sum(-1) + qt.log_prob(tau).sum(-1)
+    log_q = log_q + qv.log_prob(v).sum(-1) + qw.log_prob(w).sum((-1, -2))
+    a = v @ x.T  # (S, G, N)
+    sg = data.signs
+    if jj:
+        xi = state.xi
+        lam = vb.jj_lambda(xi)
+        per = torch.nn.functional.logsigmoid(xi) - 0.5 * xi + lam * xi**2 - lam * a**2
+        gate = (0.5 * a).transpose(-1, -2) @ sg + per.transpose(-1, -2) @ sg.abs()
+    else:
+        ls = torch.nn.functional.logsigmoid(a.unsqueeze(-1) * sg.unsqueeze(-2))
+        gate = (ls * sg.abs().unsqueeze(-2)).sum(-3)
+    mean = torch.einsum("np,sjdp->snjd", x, w)
+    lik = D.Normal(mean, tau.rsqrt()[:, None, :, None]).log_prob(t.unsqueeze(-2)).sum(-1)
+    r = state.log_r.exp()
+    assign = (r * (gate + lik - state.log_r)).sum((-1, -2))
+    sample = assign + log_p - log_q
+    return sample.mean(), sample.std() / math.sqrt(num_samples)
+
+
+def test_closed_form_bound_equals_monte_carlo():
+    x, t = toy(n=30, d=2)
+    data = vb.VBData.build(x, t, TOPS[0])
+    state = warm_state(data, batch=(), cycles=20)
+    g = torch.Generator().manual_seed(5)
+    torch.manual_seed(5)
+    mc, se = _mc_elbo(data, state, 20000, g)
+    closed = vb.bound(data, state)
+    assert abs(float(mc - closed)) < 4 * float(se) + 1e-6, (float(mc), float(closed), float(se))
+    # the ELBO of the same q without the JJ bound on the gates is higher
+    mc_true, se_true = _mc_elbo(data, state, 20000, g, jj=False)
+    assert float(mc_true) > float(closed) - 4 * float(se_true)
+
+
+def test_temperature_schedule():
+    temps = vb.temperature_schedule(800)
+    assert temps[0] == 5.85 and temps[-1] == 1.0 and len(temps) == 800
+    assert all(a >= b for a, b in zip(temps, temps[1:], strict=False))
+    assert 1.0 < temps[199] < 1.02 and temps[200] == 1.0
+    with pytest.raises(ValueError):
+        vb.temperature_schedule(0)
+
+
+def test_select_topology_batches_restarts():
+    x, t = toy(n=200)
+    tops = enumerate_topologies(3, 1)
+    g = torch.Generator().manual_seed(0)
+    sel = vb.select_topology(x, t, tops, num_restarts=12, num_iters=120, generator=g)
+    assert sel.bounds.shape == (len(tops),)
+    assert torch.allclose(sel.weights.sum(), torch.tensor(1.0, dtype=sel.weights.dtype))
+    for top, b, st, allb in zip(
+        sel.topologies, sel.bounds, sel.states, sel.all_bounds, strict=True
+    ):
+        assert allb.shape == (12,) and b == allb.max()
+        data = vb.VBData.build(x, t, top)
+        assert torch.allclose(vb.bound(data, st), b)
+    # three experts explain the multimodal inverse problem best (the paper's Ockham hill)
+    assert sel.best == 2
+    pruned = vb.select_topology(
+        x, t, tops[:3], num_restarts=6, num_iters=40, generator=g, prune_after=10, keep=2
+    )
+    assert all(a.shape == (2,) for a in pruned.all_bounds)
+
+
+def test_run_vb_stops_on_tolerance():
+    x, t = toy()
+    data = vb.VBData.build(x, t, TOPS[2])
+    res = vb.run_vb(data, vb.init_state(data, (2,)), num_iters=500, tol=1e-8)
+    assert res.iterations < 500
+    assert res.history.shape == (res.iterations, 2)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    x, t = toy(d=2)
+    data = vb.VBData.build(x, t, TOPS[0])
+    state = warm_state(data, cycles=2)
+    cuda = vb.VBData.build(x.cuda(), t.cuda(), TOPS[0])
+    out_cpu = vb.vb_cycle(data, state)
+    out_gpu = vb.vb_cycle(cuda, state.to("cuda"))
+    assert torch.allclose(vb.bound(cuda, out_gpu).cpu(), vb.bound(data, out_cpu))
