@@ -26,7 +26,7 @@ PAPER = {
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sigmas", type=float, nargs="*", default=[i / 10 for i in range(10)])
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
