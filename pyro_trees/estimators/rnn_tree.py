@@ -159,7 +159,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
         guide.to(device=X.device, dtype=X.dtype)
         with isolated_params():
             if self.init == "balanced":
-                guide.tree.init_balanced(Xs)
+                guide.tree.init_balanced(Xs, y)
                 # One M-step on the initial tree's hard routing: soft routing would
                 # smear every expert towards the global mean.
                 leaf = guide.tree.hard_leaf(Xs)
@@ -256,8 +256,8 @@ class RNNTreeRegressor(_RNNTreeBase):
     :param str feedback: ``"hard"`` (per-node GRU states; default) or ``"soft"`` (the
         paper's single roll-out with quantisation noise, eq. 14).
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
-    :param str init: ``"balanced"`` (:meth:`RNNTree.init_balanced` and one M-step for
-        the experts) or ``"random"``.
+    :param str init: ``"balanced"`` (:meth:`RNNTree.init_balanced`, split dimensions
+        chosen with the targets, then one M-step for the experts) or ``"random"``.
     :param noise_scale: fixed observation noise, or ``None`` (default) to learn it.
     :param int num_steps: gradient steps; ``lr``, ``lr_decay`` (total factor over the
         run, exponential), ``optim`` (``"adam"``, ``"radam"``, ``"clipped_adam"``...).

@@ -64,6 +64,36 @@ def _balanced_cuts(pts: torch.Tensor, like: torch.Tensor):
     return cut, pts.std(0)
 
 
+def _impurity(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Impurity times size of the points selected by each column of ``weights`` ``(n, L)``:
+    Gini for long labels, squared error for real targets. Returns ``(L,)``."""
+    if y.dtype in (torch.long, torch.int32, torch.int64, torch.bool):
+        onehot = torch.nn.functional.one_hot(y.long()).to(weights.dtype)  # (n, C)
+        counts = weights.T @ onehot  # (L, C)
+        size = counts.sum(-1)
+        return size - (counts**2).sum(-1) / size.clamp_min(1)
+    y2 = y.reshape(y.shape[0], -1).to(weights.dtype)
+    size = weights.sum(0).unsqueeze(-1)  # (L, 1)
+    total = weights.T @ y2
+    return ((weights.T @ y2**2) - total**2 / size.clamp_min(1)).sum(-1)
+
+
+def _choose_dimension(pts, y, cut, spread) -> int:
+    """The widest dimension, or, with targets, the most informative wide dimension."""
+    if y is None or pts.shape[0] < 2 or float(spread.max()) <= 0:
+        return int(spread.argmax())
+    right = (pts > cut).to(pts.dtype)  # (n, L)
+    ones = torch.ones_like(right)
+    gain = _impurity(y, ones) - _impurity(y, right) - _impurity(y, ones - right)
+    eligible = spread >= 0.75 * spread.max()
+    gain = gain.masked_fill(~eligible, -float("inf"))
+    # A gain below 5 % of the node's impurity is noise (e.g. parity, where no single
+    # split informs): then the widest dimension is taken.
+    if float(gain.max()) <= 0.05 * float(_impurity(y, ones[:, :1])[0]):
+        return int(spread.argmax())
+    return int(gain.argmax())
+
+
 class RNNTree(PyroModule):
     """The routing network: maps inputs ``(N, L)`` to leaf logits ``(N, 2**D)``.
 
@@ -127,6 +157,7 @@ class RNNTree(PyroModule):
     def init_balanced(
         self,
         x: torch.Tensor,
+        y: torch.Tensor | None = None,
         *,
         sharpness: float = 20.0,
         dim_margin: float = 3.0,
@@ -147,7 +178,14 @@ class RNNTree(PyroModule):
         node states (``ridge`` keeps the weights moderate, as nearby nodes have
         almost collinear states), which balances only approximately.
 
+        With targets ``y`` (long class labels ``(N,)``, or real ``(N,)``/``(N, K)``), the
+        dimension is chosen among those whose spread is at least 3/4 of the largest as
+        the one whose balanced cut most reduces the impurity of ``y`` (Gini index, or
+        squared error); the cuts themselves stay balanced. Without ``y``, or when no cut
+        reduces it by 5 % or more, the widest dimension is taken.
+
         :param x: inputs ``(N, L)``, standardised as in training.
+        :param y: optional targets, used only to choose split dimensions.
         """
         L = self.in_features
         states = self.node_states().to(x.dtype)  # (I, H)
@@ -158,7 +196,7 @@ class RNNTree(PyroModule):
             node = j + 1
             mask = node_of_point == node
             cut, spread = _balanced_cuts(x[mask], like=x[0])
-            l = int(spread.argmax())
+            l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)
             slope = sharpness / spread.clamp_min(1e-2)
             targets[j, l] = dim_margin
             targets[j, L : 2 * L] = -slope * cut

@@ -138,3 +138,15 @@ def test_cuda_forward_and_rules():
     x = torch.randn(10, 2, device="cuda")
     assert tree(x).device.type == "cuda"
     assert tree.rules().route(x).device.type == "cuda"
+
+
+def test_balanced_init_chooses_the_informative_dimension_with_targets():
+    torch.manual_seed(0)
+    x = torch.randn(400, 3)  # standardised: every dimension has the same spread
+    y = (x[:, 2] > 0).long()  # only dimension 2 informs the labels
+    tree = RNNTree(3, 1, feedback="hard")
+    tree.init_balanced(x, y)
+    assert int(tree.rules().feature[0]) == 2
+    noise = torch.randint(0, 2, (400,))  # no dimension informs: the widest is kept
+    tree.init_balanced(x, noise)
+    assert int(tree.rules().feature[0]) == int(x.std(0).argmax())
