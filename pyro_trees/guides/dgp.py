@@ -47,7 +47,24 @@ def _check_model(model, inducing: str, cls: str):
         )
 
 
-class DGPFactorisedGuide(PyroModule):
+class _PerSiteGaussianGuide(PyroModule):
+    """A Gaussian per model site, each with ``{name}_loc`` ``(P, M)`` and
+    ``{name}_scale_tril`` ``(P, M, M)`` parameters; sites are independent."""
+
+    site_names: list[str]
+
+    def distribution(self, name: str):
+        """The guide's Gaussian at one site, event shape ``(P_i, M_i)``."""
+        return dist.MultivariateNormal(
+            getattr(self, f"{name}_loc"), scale_tril=getattr(self, f"{name}_scale_tril")
+        ).to_event(1)
+
+    def forward(self, x=None, y=None, **kwargs):
+        """Sample every site (the data arguments are ignored)."""
+        return {name: pyro.sample(name, self.distribution(name)) for name in self.site_names}
+
+
+class DGPFactorisedGuide(_PerSiteGaussianGuide):
     """Mean-field over layers: :math:`q(U_i) = N(m_i, S_i)` independently per layer.
 
     :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="layer"``.
@@ -69,16 +86,6 @@ class DGPFactorisedGuide(PyroModule):
                 f"{name}_scale_tril",
                 PyroParam(eye.clone(), constraint=constraints.lower_cholesky),
             )
-
-    def distribution(self, name: str):
-        """``q(u_i)`` of one site, event shape ``(P_i, M_i)``."""
-        return dist.MultivariateNormal(
-            getattr(self, f"{name}_loc"), scale_tril=getattr(self, f"{name}_scale_tril")
-        ).to_event(1)
-
-    def forward(self, x=None, y=None, **kwargs):
-        """Sample every ``u_i`` (the data arguments are ignored)."""
-        return {name: pyro.sample(name, self.distribution(name)) for name in self.site_names}
 
 
 class DGPJointGuide(PyroModule):
@@ -151,7 +158,7 @@ class DGPJointGuide(PyroModule):
         return out
 
 
-class DGPIntermediateGuide(PyroModule):
+class DGPIntermediateGuide(_PerSiteGaussianGuide):
     """Free-form Gaussians over the layer outputs at the inducing inputs (eq. 4).
 
     :math:`q(F_i^Z) = N(m_i, S_i)` independently per layer and output, with
@@ -185,16 +192,6 @@ class DGPIntermediateGuide(PyroModule):
                     f"{name}_scale_tril",
                     PyroParam(tril.clone(), constraint=constraints.lower_cholesky),
                 )
-
-    def distribution(self, name: str):
-        """``q(F_i^Z)`` of one site, event shape ``(P_i, M)``."""
-        return dist.MultivariateNormal(
-            getattr(self, f"{name}_loc"), scale_tril=getattr(self, f"{name}_scale_tril")
-        ).to_event(1)
-
-    def forward(self, x=None, y=None, **kwargs):
-        """Sample every ``F_i^Z`` (the data arguments are ignored)."""
-        return {name: pyro.sample(name, self.distribution(name)) for name in self.site_names}
 
     def kl(self, model, num_samples: int = 1) -> torch.Tensor:
         """Monte Carlo estimate of eq. (7) per layer.
