@@ -330,10 +330,8 @@ class RNNTree(PyroModule):
         ``-w_{l*0} / w_{l*1}``; a zero slope gives a constant decision (threshold
         ``-inf``/``+inf``).
         """
-        if self.feedback == "hard":
-            log_dim, w0, w1 = self._node_heads()
-        else:
-            log_dim, w0, w1 = self._heads(self.node_states())
+        # The per-node residual stays zero under soft feedback, so this serves both.
+        log_dim, w0, w1 = self._node_heads()
         feature = log_dim.argmax(-1)
         a = w0.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
         b = w1.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
