@@ -84,8 +84,8 @@ class _RNNTreeBase(TreeEstimatorMixin):
 
     # -- validation --------------------------------------------------------------------
     def _check_options(self) -> None:
-        if self.init not in ("balanced", "random"):
-            raise ValueError(f"init must be 'balanced' or 'random', got {self.init!r}")
+        if self.init not in ("balanced", "greedy", "random"):
+            raise ValueError(f"init must be 'balanced', 'greedy' or 'random', got {self.init!r}")
         if self.routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -158,8 +158,8 @@ class _RNNTreeBase(TreeEstimatorMixin):
         model.to(device=X.device, dtype=X.dtype)
         guide.to(device=X.device, dtype=X.dtype)
         with isolated_params():
-            if self.init == "balanced":
-                guide.tree.init_balanced(Xs, y)
+            if self.init in ("balanced", "greedy"):
+                guide.tree.init_balanced(Xs, y, cuts=self.init)
                 # One M-step on the initial tree's hard routing: soft routing would
                 # smear every expert towards the global mean.
                 leaf = guide.tree.hard_leaf(Xs)
@@ -256,8 +256,10 @@ class RNNTreeRegressor(_RNNTreeBase):
     :param str feedback: ``"hard"`` (per-node GRU states; default) or ``"soft"`` (the
         paper's single roll-out with quantisation noise, eq. 14).
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
-    :param str init: ``"balanced"`` (:meth:`RNNTree.init_balanced`, split dimensions
-        chosen with the targets, then one M-step for the experts) or ``"random"``.
+    :param str init: ``"balanced"`` (:meth:`RNNTree.init_balanced`: median cuts, split
+        dimensions chosen with the targets), ``"greedy"`` (the start CART would grow:
+        impurity-reducing cuts), each followed by one M-step for the experts, or
+        ``"random"``.
     :param noise_scale: fixed observation noise, or ``None`` (default) to learn it.
     :param int num_steps: gradient steps; ``lr``, ``lr_decay`` (total factor over the
         run, exponential), ``optim`` (``"adam"``, ``"radam"``, ``"clipped_adam"``...).

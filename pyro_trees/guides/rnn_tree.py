@@ -78,6 +78,47 @@ def _impurity(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return ((weights.T @ y2**2) - total**2 / size.clamp_min(1)).sum(-1)
 
 
+def _greedy_cuts(pts: torch.Tensor, y: torch.Tensor, min_leaf: int = 1):
+    """Per dimension: the cut that most reduces the impurity of ``y``, as CART grows a node.
+
+    Cuts sit midway between consecutive distinct values and leave at least ``min_leaf``
+    points on each side. Vectorised over dimensions with prefix sums of the sorted
+    targets, ``O(n L (log n + C))``.
+
+    :param pts: ``(n, L)`` points, ``n >= 2``; ``y``: long labels ``(n,)`` or real
+        targets ``(n,)``/``(n, K)``.
+    :returns: ``(cut, gain)``, each ``(L,)``; ``gain`` is ``-inf`` where no admissible
+        cut exists (e.g. a constant dimension).
+    """
+    n, L = pts.shape
+    srt, order = pts.sort(dim=0)  # (n, L)
+    if y.dtype in (torch.long, torch.int32, torch.int64, torch.bool):
+        t = F.one_hot(y.long()).to(pts.dtype)  # (n, C)
+        counts = t[order].cumsum(0)  # (n, L, C): counts left of a cut after row i
+        total = counts[-1]
+        size = torch.arange(1, n + 1, dtype=pts.dtype, device=pts.device)[:, None]
+        left = size - (counts**2).sum(-1) / size
+        right = (n - size) - ((total - counts) ** 2).sum(-1) / (n - size).clamp_min(1)
+        whole = n - (total**2).sum(-1) / n  # (L,)
+    else:
+        t = y.reshape(n, -1).to(pts.dtype)  # (n, K)
+        s1 = t[order].cumsum(0)  # (n, L, K)
+        s2 = (t**2)[order].cumsum(0)
+        size = torch.arange(1, n + 1, dtype=pts.dtype, device=pts.device)[:, None, None]
+        left = (s2 - s1**2 / size).sum(-1)
+        rsize = (n - size).clamp_min(1)
+        right = ((s2[-1] - s2) - (s1[-1] - s1) ** 2 / rsize).sum(-1)
+        whole = (s2[-1] - s1[-1] ** 2 / n).sum(-1)
+    gain = (whole - left - right)[:-1]  # (n - 1, L): cut between rows i and i + 1
+    pos = torch.arange(1, n, device=pts.device)[:, None]
+    ok = (srt[1:] > srt[:-1]) & (pos >= min_leaf) & (n - pos >= min_leaf)
+    gain = gain.masked_fill(~ok, -float("inf"))
+    best, i = gain.max(0)  # (L,)
+    lo = srt.gather(0, i.unsqueeze(0)).squeeze(0)
+    hi = srt.gather(0, (i + 1).unsqueeze(0)).squeeze(0)
+    return 0.5 * (lo + hi), best
+
+
 def _choose_dimension(pts, y, cut, spread) -> int:
     """The widest dimension, or, with targets, the most informative wide dimension."""
     if y is None or pts.shape[0] < 2 or float(spread.max()) <= 0:
@@ -162,6 +203,8 @@ class RNNTree(PyroModule):
         sharpness: float = 20.0,
         dim_margin: float = 3.0,
         ridge: float = 1e-2,
+        cuts: str = "balanced",
+        min_leaf: int = 1,
     ) -> None:
         """Data-dependent initialisation at a balanced tree, the tree-balance prior's mode.
 
@@ -184,9 +227,22 @@ class RNNTree(PyroModule):
         squared error); the cuts themselves stay balanced. Without ``y``, or when no cut
         reduces it by 5 % or more, the widest dimension is taken.
 
+        ``cuts="greedy"`` (needs ``y``) instead grows the start as CART does: every node
+        takes the dimension and cut that most reduce the impurity of its points' targets,
+        each side keeping at least ``min_leaf`` points (other dimensions start at their
+        own best cuts); a node where no cut reduces it falls back to the balanced rule.
+        End-to-end training then refines a greedy tree instead of a balanced one.
+
         :param x: inputs ``(N, L)``, standardised as in training.
-        :param y: optional targets, used only to choose split dimensions.
+        :param y: optional targets, used only to choose split dimensions (and, with
+            ``cuts="greedy"``, the cuts).
+        :param str cuts: ``"balanced"`` (median cuts) or ``"greedy"`` (impurity cuts).
+        :param int min_leaf: fewest points on either side of a greedy cut.
         """
+        if cuts not in ("balanced", "greedy"):
+            raise ValueError(f"cuts must be 'balanced' or 'greedy', got {cuts!r}")
+        if cuts == "greedy" and y is None:
+            raise ValueError("cuts='greedy' needs the targets y")
         L = self.in_features
         states = self.node_states().to(x.dtype)  # (I, H)
         n_internal = states.shape[0]
@@ -196,7 +252,14 @@ class RNNTree(PyroModule):
             node = j + 1
             mask = node_of_point == node
             cut, spread = _balanced_cuts(x[mask], like=x[0])
-            l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)
+            l = None
+            if cuts == "greedy" and int(mask.sum()) >= 2 * max(1, min_leaf):
+                g_cut, gain = _greedy_cuts(x[mask], y[mask], min_leaf=max(1, min_leaf))
+                if float(gain.max()) > 0:
+                    l = int(gain.argmax())
+                    cut = torch.where(torch.isfinite(gain), g_cut, cut)
+            if l is None:
+                l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)
             slope = sharpness / spread.clamp_min(1e-2)
             targets[j, l] = dim_margin
             targets[j, L : 2 * L] = -slope * cut

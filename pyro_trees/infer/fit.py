@@ -41,7 +41,8 @@ class FitResult:
 
     :ivar losses: training loss (negative ELBO) after every step.
     :ivar val_losses: ``(step, value)`` pairs of the validation criterion.
-    :ivar best_step: step whose parameters were kept (``None`` without validation).
+    :ivar best_step: step whose parameters were kept (``None`` without validation;
+        0 when the starting state scored best).
     :ivar best_val: the validation criterion at ``best_step``.
     :ivar stopped: why the loop ended: ``"num_steps"``, ``"early_stopping"``,
         ``"interrupted"`` (Ctrl-C) or ``"non_finite"``.
@@ -156,7 +157,8 @@ def fit(
     :param val_metric: callable returning a float to minimise (e.g. validation error).
     :param int eval_every: steps between validation evaluations.
     :param patience: stop after this many evaluations without improvement of
-        ``min_delta``; the best parameters are restored at the end.
+        ``min_delta``; the best parameters, the starting state included, are
+        restored at the end.
     :param device: move the model, the guide and tensor arguments there first.
     :param seed: seed for :func:`pyro.set_rng_seed`.
     :param bool progress: show a tqdm progress bar with the loss.
@@ -220,6 +222,13 @@ def fit(
         has_val = val_metric is not None or val_args is not None
         best_state = None
         bad_evals = 0
+        if has_val and start_step == 0:
+            # The starting state is a candidate too: a good initialisation (a greedy
+            # tree, a warm start) is kept when training never beats it on validation.
+            val = evaluate()
+            result.val_losses.append((0, val))
+            result.best_val, result.best_step = val, 0
+            best_state = _snapshot(*modules)
         bar = None
         if progress:
             from tqdm.auto import tqdm

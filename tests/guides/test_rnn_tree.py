@@ -150,3 +150,67 @@ def test_balanced_init_chooses_the_informative_dimension_with_targets():
     noise = torch.randint(0, 2, (400,))  # no dimension informs: the widest is kept
     tree.init_balanced(x, noise)
     assert int(tree.rules().feature[0]) == int(x.std(0).argmax())
+
+
+def _brute_force_best_cut(x, y, classification):
+    """Best impurity gain and cut of one dimension by trying every cut."""
+    best, best_cut = -float("inf"), None
+    values = x.unique()
+    for lo, hi in zip(values[:-1], values[1:], strict=True):
+        cut = 0.5 * (lo + hi)
+        left, right = y[x <= cut], y[x > cut]
+        if classification:
+
+            def imp(v):
+                p = torch.bincount(v, minlength=3).double()
+                return len(v) - (p**2).sum() / max(len(v), 1)
+
+        else:
+
+            def imp(v):
+                return ((v - v.mean()) ** 2).sum() if len(v) else torch.tensor(0.0)
+
+        gain = float(imp(y) - imp(left) - imp(right))
+        if gain > best + 1e-12:
+            best, best_cut = gain, float(cut)
+    return best, best_cut
+
+
+@pytest.mark.parametrize("classification", [True, False])
+def test_greedy_cuts_match_a_brute_force_search(classification):
+    from pyro_trees.guides.rnn_tree import _greedy_cuts
+
+    torch.manual_seed(1)
+    x = torch.randint(0, 7, (40, 3)).double()  # ties: cuts only between distinct values
+    y = torch.randint(0, 3, (40,)) if classification else torch.randn(40).double()
+    cut, gain = _greedy_cuts(x, y)
+    for l in range(3):
+        want_gain, want_cut = _brute_force_best_cut(x[:, l], y, classification)
+        assert float(gain[l]) == pytest.approx(want_gain, rel=1e-9, abs=1e-9)
+        assert float(cut[l]) == pytest.approx(want_cut)
+
+
+def test_greedy_init_grows_the_tree_cart_would_grow():
+    from sklearn.tree import DecisionTreeClassifier
+
+    torch.manual_seed(2)
+    x = torch.randn(300, 4).double()
+    y = ((x[:, 1] > 0.7) | (x[:, 3] < -0.4)).long()
+    tree = RNNTree(4, 2, feedback="hard").double()
+    tree.init_balanced(x, y, cuts="greedy")
+    cart = DecisionTreeClassifier(max_depth=2, random_state=0).fit(x.numpy(), y.numpy())
+    rules = tree.rules()
+    assert int(rules.feature[0]) == int(cart.tree_.feature[0])
+    assert float(rules.threshold[0]) == pytest.approx(float(cart.tree_.threshold[0]), abs=1e-9)
+    # Same partition as CART's depth-2 tree: every leaf holds points of one CART leaf.
+    leaves = tree.hard_leaf(x)
+    cart_leaf = torch.as_tensor(cart.apply(x.numpy()))
+    for leaf in leaves.unique():
+        assert cart_leaf[leaves == leaf].unique().numel() == 1
+
+
+def test_greedy_init_needs_targets():
+    with pytest.raises(ValueError, match="needs the targets"):
+        RNNTree(2, 2, feedback="hard").init_balanced(torch.randn(10, 2), cuts="greedy")
+    with pytest.raises(ValueError, match="cuts must be"):
+        RNNTree(2, 2, feedback="hard").init_balanced(torch.randn(10, 2), cuts="median")

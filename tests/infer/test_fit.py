@@ -35,7 +35,8 @@ def test_two_models_with_the_same_names_do_not_share_parameters():
 
 def test_early_stopping_restores_the_best_parameters():
     model, guide, x, y = _problem()
-    values = iter([5.0, 4.0, 6.0, 7.0, 8.0, 9.0] + [10.0] * 100)
+    # The first value scores the starting state (step 0).
+    values = iter([5.0, 4.5, 4.0, 6.0, 7.0, 8.0, 9.0] + [10.0] * 100)
     result = fit(
         model,
         guide,
@@ -51,6 +52,28 @@ def test_early_stopping_restores_the_best_parameters():
     assert result.stopped == "early_stopping"
     assert result.best_step == 10 and result.best_val == 4.0
     assert result.num_steps == 25
+
+
+def test_early_stopping_keeps_the_starting_state_when_it_is_best():
+    model, guide, x, y = _problem()
+    start = [p.detach().clone() for p in model.parameters()]
+    values = iter([1.0] + [2.0] * 100)
+    result = fit(
+        model,
+        guide,
+        x,
+        y,
+        loss=TreeELBO(),
+        num_steps=50,
+        lr=0.1,
+        val_metric=lambda: next(values),
+        eval_every=5,
+        patience=2,
+        progress=False,
+    )
+    assert result.best_step == 0 and result.val_losses[0] == (0, 1.0)
+    for before, after in zip(start, model.parameters(), strict=True):
+        torch.testing.assert_close(after.detach(), before)
 
 
 def test_ctrl_c_keeps_what_was_learnt():
