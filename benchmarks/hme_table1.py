@@ -6,7 +6,10 @@ classification error (Iris, Wine, Digits, Breast cancer) and RMSE on standardise
 targets (Diabetes, Boston = ``uci/housing`` in the data cache). Both methods run side by
 side in the same process.
 
-Run: ``python -m benchmarks.hme_table1 [--datasets iris wine] [--depth 4]``. Writes
+Starts: ``--init balanced`` (median cuts), ``greedy`` (CART's impurity cuts) or ``both``
+(default: each is trained and the held-out error picks one per seed).
+
+Run: ``python -m benchmarks.hme_table1 [--datasets iris wine] [--depth 4] [--init both]``. Writes
 ``benchmarks/results/hme_table1.{json,md}``.
 """
 
@@ -67,7 +70,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--init", default="greedy", choices=["balanced", "greedy"])
+    parser.add_argument("--init", default="both", choices=["balanced", "greedy", "both"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -89,19 +92,28 @@ def main(argv=None) -> dict:
             secs["cart"].append(time.perf_counter() - t0)
             errs["cart"].append(error(task, c.predict(X[te]), y_te))
             est_cls = RNNTreeClassifier if task == "C" else RNNTreeRegressor
-            est = est_cls(
-                args.depth,
-                random_state=seed,
-                num_steps=args.steps,
-                entropy_weight=-1.0,
-                init=args.init,
-            )
-            # The validation split of the protocol drives early stopping.
+            # Early stopping (and, with --init both, the choice of start) uses a held-out
+            # split of the protocol's validation size, drawn by the estimator from the
+            # training and validation points together.
             X_fit = np.concatenate([X[tr], X[va]])
             y_fit = np.concatenate([y_tr, y_va])
-            est.set_params(validation_fraction=len(va) / len(X_fit), patience=10)
             t0 = time.perf_counter()
-            est.fit(X_fit, y_fit)
+            fits = []
+            for init in ("balanced", "greedy") if args.init == "both" else (args.init,):
+                est = est_cls(
+                    args.depth,
+                    random_state=seed,
+                    num_steps=args.steps,
+                    entropy_weight=-1.0,
+                    init=init,
+                    validation_fraction=len(va) / len(X_fit),
+                    patience=10,
+                )
+                est.fit(X_fit, y_fit)
+                fits.append((est.fit_result_.best_val, init, est))
+            # Same seed, same held-out points: the lower validation error wins; a tie
+            # keeps the balanced start (the prior's mode).
+            _, chosen, est = min(fits, key=lambda f: f[0])
             secs["rnn"].append(time.perf_counter() - t0)
             errs["rnn"].append(error(task, est.predict(X[te]), y_te))
             runs.append(
@@ -110,6 +122,7 @@ def main(argv=None) -> dict:
                     "seed": seed,
                     "cart": errs["cart"][-1],
                     "rnn_tree": errs["rnn"][-1],
+                    "init": chosen,
                 }
             )
         _, pc, pcs, pr, prs = PAPER[name]
@@ -120,8 +133,17 @@ def main(argv=None) -> dict:
                 "RNN-Tree (ours)": f"{np.mean(errs['rnn']):.3f} ± {np.std(errs['rnn']):.3f}",
                 "CART (paper)": f"{pc:.3f} ± {pcs:.3f}",
                 "RNN-Tree (paper)": f"{pr:.3f} ± {prs:.3f}",
+                # The caption says RMSE, yet the paper's CART figures sit nearer our
+                # CART's MSE (Boston: 0.311 vs our RMSE 0.58, MSE 0.33): both are shown.
+                "MSE CART / RNN-Tree (ours)": (
+                    f"{np.mean(np.square(errs['cart'])):.3f} / "
+                    f"{np.mean(np.square(errs['rnn'])):.3f}"
+                    if task == "R"
+                    else ""
+                ),
                 "ours <= paper RNN-Tree": bool(np.mean(errs["rnn"]) <= pr + 1e-9),
                 "ours <= our CART": bool(np.mean(errs["rnn"]) <= np.mean(errs["cart"]) + 1e-9),
+                "start (per seed)": " ".join(r["init"][0] for r in runs if r["dataset"] == name),
                 "RNN-Tree s/fit": float(np.mean(secs["rnn"])),
                 "CART s/fit": float(np.mean(secs["cart"])),
             }
@@ -129,8 +151,11 @@ def main(argv=None) -> dict:
         print(rows[-1], flush=True)
     total = time.perf_counter() - start
     md = (
-        f"Depth {args.depth}, {args.steps} steps, entropy_weight=-1, init={args.init!r}, early "
-        f"stopping on the validation split (the starting tree included). Whole run: "
+        f"Depth {args.depth}, {args.steps} steps, entropy_weight=-1, init={args.init!r} "
+        "(both: the balanced and the greedy start are each trained, and the lower held-out "
+        "error picks one per seed; 'start' lists b/g), early stopping on a held-out split "
+        "of the validation size (the starting tree included). 'RNN-Tree s/fit' counts "
+        f"every start trained. Whole run: "
         f"{total:.0f} s (goal: <= 600 s on CPU).\n\n" + markdown_table(rows)
     )
     write_results(

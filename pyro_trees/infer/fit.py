@@ -157,8 +157,8 @@ def fit(
     :param val_metric: callable returning a float to minimise (e.g. validation error).
     :param int eval_every: steps between validation evaluations.
     :param patience: stop after this many evaluations without improvement of
-        ``min_delta``; the best parameters, the starting state included, are
-        restored at the end.
+        ``min_delta``; the best parameters are restored at the end. The starting
+        state is scored too, and kept only if no later evaluation matches it.
     :param device: move the model, the guide and tensor arguments there first.
     :param seed: seed for :func:`pyro.set_rng_seed`.
     :param bool progress: show a tqdm progress bar with the loss.
@@ -224,7 +224,7 @@ def fit(
         bad_evals = 0
         if has_val and start_step == 0:
             # The starting state is a candidate too: a good initialisation (a greedy
-            # tree, a warm start) is kept when training never beats it on validation.
+            # tree, a warm start) is kept when training never matches it on validation.
             val = evaluate()
             result.val_losses.append((0, val))
             result.best_val, result.best_step = val, 0
@@ -258,7 +258,9 @@ def fit(
                 if has_val and ((step + 1) % eval_every == 0 or step + 1 == num_steps):
                     val = evaluate()
                     result.val_losses.append((step + 1, val))
-                    if result.best_val is None or val < result.best_val - min_delta:
+                    improved = result.best_val is None or val < result.best_val - min_delta
+                    # The starting state keeps its place only while strictly better.
+                    if improved or (result.best_step == 0 and val <= result.best_val):
                         result.best_val, result.best_step = val, step + 1
                         best_state = _snapshot(*modules)
                         bad_evals = 0

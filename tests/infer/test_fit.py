@@ -76,6 +76,24 @@ def test_early_stopping_keeps_the_starting_state_when_it_is_best():
         torch.testing.assert_close(after.detach(), before)
 
 
+def test_a_tie_with_the_starting_state_keeps_the_trained_one():
+    model, guide, x, y = _problem()
+    values = iter([1.0, 1.0] + [2.0] * 100)
+    result = fit(
+        model,
+        guide,
+        x,
+        y,
+        loss=TreeELBO(),
+        num_steps=50,
+        val_metric=lambda: next(values),
+        eval_every=5,
+        patience=2,
+        progress=False,
+    )
+    assert result.best_step == 5 and result.best_val == 1.0
+
+
 def test_ctrl_c_keeps_what_was_learnt():
     model, guide, x, y = _problem()
 
