@@ -344,12 +344,16 @@ class TreeNormal(TorchDistribution):
     :attr:`covariance_matrix` for small ``N``.
 
     Cost: ``log_prob`` and ``entropy`` are one gather, :math:`O(N D)` time and memory,
-    fully parallel. ``rsample`` solves the linear recursion along the tree either level
-    by level (``height`` sequential steps, :math:`O(N D)` work) or by pointer jumping
-    (``ceil(log2(height + 1))`` sequential steps of :math:`O(N D)` work each; each node
-    doubles the stretch of ancestors it has absorbed, as in a parallel prefix scan), so
-    a chain of a million nodes needs 20 steps, not a million. ``method="auto"`` picks
-    the cheaper from the tree's height and the tensor size.
+    fully parallel. ``rsample`` solves the linear recursion along the tree with
+    :math:`O(N D)` work in one of three orders (see :class:`_TreePlan`): level by level
+    (``height`` sequential steps), along heavy paths (a segmented parallel scan per
+    round, at most ``log2 N`` rounds, so :math:`O(\log^2 N)` sequential steps whatever
+    the height: a chain of a million nodes takes about 40 steps, not a million), or by
+    pointer jumping (``ceil(log2(height + 1))`` fully parallel steps of :math:`O(N D)`
+    work each). ``method="auto"`` samples level by level up to
+    :attr:`max_levels_height` and along heavy paths beyond. Without autograd the
+    recursion runs in place, streaming one level at a time, so an ``rsample`` allocates
+    little more than its output.
 
     The root entries of ``rho`` are ignored. A forest (several ``-1`` entries) is a
     product of independent trees. The parent array is always validated (once per
