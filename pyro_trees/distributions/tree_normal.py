@@ -622,22 +622,34 @@ class TreeNormal(TorchDistribution):
         return self._solve(eps, method, presorted=True)
 
     # ----------------------------------------------------------------- densities
+    @lazy_property
+    def _edge_sd(self):
+        """``sqrt(1 - rho**2)`` on edges, ``1`` at roots."""
+        return (1 - self._edge_rho.pow(2)).sqrt()
+
+    def _tracks_grad(self, *tensors) -> bool:
+        return torch.is_grad_enabled() and any(
+            t.requires_grad for t in (self.loc, self.scale, self.rho, *tensors)
+        )
+
     def whiten(self, value: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`whiten_inverse` applied to ``(value - loc) / scale``: the
         independent standard noise behind ``value`` (one gather, fully parallel)."""
-        u = (value - self.loc) / self.scale
-        rho = self._edge_rho
-        upar = u.index_select(-2, self._plan.safe_parents)
-        return (u - rho * upar) / (1 - rho.pow(2)).sqrt()
+        rho, safe = self._edge_rho, self._plan.safe_parents
+        if self._tracks_grad(value):
+            u = (value - self.loc) / self.scale
+            return (u - rho * u.index_select(-2, safe)) / self._edge_sd
+        u = torch.sub(value, self.loc).div_(self.scale)  # in place: few N x D buffers
+        return u.index_select(-2, safe).mul_(rho).neg_().add_(u).div_(self._edge_sd)
 
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
         e = self.whiten(value)
-        rho = self._edge_rho
-        log_det = self.scale.log() + 0.5 * torch.log1p(-rho.pow(2))
-        lp = -0.5 * e.pow(2) - 0.5 * math.log(2 * math.pi) - log_det
-        return lp.sum((-2, -1))
+        sq = e.pow(2).sum((-2, -1)) if self._tracks_grad(value) else e.mul_(e).sum((-2, -1))
+        n, d = self.event_shape
+        log_det = self.scale.log().sum((-2, -1)) + self._edge_sd.log().sum((-2, -1))
+        return -0.5 * sq - 0.5 * n * d * math.log(2 * math.pi) - log_det
 
     def entropy(self):
         r"""Exact entropy: singleton terms :math:`\sum_i H[q(z_i)]` plus, per edge,

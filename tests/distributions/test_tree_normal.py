@@ -96,7 +96,11 @@ def test_log_prob_and_entropy_match_dense_mvn(batch):
     mvn = MultivariateNormal(loc.reshape(batch + (12,)), q.covariance_matrix)
     x = q.sample((4,))
     assert x.shape == (4,) + batch + (6, 2)
+    x0, params = x.clone(), [t.clone() for t in (loc, scale, rho)]
     assert torch.allclose(q.log_prob(x), mvn.log_prob(x.reshape((4,) + batch + (12,))))
+    # the in-place kernels (no autograd) leave the value and the parameters untouched
+    assert torch.equal(x, x0)
+    assert all(torch.equal(a, b) for a, b in zip(params, (loc, scale, rho), strict=True))
     assert torch.allclose(q.entropy(), mvn.entropy())
 
 
