@@ -339,8 +339,9 @@ def test_float32():
 def test_cuda():
     loc, scale, parents, rho = make(6, 2)
     dev = torch.device("cuda")
-    q = TreeNormal(loc.to(dev), scale.to(dev), parents.to(dev), rho.to(dev))
-    x = q.rsample((3,))
-    assert x.device.type == "cuda" and q.log_prob(x).device.type == "cuda"
     c = TreeNormal(loc, scale, parents, rho).covariance_matrix
-    assert torch.allclose(q.covariance_matrix.cpu(), c)
+    for method in ("levels", "paths", "jump"):
+        q = TreeNormal(loc.to(dev), scale.to(dev), parents.to(dev), rho.to(dev), method=method)
+        x = q.rsample((3,))
+        assert x.device.type == "cuda" and q.log_prob(x).device.type == "cuda"
+        assert torch.allclose(q.covariance_matrix.cpu(), c)
