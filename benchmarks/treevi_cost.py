@@ -44,6 +44,11 @@ def timed_pair(fa, fb, repeats):
 
 def sampling_rows(sizes, d, repeats):
     g = torch.Generator().manual_seed(0)
+    for method in ("levels", "paths", "jump"):  # warm-up: first-call costs of torch ops
+        w = torch.rand(64, d)
+        q = TreeNormal(w, w + 1, torch.arange(-1, 63), w - 0.5, method=method)
+        q.log_prob(q.rsample())
+        torch.distributions.Normal(w, w + 1).rsample()
     rows = []
     for n in sizes:
         loc, scale = torch.randn(n, d, generator=g), torch.rand(n, d, generator=g) + 0.5

@@ -239,7 +239,7 @@ class _TreePlan:
         child = ~root
         key = size[:n].long() * (n + 1) + idx.long()
         best = torch.full((n,), -1, dtype=torch.long, device=dev)
-        best.scatter_reduce_(0, parents[child], key[child], "amax")
+        best.scatter_reduce_(0, self.safe_parents, torch.where(child, key, -1), "amax")
         heavy = torch.where(best >= 0, best % (n + 1), -1)
         is_heavy = child & (heavy.index_select(0, self.safe_parents) == idx)
         # head of each node's path and its position on it, by jumping up heavy edges
@@ -261,23 +261,31 @@ class _TreePlan:
                 break
             light = new
         head, pos, light, idx = head.long(), pos.long(), light.long(), idx.long()
-        # sort by (light depth, path, position on the path)
-        perm = torch.argsort(head * n + pos)
-        perm = perm[torch.argsort(light[perm], stable=True)]
-        inv = torch.empty_like(perm)
-        inv[perm] = idx
+        # order the paths by (light depth, head) -- a sort of the heads only -- and lay
+        # each out contiguously: a node's position is its path's start plus its own pos
+        heads = (pos == 0).nonzero().squeeze(-1)
+        heads = heads.index_select(0, torch.argsort(light.index_select(0, heads) * n + heads))
+        length = torch.bincount(head, minlength=n).index_select(0, heads)
+        head_pos = torch.cumsum(length, 0) - length  # sorted positions of the heads
+        start = torch.empty(n, dtype=torch.long, device=dev)
+        start[heads] = head_pos
+        inv = start.index_select(0, head) + pos
+        perm = torch.empty_like(inv)
+        perm[inv] = idx
         counts = torch.bincount(light, minlength=1).tolist()
         offsets = [0]
         for c in counts:
             offsets.append(offsets[-1] + c)
-        head_pos = (pos[perm] == 0).nonzero().squeeze(-1)
         root_pos = head_pos[: int(root.sum())]  # light depth 0 comes first
         bounds = torch.tensor(offsets[1:-1], dtype=torch.long, device=dev)
         split = torch.searchsorted(head_pos, bounds).tolist()
         rounds = []
-        for k, hp in enumerate(torch.tensor_split(head_pos, split)):
+        pieces = zip(
+            torch.tensor_split(head_pos, split), torch.tensor_split(heads, split), strict=True
+        )
+        for k, (hp, ids) in enumerate(pieces):
             if k > 0:
-                rounds.append((hp, inv[parents[perm[hp]]]))
+                rounds.append((hp, inv.index_select(0, parents.index_select(0, ids))))
         return perm, inv, offsets, root_pos, head_pos, rounds
 
     @lazy_property
