@@ -29,6 +29,7 @@ that are connected pieces of the tree (:func:`tree_batches`) keep most edges.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import pyro
 import pyro.distributions as dist
@@ -40,7 +41,36 @@ from pyro.nn import PyroModule, PyroParam
 from torch import nn
 from torch.distributions import constraints
 
-from pyro_trees.distributions.tree_normal import TreeNormal, validate_parents
+from pyro_trees.distributions.tree_normal import (
+    TreeNormal,
+    _TreePlan,
+    _validate_parents,
+    validate_parents,
+)
+
+# Per guide: the validated parent array and sampling plan of the forest each batch
+# induces, so that repeated batches (every epoch) skip validation and planning. Kept
+# outside the modules so that pickled guides stay small.
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MAX_PLANS = 4096
+
+
+def _batch_plan(owner, parents: torch.Tensor, m: int, idx) -> _TreePlan:
+    """Plan of the forest ``parents`` (tree ``m`` of ``owner``) induces on ``idx``
+    (``None``: the whole tree), cached per batch and per version of ``parents``."""
+    cache = _PLANS.setdefault(owner, {})
+    key = (m, None if idx is None else idx.detach().cpu().numpy().tobytes())
+    version = (parents.data_ptr(), parents._version, parents.device)
+    hit = cache.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    par = parents if idx is None else induced_forest(parents, idx)
+    plan = _TreePlan(*_validate_parents(par))
+    if len(cache) >= _MAX_PLANS:
+        cache.clear()
+    cache[key] = (version, plan)
+    return plan
+
 
 __all__ = [
     "GaussianEncoder",
@@ -183,11 +213,12 @@ class TreeVIGuide(PyroModule):
         self.subsample_size = subsample_size
 
     def _select(self, x, idx):
-        if idx is None:
-            return x, self.parents
-        idx = torch.as_tensor(idx, device=x.device).long()
-        parents = None if self.parents is None else induced_forest(self.parents, idx)
-        return x.index_select(-2, idx), parents
+        """The batch's inputs and its tree as a cached plan (``None`` for mean-field)."""
+        if idx is not None:
+            idx = torch.as_tensor(idx, device=x.device).long()
+            x = x.index_select(-2, idx)
+        plan = None if self.parents is None else _batch_plan(self, self.parents, 0, idx)
+        return x, plan
 
     def _rho(self, xb, parents, pair_net):
         safe = torch.where(parents < 0, torch.arange(parents.numel(), device=xb.device), parents)
@@ -196,11 +227,11 @@ class TreeVIGuide(PyroModule):
 
     def distribution(self, x, idx=None):
         """The posterior ``q(z | x)`` (over the batch ``idx`` if given) as a distribution."""
-        xb, parents = self._select(x, idx)
+        xb, plan = self._select(x, idx)
         loc, scale = self.encoder(xb)
-        if parents is None:
+        if plan is None:
             return dist.Normal(loc, scale).to_event(2)
-        return TreeNormal(loc, scale, parents, self._rho(xb, parents, self.pair_net))
+        return TreeNormal(loc, scale, plan, self._rho(xb, plan.parents, self.pair_net))
 
     @contextlib.contextmanager
     def _plate(self, x, subsample_size=None):
@@ -218,7 +249,9 @@ class TreeVIGuide(PyroModule):
     @torch.no_grad()
     def median(self, x, idx=None):
         """Posterior means ``(..., N, D)``."""
-        return self.encoder(self._select(x, idx)[0])[0]
+        if idx is not None:
+            x = x.index_select(-2, torch.as_tensor(idx, device=x.device).long())
+        return self.encoder(x)[0]
 
 
 class _StratifiedTreeMixture(TorchDistribution):
@@ -312,17 +345,16 @@ class TreeVIMixtureGuide(TreeVIGuide):
         return torch.softmax(self.tree_logits, -1)
 
     def _components(self, x, idx):
+        xb = x
         if idx is not None:
             idx = torch.as_tensor(idx, device=x.device).long()
             xb = x.index_select(-2, idx)
-            parents = [induced_forest(p, idx) for p in self.parents]
-        else:
-            xb, parents = x, list(self.parents)
         loc, scale = self.encoder(xb)
         comps = []
-        for m, par in enumerate(parents):
+        for m in range(self.num_trees):
+            plan = _batch_plan(self, self.parents[m], m, idx)
             net = self.pair_nets[m] if self.pair_nets is not None else self.pair_net
-            comps.append(TreeNormal(loc, scale, par, self._rho(xb, par, net)))
+            comps.append(TreeNormal(loc, scale, plan, self._rho(xb, plan.parents, net)))
         return comps
 
     def distribution(self, x, idx=None):

@@ -1,3 +1,4 @@
+import math
 import pickle
 
 import pytest
@@ -82,7 +83,7 @@ def test_chain_covariance_matches_eq3():
     parents = torch.arange(-1, n - 1)
     loc, scale = torch.randn(n, d), torch.rand(n, d) + 0.5
     rho = torch.rand(n, d) * 1.8 - 0.9
-    for method in ("levels", "jump"):
+    for method in ("levels", "paths", "jump"):
         q = TreeNormal(loc, scale, parents, rho, method=method)
         assert torch.allclose(q.covariance_matrix, dense_cov_eq3(loc, scale, parents, rho))
 
@@ -95,7 +96,11 @@ def test_log_prob_and_entropy_match_dense_mvn(batch):
     mvn = MultivariateNormal(loc.reshape(batch + (12,)), q.covariance_matrix)
     x = q.sample((4,))
     assert x.shape == (4,) + batch + (6, 2)
+    x0, params = x.clone(), [t.clone() for t in (loc, scale, rho)]
     assert torch.allclose(q.log_prob(x), mvn.log_prob(x.reshape((4,) + batch + (12,))))
+    # the in-place kernels (no autograd) leave the value and the parameters untouched
+    assert torch.equal(x, x0)
+    assert all(torch.equal(a, b) for a, b in zip(params, (loc, scale, rho), strict=True))
     assert torch.allclose(q.entropy(), mvn.entropy())
 
 
@@ -116,8 +121,98 @@ def test_jump_uses_log_height_steps():
     q = TreeNormal(torch.zeros(1001, 1), torch.ones(1001, 1), parents, torch.full((1001, 1), 0.5))
     assert q.height == 1000
     assert len(q._plan.jumps) == 10  # ceil(log2(1001))
-    assert q._choose_method(1001) == "jump"
+    assert q._choose_method() == "paths"  # auto: the heavy-path plan for deep trees
     assert torch.equal(tree_depths(parents), torch.arange(1001))
+    assert len(q._plan.paths[2]) == 2  # a chain is one heavy path: a single round
+
+
+def special_trees(n):
+    """Chain, star, caterpillar (spine with one leaf per spine node), a forest of
+    chains, a complete binary tree and isolated nodes, each relabelled at random."""
+    g = torch.Generator().manual_seed(n)
+    chain = torch.arange(-1, n - 1)
+    star = torch.zeros(n, dtype=torch.long)
+    star[0] = -1
+    cat = torch.tensor([-1] + [max(0, 2 * ((i - 1) // 2)) if i % 2 else i - 2 for i in range(1, n)])
+    chains = torch.where(torch.arange(n) % 5 == 0, -1, torch.arange(-1, n - 1))
+    binary = (torch.arange(n) - 1).div(2, rounding_mode="floor")
+    isolated = torch.full((n,), -1)
+    out = []
+    for p in (chain, star, cat, chains, binary, isolated):
+        perm = torch.randperm(n, generator=g)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(n)
+        q = torch.where(p < 0, -1, inv[p.clamp(min=0)])
+        relabelled = torch.empty_like(p)
+        relabelled[inv] = q
+        out.append(validate_parents(relabelled))
+    return out
+
+
+def sequential_recursion(parents, rho, eps):
+    """Eq. 8 node by node in Python (roots first): the reference for every plan."""
+    n = parents.numel()
+    u = torch.zeros_like(eps)
+    done = [False] * n
+    order = []
+    while len(order) < n:
+        for i in range(n):
+            if not done[i] and (parents[i] < 0 or done[parents[i]]):
+                done[i] = True
+                order.append(i)
+    for i in order:
+        if parents[i] < 0:
+            u[..., i, :] = eps[..., i, :]
+        else:
+            r = rho[..., i, :]
+            u[..., i, :] = r * u[..., int(parents[i]), :] + (1 - r**2).sqrt() * eps[..., i, :]
+    return u
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_all_plans_equal_sequential_recursion(grad):
+    """levels, paths and jump, with and without autograd (in-place kernels), reproduce
+    eq. 8 applied node by node, on random forests and on special shapes."""
+    g = torch.Generator().manual_seed(11)
+    trees = [random_forest(n, r, g) for n, r in ((1, 1), (2, 1), (37, 1), (64, 4), (101, 7))]
+    trees += special_trees(23) + special_trees(64)
+    for parents in trees:
+        n = parents.numel()
+        rho = (torch.rand(n, 3, generator=g) * 1.9 - 0.95).requires_grad_(grad)
+        eps = torch.randn(2, n, 3, generator=g)
+        ref = sequential_recursion(parents, rho.detach(), eps)
+        q = TreeNormal(torch.zeros(n, 3), torch.ones(n, 3), parents, rho)
+        for method in ("levels", "paths", "jump"):
+            u = q.whiten_inverse(eps.clone(), method=method)
+            assert u.requires_grad == grad
+            assert torch.allclose(u, ref, atol=1e-12), (method, parents.tolist())
+
+
+def test_paths_rounds_are_logarithmic():
+    for parents in special_trees(1000) + [random_forest(1000, 3, torch.Generator().manual_seed(1))]:
+        q = TreeNormal(torch.zeros(1000, 1), torch.ones(1000, 1), parents, torch.zeros(1000, 1))
+        perm, inv, offsets, root_pos, head_pos, rounds = q._plan.paths
+        assert len(offsets) - 1 <= 1 + math.log2(1000)  # light depth <= log2 N
+        assert torch.equal(perm[inv], torch.arange(1000))
+        assert root_pos.numel() == int((parents < 0).sum())
+        # within a path each node follows its parent
+        nonhead = torch.ones(1000, dtype=torch.bool)
+        nonhead[head_pos] = False
+        pos = torch.arange(1000)[nonhead]
+        assert torch.equal(parents[perm[pos]], perm[pos - 1])
+
+
+def test_rsample_methods_same_law_in_place():
+    """In-place (no autograd) rsample of every plan: exact moments via a fixed seed
+    are not comparable across plans (noise order differs), so compare the empirical
+    covariance of each with the dense eq. 3 matrix."""
+    loc, scale, parents, rho = make(5, 2, roots=2, seed=8)
+    for method in ("levels", "paths", "jump"):
+        q = TreeNormal(loc, scale, parents, rho, method=method)
+        with torch.no_grad():
+            x = q.rsample((100000,)).reshape(-1, 10)
+        assert torch.allclose(x.mean(0), loc.reshape(-1), atol=0.03)
+        assert torch.allclose(torch.cov(x.T), q.covariance_matrix, atol=0.04)
 
 
 def test_empirical_covariance():
@@ -134,7 +229,7 @@ def test_gradients_reach_loc_scale_rho():
     loc.requires_grad_()
     scale.requires_grad_()
     rho.requires_grad_()
-    for method in ("levels", "jump"):
+    for method in ("levels", "paths", "jump"):
         q = TreeNormal(loc, scale, parents, rho, method=method)
         (q.rsample((3,)).pow(2).sum() + q.entropy()).backward()
         non_root = parents >= 0
@@ -153,13 +248,15 @@ def test_gradcheck_log_prob_and_rsample():
     def lp(loc, scale, rho):
         return TreeNormal(loc, scale, parents, rho).log_prob(x)
 
-    def rs(loc, scale, rho):
-        q = TreeNormal(loc, scale, parents, rho, method="jump")
-        return q.loc + q.scale * q.whiten_inverse(eps)
-
     args = tuple(t.clone().requires_grad_() for t in (loc, scale, rho))
     assert torch.autograd.gradcheck(lp, args)
-    assert torch.autograd.gradcheck(rs, args)
+    for method in ("levels", "paths", "jump"):
+
+        def rs(loc, scale, rho, method=method):
+            q = TreeNormal(loc, scale, parents, rho, method=method)
+            return q.loc + q.scale * q.whiten_inverse(eps)
+
+        assert torch.autograd.gradcheck(rs, args)
 
 
 @pytest.mark.parametrize(
@@ -242,8 +339,9 @@ def test_float32():
 def test_cuda():
     loc, scale, parents, rho = make(6, 2)
     dev = torch.device("cuda")
-    q = TreeNormal(loc.to(dev), scale.to(dev), parents.to(dev), rho.to(dev))
-    x = q.rsample((3,))
-    assert x.device.type == "cuda" and q.log_prob(x).device.type == "cuda"
     c = TreeNormal(loc, scale, parents, rho).covariance_matrix
-    assert torch.allclose(q.covariance_matrix.cpu(), c)
+    for method in ("levels", "paths", "jump"):
+        q = TreeNormal(loc.to(dev), scale.to(dev), parents.to(dev), rho.to(dev), method=method)
+        x = q.rsample((3,))
+        assert x.device.type == "cuda" and q.log_prob(x).device.type == "cuda"
+        assert torch.allclose(q.covariance_matrix.cpu(), c)

@@ -174,3 +174,25 @@ def test_trains_with_fit():
     assert not torch.equal(guide.tree_logits.detach(), before)
     r = pickle.loads(pickle.dumps(guide))
     assert torch.equal(r.tree_logits.detach(), guide.tree_logits.detach())
+
+
+def test_batch_plans_are_cached_and_follow_the_tree():
+    """Repeated batches reuse one validated plan; editing the tree invalidates it."""
+    x, _, parents = graph_data()
+    guide, _ = make_guide("tree", parents)
+    idx = torch.tensor([3, 4, 5, 9, 10])
+    q1, q2 = guide.distribution(x, idx), guide.distribution(x, idx)
+    assert q1._plan is q2._plan
+    assert torch.equal(q1.parents, induced_forest(parents, idx))
+    fresh = TreeNormal(q1.loc, q1.scale, induced_forest(parents, idx), q1.rho)
+    z = q1.sample()
+    assert torch.allclose(q1.log_prob(z), fresh.log_prob(z))
+    with torch.no_grad():
+        guide.parents.copy_(torch.tensor([-1] + [0] * (N - 1)))  # now a star
+    q3 = guide.distribution(x, idx)
+    assert q3._plan is not q1._plan
+    assert torch.equal(q3.parents, torch.full((5,), -1))  # no star edge inside the batch
+    mix, _ = make_guide("bound", parents)
+    comps = mix._components(x, idx)
+    assert comps[0]._plan is mix._components(x, idx)[0]._plan
+    assert torch.equal(comps[1].parents, torch.full((5,), -1))
