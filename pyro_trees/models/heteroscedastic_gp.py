@@ -390,12 +390,16 @@ class HeteroscedasticGP(PyroModule):
         return (y - fmean).detach()
 
     @torch.no_grad()
-    def init_from_data(self, x: torch.Tensor, y: torch.Tensor, guide, **kwargs) -> None:
+    def init_from_data(
+        self, x: torch.Tensor, y: torch.Tensor, guide, *, sharpness: float = 100.0, **kwargs
+    ) -> None:
         """Balanced start: a homoscedastic GP fit, then a balanced tree and per-leaf scales.
 
         1. :meth:`fit_homoscedastic` (``kwargs`` go there) gives residuals :math:`r_n`;
-        2. ``guide.tree.init_balanced(x, log r**2)``: median cuts, each node's dimension
-           chosen where it best separates the log squared residuals;
+        2. ``guide.tree.init_balanced(x, log r**2, sharpness=sharpness)``: median cuts,
+           each node's dimension chosen where it best separates the log squared
+           residuals; sigmoid slopes ``sharpness / std`` (sharp: soft boundaries let
+           points of a noisy region raise a quiet leaf's scale);
         3. :math:`s_\\ell = \\tfrac12 \\log` of the routing-weighted mean of :math:`r^2`;
         4. for the sparse model, the guide's :math:`q(u)` mean is set to the whitened
            GP posterior mean at the inducing inputs.
@@ -403,7 +407,7 @@ class HeteroscedasticGP(PyroModule):
         with torch.enable_grad():
             resid = self.fit_homoscedastic(x, y, **kwargs)
         r2 = resid.pow(2).clamp_min(1e-12)
-        guide.tree.init_balanced(x, r2.log())
+        guide.tree.init_balanced(x, r2.log(), sharpness=sharpness)
         q = guide.tree.leaf_probs(x).to(x.dtype)
         mass = q.sum(0)
         level = (q.T @ r2) / mass.clamp_min(1e-12)
