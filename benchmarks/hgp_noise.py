@@ -125,7 +125,7 @@ def homoscedastic_start(x, y, seed):
     pyro.set_rng_seed(seed)
     tmp = HeteroscedasticGP(1, 1).to(DTYPE)
     tmp.fit_homoscedastic(x, y, num_steps=100)
-    return tmp.kernel, float(tmp.mean_constant), float(tmp.leaf_log_scale[0])
+    return tmp.kernel, float(tmp.mean_constant.detach()), float(tmp.leaf_log_scale[0].detach())
 
 
 def main(argv=None) -> dict:

@@ -40,8 +40,8 @@ from pyro_trees.infer import CollapsedELBO, TreeELBO
 from pyro_trees.models import HeteroscedasticGP
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"
-N = 150 if SMOKE else 600
-STEPS = 10 if SMOKE else 200
+N = 120 if SMOKE else 600
+STEPS = 8 if SMOKE else 200
 torch.set_default_dtype(torch.float64)
 pyro.set_rng_seed(0)"""),
     md("""## 1. The F.3 noise task
