@@ -1,7 +1,7 @@
 """Demo: a GP whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2, F.3).
 
 Fits :class:`~pyro_trees.models.HeteroscedasticGP` (exact GP, depth-2 noise tree,
-collapsed bound) to 400 points of the F.3 noise task (the benchmark uses 1,200) and
+collapsed bound) to 300 points of the F.3 noise task (the benchmark uses 1,200) and
 reports how far the recovered log sigma is from the truth in the middle of each of the
 four noise regions.
 """
@@ -28,7 +28,7 @@ MIDDLES = np.array([-1.625, -0.875, -0.125, 0.625])
 def run(out_dir: Path, smoke: bool = False) -> list[dict]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    n, steps = (120, 10) if smoke else (400, 150)
+    n, steps = (120, 10) if smoke else (300, 80)
     X, Y, _ = make_noise_task(n, random_state=0)
     y_mean, y_std = Y.mean(), Y.std()
     x = torch.tensor(X, dtype=torch.float64)
@@ -37,7 +37,7 @@ def run(out_dir: Path, smoke: bool = False) -> list[dict]:
     t0 = time.perf_counter()
     model = HeteroscedasticGP(1, 2).double()
     guide = HeteroscedasticGPGuide(1, 2).double()
-    model.init_from_data(x, y, guide, num_steps=5 if smoke else 60)
+    model.init_from_data(x, y, guide, num_steps=5 if smoke else 40)
 
     def lrs(name, _param):
         return {"lr": 0.005 if name.startswith("tree") else 0.02}

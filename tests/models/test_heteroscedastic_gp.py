@@ -182,7 +182,7 @@ def test_sparse_ell_matches_analytic_expectation_over_f():
     f = loc + scale * torch.randn(200000, 6, dtype=torch.float64)
     s = model.leaf_log_scale.detach()[leaf]
     mc = dist.Normal(f, s.exp()).log_prob(y).mean(0)
-    assert torch.allclose(analytic, mc, atol=0.02 * float(analytic.abs().max()))
+    assert torch.allclose(analytic, mc, atol=0.02 * float(analytic.detach().abs().max()))
 
 
 def test_prior_predictive_exact_model():
@@ -301,7 +301,7 @@ def test_recipe_user_model():
     move its balanced start to the change point and recover both rates.
     """
     torch.manual_seed(0)
-    n, depth = 400, 1
+    n, depth = 200, 1
     x = torch.rand(n, 1)
     true_rate = torch.where(x[:, 0] < 0.3, 1.0, 8.0)
     y = torch.poisson(true_rate)
@@ -331,8 +331,8 @@ def test_recipe_user_model():
 
     model, guide = CountsByRegion(), RegionGuide()
     guide.tree.init_balanced(x, y)
-    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), loss=TreeELBO())
-    for _ in range(250):
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.08}), loss=TreeELBO())
+    for _ in range(100):
         svi.step(x, y)
     rules = guide.tree.rules(leaf_values=[f"{r:.2f}" for r in model.log_rate.exp().tolist()])
     assert abs(float(rules.threshold[0]) - 0.3) < 0.05, rules.export_text()
