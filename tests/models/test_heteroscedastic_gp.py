@@ -343,3 +343,22 @@ def test_recipe_user_model():
         x[:, 0] >= 0.3
     )
     assert acc.float().mean() > 0.97
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    model, guide = _model(features=2)
+    x, y = _data(12, features=2)
+    logits = torch.randn(12, 4, dtype=torch.float64)
+    cpu = model.collapsed_bound(x, y, logits)
+    model.cuda()
+    guide.cuda()
+    gpu = model.collapsed_bound(x.cuda(), y.cuda(), logits.cuda())
+    assert torch.allclose(cpu, gpu.cpu(), atol=1e-8)
+    pred = model.predict(x.cuda(), guide, x.cuda(), y.cuda(), routing="posterior")
+    assert pred.mean.device.type == "cuda" and bool(torch.isfinite(pred.log_prob(y.cuda())).all())
+    sparse, sguide = _model(sparse=4, features=2)
+    sparse.cuda()
+    sguide.cuda()
+    loss = TreeELBO().differentiable_loss(sparse, sguide, x.cuda(), y.cuda(), 6)
+    assert torch.isfinite(loss)
