@@ -94,8 +94,8 @@ guide:
 
 **References**
 
-[1] J. Antorán, A. Abuaisha, R. Gorelik, et al., *Amortised Variational Inference for
-    Hierarchical Mixture Models*, ICML UDL workshop 2020, Sec. 5.2 and App. E.
+[1] J. Antorán, J. Yao, W. Pan, J. M. Hernández-Lobato, F. Doshi-Velez, *Amortised
+    Variational Inference for Hierarchical Mixture Models*, Sec. 5.2 and App. E.
 [2] M. Lázaro-Gredilla, M. Titsias, *Variational heteroscedastic Gaussian process
     regression*, ICML 2011.
 [3] J. Hensman, N. Fusi, N. Lawrence, *Gaussian processes for big data*, UAI 2013.
