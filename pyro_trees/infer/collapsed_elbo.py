@@ -9,7 +9,10 @@ probabilities.
 
 Works with plain ``pyro.infer.SVI(model, guide, optim, loss=CollapsedELBO())``: the
 parameters the guide and the model touch are registered in Pyro's param store as
-usual.
+usual. A model of your own must decorate its ``collapsed_bound`` with
+:func:`pyro.nn.module.pyro_method` (a ``PyroModule`` registers its parameters only
+inside such methods and ``forward``) and call ``pyro.module`` on plain ``nn.Module``
+parts such as GPyTorch kernels.
 """
 
 from __future__ import annotations
