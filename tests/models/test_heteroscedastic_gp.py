@@ -163,6 +163,8 @@ def test_sparse_model_with_tree_elbo_and_subsampling():
     assert trace.nodes["obs"]["value"].shape == (10,)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), loss=elbo)
     assert math.isfinite(svi.step(x, y, 10))
+    post = Predictive(model, guide=guide, num_samples=3)(x)
+    assert post["obs"].shape == (3, 40) and post["u"].shape[-1] == 6
 
 
 def test_sparse_ell_matches_analytic_expectation_over_f():
