@@ -144,6 +144,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=0.02, help="GP and noise-scale lr")
     parser.add_argument("--tree-lr", type=float, default=0.005, help="RNN-Tree lr")
     parser.add_argument("--mlp-lr", type=float, default=0.01, help="GP + MLP noise: MLP lr")
+    parser.add_argument(
+        "--entropy-weight", type=float, default=1.0, help="CollapsedELBO entropy_weight"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="hgp_noise")
     parser.add_argument(
@@ -205,7 +208,12 @@ def main(argv=None) -> dict:
             return {"lr": args.tree_lr if name.startswith("tree") else args.lr}
 
         with pyro.get_param_store().scope():
-            svi = pyro.infer.SVI(model, guide, pyro.optim.Adam(lrs), loss=CollapsedELBO())
+            svi = pyro.infer.SVI(
+                model,
+                guide,
+                pyro.optim.Adam(lrs),
+                loss=CollapsedELBO(entropy_weight=args.entropy_weight),
+            )
             for _ in range(args.steps):
                 svi.step(x, y)
         seconds["RNN-Tree"].append(time.perf_counter() - t0)
@@ -360,7 +368,7 @@ def main(argv=None) -> dict:
         f"{args.steps} Adam steps (lr {args.lr}, RNN-Tree lr {args.tree_lr}, MLP lr "
         f"{args.mlp_lr}); Hetero-NN {args.nn_steps} steps with lr {nn_lr}, width "
         f"{nn_hidden}, lambda {nn_lam} chosen on validation.\n",
-        f"RNN-Tree start: {args.tree_init}. "
+        f"RNN-Tree start: {args.tree_init}, entropy_weight {args.entropy_weight}. "
         f"RNN-Tree within 0.25 of the true log sigma at every region middle in every restart: "
         f"**{'yes' if passed_mid else 'no'}**; its spread smaller than each baseline's: "
         f"**{'n/a' if passed_spread is None else 'yes' if passed_spread else 'no'}**.\n",
