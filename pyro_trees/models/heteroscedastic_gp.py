@@ -404,6 +404,10 @@ class HeteroscedasticGP(PyroModule):
         4. for the sparse model, the guide's :math:`q(u)` mean is set to the whitened
            fitted mean at the inducing inputs (interpolated from at most 400 points, so
            the start costs no :math:`O(N^3)`).
+
+        Use it: from random network weights the noise tree of the F.3 benchmark
+        collapsed to one or two noise levels in every restart
+        (``benchmarks/results/hgp_noise_random_start*.md``).
         """
         with torch.enable_grad():
             resid = self.fit_homoscedastic(x, y, **kwargs)
