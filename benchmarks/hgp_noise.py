@@ -31,7 +31,10 @@ uses fixed points), so RNN-Tree restarts differ only in the GRU weights, which t
 start largely overrides. ``--tree-init random --only-tree --name
 hgp_noise_random_start`` repeats the RNN-Tree restarts from random network weights
 (same homoscedastic GP fit, every leaf at its noise level) to show what the balanced
-start contributes.
+start contributes. With the exact bound (``--entropy-weight 1``) such trees collapse to
+one or two noise levels; with the sign of eq. 22 (``--entropy-weight -1``, which rewards
+confident routing) they find the four regions from random weights
+(``results/hgp_noise_random_start*.md``).
 
 Figures: recovered log sigma at the middle of each of the four regions (target: within
 0.25 of the truth in every restart for the RNN-Tree), the spread of the recovered noise
