@@ -33,7 +33,7 @@ hgp_noise_random_start`` repeats the RNN-Tree restarts from random network weigh
 (same homoscedastic GP fit, every leaf at its noise level) to show what the balanced
 start contributes. With the exact bound (``--entropy-weight 1``) such trees collapse to
 one or two noise levels; with the sign of eq. 22 (``--entropy-weight -1``, which rewards
-confident routing) they find the four regions from random weights
+confident routing) they found the four regions from random weights in 4 of 5 restarts
 (``results/hgp_noise_random_start*.md``).
 
 Figures: recovered log sigma at the middle of each of the four regions (target: within
