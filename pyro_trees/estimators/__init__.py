@@ -3,6 +3,9 @@
 from pyro_trees.estimators.bayesian_hme import (
     BayesianHMERegressor,
 )
+from pyro_trees.estimators.heteroscedastic_gp import (
+    HeteroscedasticGPRegressor,
+)
 from pyro_trees.estimators.rnn_tree import (
     RNNTreeClassifier,
     RNNTreeRegressor,
@@ -16,6 +19,7 @@ from pyro_trees.estimators.vart_causal import (
 
 __all__ = [
     "BayesianHMERegressor",
+    "HeteroscedasticGPRegressor",
     "RNNTreeClassifier",
     "RNNTreeRegressor",
     "VaRTCausal",

@@ -8,6 +8,9 @@ from pyro_trees.guides.dgp import (
     DGPIntermediateGuide,
     DGPJointGuide,
 )
+from pyro_trees.guides.heteroscedastic_gp import (
+    HeteroscedasticGPGuide,
+)
 from pyro_trees.guides.rnn_tree import (
     RNNTree,
     RNNTreeGuide,
@@ -32,6 +35,7 @@ __all__ = [
     "DGPIntermediateGuide",
     "DGPJointGuide",
     "GaussianEncoder",
+    "HeteroscedasticGPGuide",
     "MixtureTreeELBO",
     "PairNet",
     "RNNTree",

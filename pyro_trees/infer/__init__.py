@@ -6,6 +6,9 @@ from pyro_trees.infer.bayesian_hme_vb import (
     VBState,
     select_topology,
 )
+from pyro_trees.infer.collapsed_elbo import (
+    CollapsedELBO,
+)
 from pyro_trees.infer.dgp import (
     collapse_ratio,
     dgp_predict,
@@ -31,6 +34,7 @@ from pyro_trees.infer.tree_structure import (
 )
 
 __all__ = [
+    "CollapsedELBO",
     "FitResult",
     "LearnedTree",
     "ModelSelection",

@@ -6,6 +6,10 @@ from pyro_trees.models.bayesian_hme import (
 from pyro_trees.models.dgp import (
     DeepGP,
 )
+from pyro_trees.models.heteroscedastic_gp import (
+    HeteroscedasticGP,
+    HGPPrediction,
+)
 from pyro_trees.models.hme import (
     HME,
 )
@@ -24,7 +28,9 @@ __all__ = [
     "ConstrainedClusteringVAE",
     "DeepGP",
     "GraphPriorVAE",
+    "HGPPrediction",
     "HME",
+    "HeteroscedasticGP",
     "SYNTHETIC_AFFINITY",
     "SyntheticGraphVAE",
     "VaRT",

@@ -1,0 +1,268 @@
+"""Scikit-learn style heteroscedastic GP regression with an RNN-Tree noise model.
+
+Wraps :class:`~pyro_trees.models.HeteroscedasticGP` and
+:class:`~pyro_trees.guides.HeteroscedasticGPGuide`, trained by :func:`pyro_trees.fit`:
+the exact GP with :class:`~pyro_trees.infer.CollapsedELBO` (default), or the sparse
+model with :class:`~pyro_trees.infer.TreeELBO` and minibatches (``num_inducing``).
+Inputs and targets are standardised internally; predictions, noise levels and rules
+are in the original units.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyro
+import torch
+
+from pyro_trees import trees
+from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
+from pyro_trees.infer.collapsed_elbo import CollapsedELBO
+from pyro_trees.infer.fit import fit as _fit
+from pyro_trees.infer.fit import isolated_params
+from pyro_trees.infer.tree_elbo import TreeELBO
+from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
+from pyro_trees.validation import check_level, check_X, check_X_y
+
+__all__ = ["HeteroscedasticGPRegressor"]
+
+_ROUTINGS = ("tree", "posterior")
+
+
+class HeteroscedasticGPRegressor(TreeEstimatorMixin):
+    """GP regression whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2).
+
+    :param int depth: depth of the noise tree (``2**depth`` noise levels).
+    :param num_inducing: ``None`` for the exact GP (collapsed bound, ``O(N^3)`` per
+        step), else the number of inducing points of the sparse model (placed at
+        quantiles of the data along the first principal direction, learnt).
+    :param int num_steps: optimisation steps.
+    :param float lr: learning rate of the GP and the noise levels.
+    :param float tree_lr: learning rate of the RNN-Tree.
+    :param batch_size: minibatch size (sparse model only).
+    :param int init_steps: steps of the homoscedastic GP fit used for the balanced start.
+    :param int hidden_size: GRU width of the RNN-Tree.
+    :param str routing: default noise at prediction: ``"tree"`` (most likely tree) or
+        ``"posterior"`` (mixture over the routing posterior).
+    :param float balance_weight: weight of the tree-balance coupling.
+    :param float entropy_weight: weight of the per-point routing KL (1: the bound).
+    :param random_state: seed.
+    :param str dtype: ``"float64"`` (default; exact GPs need it) or ``"float32"``.
+    """
+
+    def __init__(
+        self,
+        depth: int = 2,
+        *,
+        num_inducing: int | None = None,
+        num_steps: int = 200,
+        lr: float = 0.02,
+        tree_lr: float = 0.005,
+        batch_size: int | None = None,
+        init_steps: int = 60,
+        hidden_size: int = 16,
+        routing: str = "tree",
+        balance_weight: float = 1.0,
+        entropy_weight: float = 1.0,
+        random_state: int | None = None,
+        dtype: str = "float64",
+        progress: bool = False,
+    ):
+        self.depth = depth
+        self.num_inducing = num_inducing
+        self.num_steps = num_steps
+        self.lr = lr
+        self.tree_lr = tree_lr
+        self.batch_size = batch_size
+        self.init_steps = init_steps
+        self.hidden_size = hidden_size
+        self.routing = routing
+        self.balance_weight = balance_weight
+        self.entropy_weight = entropy_weight
+        self.random_state = random_state
+        self.dtype = dtype
+        self.progress = progress
+
+    # -- checks ------------------------------------------------------------------------------
+    def _check_options(self) -> None:
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.routing not in _ROUTINGS:
+            raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
+        if self.num_inducing is not None and (
+            not isinstance(self.num_inducing, int) or self.num_inducing < 1
+        ):
+            raise ValueError(
+                f"num_inducing must be an integer >= 1 or None, got {self.num_inducing!r}"
+            )
+        if self.batch_size is not None:
+            if self.num_inducing is None:
+                raise ValueError("batch_size needs the sparse model: set num_inducing")
+            if not isinstance(self.batch_size, int) or self.batch_size < 1:
+                raise ValueError(
+                    f"batch_size must be an integer >= 1 or None, got {self.batch_size!r}"
+                )
+        for name in ("num_steps", "init_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        for name in ("lr", "tree_lr"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+
+    def _check_is_fitted(self) -> None:
+        if not getattr(self, "is_fitted_", False):
+            raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    def _check_X(self, X) -> torch.Tensor:
+        self._check_is_fitted()
+        X = check_X(X, n_features=self.n_features_in_, dtype=self.dtype_)
+        return (X - torch.as_tensor(self.x_mean_, dtype=X.dtype)) / torch.as_tensor(
+            self.x_scale_, dtype=X.dtype
+        )
+
+    # -- fitting ---------------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Fit the GP and its RNN-Tree noise model.
+
+        :param X: ``(N, L)`` array-like; :param y: ``(N,)`` real targets.
+        :returns: ``self``.
+        """
+        self._check_options()
+        dtype = getattr(torch, self.dtype)
+        X, y = check_X_y(X, y, dtype=dtype)
+        if not y.is_floating_point():
+            y = y.to(dtype)
+        n, n_features = X.shape
+        if n < 2:
+            raise ValueError(f"need at least 2 samples to fit, got {n}")
+        depth = trees.check_depth(self.depth, num_points=n, dtype=dtype)
+        self.n_features_in_ = n_features
+        self.dtype_ = dtype
+        self.x_mean_ = X.mean(0).numpy()
+        sx = X.std(0)
+        self.x_scale_ = torch.where(sx > 0, sx, torch.ones_like(sx)).numpy()
+        self.y_mean_ = float(y.mean())
+        sy = float(y.std())
+        self.y_scale_ = sy if sy > 0 else 1.0
+        Xs = (X - torch.as_tensor(self.x_mean_, dtype=dtype)) / torch.as_tensor(
+            self.x_scale_, dtype=dtype
+        )
+        ys = (y - self.y_mean_) / self.y_scale_
+        if self.random_state is not None:
+            pyro.set_rng_seed(int(self.random_state))
+        z = None
+        if self.num_inducing is not None:
+            idx = torch.linspace(0, n - 1, min(self.num_inducing, n)).round().long()
+            order = Xs[:, 0].argsort() if n_features == 1 else _principal_order(Xs)
+            z = Xs[order[idx]].clone()
+        model = HeteroscedasticGP(n_features, depth, inducing_points=z).to(dtype)
+        guide = HeteroscedasticGPGuide(
+            n_features,
+            depth,
+            num_inducing=0 if z is None else z.shape[0],
+            hidden_size=self.hidden_size,
+        ).to(dtype)
+        with isolated_params():
+            model.init_from_data(Xs, ys, guide, num_steps=self.init_steps)
+        tree_ids = {id(p) for p in guide.tree.parameters()}
+
+        def optimizer(params):
+            params = list(params)
+            groups = [
+                {"params": [p for p in params if id(p) in tree_ids], "lr": self.tree_lr},
+                {"params": [p for p in params if id(p) not in tree_ids], "lr": self.lr},
+            ]
+            return torch.optim.Adam([g for g in groups if g["params"]])
+
+        if z is None:
+            loss = CollapsedELBO(
+                balance_weight=self.balance_weight, entropy_weight=self.entropy_weight
+            )
+            kwargs = {}
+        else:
+            loss = TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight)
+            kwargs = {"subsample_size": self.batch_size}
+        self.fit_result_ = _fit(
+            model,
+            guide,
+            Xs,
+            ys,
+            loss=loss,
+            num_steps=self.num_steps,
+            optim=optimizer,
+            progress=self.progress,
+            desc="HeteroscedasticGP",
+            **kwargs,
+        )
+        self.model_, self.guide_ = model, guide
+        self._X_train, self._y_train = (Xs, ys) if z is None else (None, None)
+        self.is_fitted_ = True
+        return self
+
+    # -- prediction ----------------------------------------------------------------------------
+    def _predict(self, X, routing):
+        routing = self.routing if routing is None else routing
+        if routing not in _ROUTINGS:
+            raise ValueError(f"routing must be one of {_ROUTINGS}, got {routing!r}")
+        Xs = self._check_X(X)
+        with isolated_params():
+            return self.model_.predict(
+                Xs, self.guide_, self._X_train, self._y_train, routing=routing
+            )
+
+    def predict(self, X, *, return_std: bool = False, routing: str | None = None):
+        """Predictive mean ``(N,)`` (and the standard deviation of ``y`` with ``return_std``)."""
+        pred = self._predict(X, routing)
+        mean = (pred.mean * self.y_scale_ + self.y_mean_).numpy()
+        if return_std:
+            return mean, (pred.variance.sqrt() * self.y_scale_).numpy()
+        return mean
+
+    def predict_noise(self, X, *, routing: str | None = None) -> np.ndarray:
+        """The noise level ``log sigma(x)`` ``(N,)`` in the units of ``y``."""
+        return self._predict(X, routing).log_sigma.numpy() + math.log(self.y_scale_)
+
+    def predict_interval(self, X, level: float = 0.95, *, routing: str | None = None):
+        """Gaussian predictive interval ``(lower, upper)``, each ``(N,)``.
+
+        With ``routing="posterior"`` the predictive is a mixture; the interval then uses
+        its mean and variance (a Gaussian approximation).
+        """
+        level = check_level(level)
+        mean, std = self.predict(X, return_std=True, routing=routing)
+        zq = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2)))
+        return mean - zq * std, mean + zq * std
+
+    def log_likelihood(self, X, y, *, routing: str | None = None) -> float:
+        """Mean log predictive density per point of ``y`` (units of ``y``)."""
+        pred = self._predict(X, routing)
+        y = check_X_y(X, y, dtype=self.dtype_)[1]
+        ys = (y - self.y_mean_) / self.y_scale_
+        return float(pred.log_prob(ys).mean()) - math.log(self.y_scale_)
+
+    def export_text(self, feature_names=None, decimals: int = 3) -> str:
+        """The noise function as rules in the units of ``X`` and ``y``."""
+        self._check_is_fitted()
+        with isolated_params():
+            rules = self.model_.noise_rules(self.guide_)
+        f = rules.feature
+        mean = torch.as_tensor(self.x_mean_)[f].to(rules.threshold.dtype)
+        scale = torch.as_tensor(self.x_scale_)[f].to(rules.threshold.dtype)
+        shift = math.log(self.y_scale_)
+        labels = [
+            f"log sigma = {v + shift:.{decimals}f} (sigma = {math.exp(v + shift):.{decimals}g})"
+            for v in self.model_.leaf_log_scale.detach().tolist()
+        ]
+        raw = trees.DecisionRules(f, rules.threshold * scale + mean, rules.greater, labels)
+        return raw.export_text(feature_names=feature_names, decimals=decimals)
+
+
+def _principal_order(X: torch.Tensor) -> torch.Tensor:
+    """Order of the rows along the first principal direction."""
+    Xc = X - X.mean(0)
+    v = torch.linalg.svd(Xc, full_matrices=False).Vh[0]
+    return (Xc @ v).argsort()

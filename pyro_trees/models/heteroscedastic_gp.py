@@ -1,0 +1,518 @@
+r"""A GP whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2, App. E).
+
+Generative story for inputs :math:`x_n \in \mathbb{R}^L`, :math:`n = 1..N`:
+
+.. math::
+
+    M = (\ell_1, \dots, \ell_N) &\sim \mathrm{TreeBalance}(D, N)
+        \qquad \text{(routing of every point to one of } 2^D \text{ leaves)} \\
+    f &\sim \mathcal{GP}(c, k) \qquad \text{(a GPyTorch kernel } k
+        \text{, a learnt constant mean } c) \\
+    y_n \mid f, \ell_n &\sim \mathcal{N}\big(f(x_n),\; e^{2 s_{\ell_n}}\big),
+
+with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
+:math:`T_\theta`). The routing posterior :math:`q(\ell_n \mid x_n)` is an
+:class:`~pyro_trees.guides.RNNTree` (amortised over :math:`x`), held by
+:class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
+
+**Two objectives.**
+
+* *Collapsed, exact GP* (App. E; moderate :math:`N`): with
+  :math:`q(f, M) = q(f)\,q(M)` and :math:`q(f)` at its optimum for the given routing,
+
+  .. math::
+
+      \mathcal{L}_2(q(M)) = \log \mathcal{N}(y \mid c, K + R) + C
+          - \mathrm{KL}(q(M) \,\|\, p(M)), \qquad
+      R_{nn}^{-1} = \sum_\ell q_{n\ell}\, e^{-2 s_\ell}, \quad
+      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell .
+
+  The expectation over the routing is exact here, not sampled: the Gaussian
+  log-likelihood is linear in :math:`q_{n\ell}`, so
+  :math:`\mathbb{E}_{q(M)}[\log p(y \mid f, M)]` is the weighted sum above, and the
+  integral over :math:`f` is the Gaussian one. :math:`q_{n\ell}` are the leaf
+  probabilities the guide's ``"leaf"`` site gives (with ``feedback="soft"`` one noisy
+  roll-out per evaluation, as the paper; with ``feedback="hard"`` the exact soft tree).
+  The only approximation is the KL to the tree-balance prior, whose coupling term is
+  Stirling's (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`).
+  Train with :class:`~pyro_trees.infer.CollapsedELBO`; :meth:`HeteroscedasticGP.collapsed_bound`
+  is the same number as a plain function. Cost :math:`O(N^3)` per step.
+* *Uncollapsed, sparse* (``inducing_points=Z``, any :math:`N`, minibatches): whitened
+  inducing outputs :math:`u \sim \mathcal{N}(0, I)` with :math:`f(Z) = L_{ZZ} u`
+  (site ``"u"``); given :math:`u`, the likelihood term is the SVGP one,
+  :math:`\mathbb{E}_{p(f_n \mid u)}[\log \mathcal{N}(y_n \mid f_n, e^{2 s_\ell})] =
+  \log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) - \tfrac12 v_n e^{-2 s_\ell}`
+  (an ``"obs"`` site plus the factor ``"f_var"``), and the leaf is summed out exactly
+  by enumeration. Train with plain ``SVI(model, guide, optim, loss=TreeELBO())``,
+  subsampling through ``subsample_size``. ``u`` is one reparameterised sample per step
+  (its KL is Monte Carlo as in any Pyro ELBO).
+
+**Prediction** (:meth:`HeteroscedasticGP.predict`): the function's Gaussian at new
+inputs, from :math:`q^*(f)` (exact mode, needs the training data) or :math:`q(u)`
+(sparse mode); the noise either from the single most likely tree
+(``routing="tree"``, the paper's App. E: each input gets its hard leaf's
+:math:`e^{2 s_\ell}`) or from the full routing posterior (``routing="posterior"``: the
+predictive density is the mixture :math:`\sum_\ell q(\ell \mid x)\,
+\mathcal{N}(y \mid \mu, v + e^{2 s_\ell})`). :meth:`HeteroscedasticGP.noise_rules`
+exports the noise function as rules: regions and their :math:`\log\sigma`.
+
+**Shapes.** ``x``: ``(N, L)``; ``y``: ``(N,)``. The plate ``"data"`` (``dim=-1``) is
+owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long (enumerated by the
+guide), ``"u"`` is ``(M,)`` and ``"f"`` is ``(N,)`` (only sampled when ``y`` is None).
+
+.. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
+
+Any model that needs an input-dependent discrete partition of its data can take the
+RNN-Tree as the posterior of that partition. Three lines in the model, three in the
+guide:
+
+1. In the model, inside the data plate, sample the region of each point from the
+   tree-balance prior's per-point marginal and index your per-region parameters with
+   it (it may be an enumerated ``(2**D, 1)`` tensor, so index, don't branch)::
+
+       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
+           leaf = pyro.sample("leaf", BalancedLeaf(depth, n, dtype=x.dtype))
+           pyro.sample("obs", dist.Poisson(rate[leaf]), obs=y[idx])
+
+2. In the guide (the model's signature), sample the same site from the RNN-Tree's leaf
+   logits and mark it for parallel enumeration::
+
+       tree = RNNTree(in_features, depth, feedback="hard")
+       ...
+       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
+           pyro.sample("leaf", dist.Categorical(logits=tree(x[idx])),
+                       infer={"enumerate": "parallel"})
+
+3. Train with :class:`~pyro_trees.infer.TreeELBO` (``TraceEnum_ELBO`` plus the
+   balance prior's coupling). Start the tree balanced with
+   ``tree.init_balanced(x, targets)`` (median cuts, dimensions chosen with any
+   targets you have), read the partition back with ``tree.rules(leaf_values=...)``
+   and route new inputs with ``tree.hard_leaf(x)``.
+
+``tests/models/test_heteroscedastic_gp.py::test_recipe_user_model`` writes such a model
+(Poisson counts whose rate changes by region) and checks that the partition is found.
+
+**References**
+
+[1] J. Antorán, J. Yao, W. Pan, J. M. Hernández-Lobato, F. Doshi-Velez, *Amortised
+    Variational Inference for Hierarchical Mixture Models*, Sec. 5.2 and App. E.
+[2] M. Lázaro-Gredilla, M. Titsias, *Variational heteroscedastic Gaussian process
+    regression*, ICML 2011.
+[3] J. Hensman, N. Fusi, N. Lawrence, *Gaussian processes for big data*, UAI 2013.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import gpytorch
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroParam
+from pyro.nn.module import pyro_method
+
+from pyro_trees import trees
+from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
+from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
+
+__all__ = ["HGPPrediction", "HeteroscedasticGP"]
+
+
+class HGPPrediction(NamedTuple):
+    """Predictive distribution of :meth:`HeteroscedasticGP.predict` at ``N`` inputs.
+
+    :ivar mean: predictive mean of ``f`` (and of ``y``), ``(N,)``.
+    :ivar f_var: variance of ``f``, ``(N,)``.
+    :ivar leaf_probs: routing weights ``(N, 2**D)`` (one-hot for ``routing="tree"``).
+    :ivar leaf_log_scale: :math:`s_\\ell`, ``(2**D,)``.
+    """
+
+    mean: torch.Tensor
+    f_var: torch.Tensor
+    leaf_probs: torch.Tensor
+    leaf_log_scale: torch.Tensor
+
+    @property
+    def noise_var(self) -> torch.Tensor:
+        """Expected noise variance :math:`\\sum_\\ell q_\\ell e^{2 s_\\ell}`, ``(N,)``."""
+        return self.leaf_probs @ torch.exp(2 * self.leaf_log_scale)
+
+    @property
+    def log_sigma(self) -> torch.Tensor:
+        """Noise log standard deviation, ``0.5 * log(noise_var)``, ``(N,)``."""
+        return 0.5 * torch.log(self.noise_var)
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Variance of ``y``: ``f_var + noise_var``, ``(N,)``."""
+        return self.f_var + self.noise_var
+
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        """Log predictive density of ``y`` ``(N,)`` under the mixture over leaves, ``(N,)``."""
+        var = self.f_var.unsqueeze(-1) + torch.exp(2 * self.leaf_log_scale)  # (N, 2**D)
+        comp = dist.Normal(self.mean.unsqueeze(-1), var.sqrt()).log_prob(y.unsqueeze(-1))
+        return torch.logsumexp(comp + self.leaf_probs.clamp_min(1e-300).log(), dim=-1)
+
+
+class HeteroscedasticGP(PyroModule):
+    """GP regression with an RNN-Tree noise model and the tree-balance prior (module docs).
+
+    :param int in_features: input dimension :math:`L`.
+    :param int depth: depth :math:`D` of the noise tree (``2**D`` noise levels).
+    :param kernel: a :class:`gpytorch.kernels.Kernel`; default
+        ``ScaleKernel(RBFKernel())``.
+    :param inducing_points: ``(M, L)`` inducing inputs (learnt) for the sparse,
+        uncollapsed model; ``None`` for the exact GP trained with the collapsed bound.
+    :param float init_log_scale: initial :math:`s_\\ell` of every leaf.
+    :param float jitter: added to kernel diagonals before Cholesky factorisations.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        depth: int = 2,
+        *,
+        kernel=None,
+        inducing_points: torch.Tensor | None = None,
+        init_log_scale: float = 0.0,
+        jitter: float = 1e-6,
+    ):
+        super().__init__()
+        if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
+            raise ValueError(f"in_features must be an integer >= 1, got {in_features!r}")
+        self.in_features = in_features
+        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        if not math.isfinite(float(init_log_scale)):
+            raise ValueError(f"init_log_scale must be finite, got {init_log_scale}")
+        if not jitter >= 0:
+            raise ValueError(f"jitter must be >= 0, got {jitter}")
+        self.jitter = float(jitter)
+        if kernel is None:
+            kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+        if not isinstance(kernel, gpytorch.kernels.Kernel):
+            raise ValueError(f"kernel must be a gpytorch.kernels.Kernel, got {type(kernel)}")
+        self.kernel = kernel
+        self.mean_constant = PyroParam(torch.zeros(()))
+        self.leaf_log_scale = PyroParam(
+            torch.full((trees.num_leaves(self.depth),), float(init_log_scale))
+        )
+        if inducing_points is not None:
+            z = torch.as_tensor(inducing_points)
+            if z.dim() != 2 or z.shape[-1] != in_features or z.shape[0] < 1:
+                raise ValueError(
+                    f"inducing_points must have shape (M, {in_features}) with M >= 1; "
+                    f"got {tuple(z.shape)}"
+                )
+            if not bool(torch.isfinite(z).all()):
+                raise ValueError("inducing_points contain NaN or infinite values")
+            check_kernel_memory(z.shape[0], 0, dtype=z.dtype)
+            self.inducing_points = PyroParam(z.clone())
+            self.sparse = True
+        else:
+            self.sparse = False
+
+    @property
+    def num_leaves(self) -> int:
+        return trees.num_leaves(self.depth)
+
+    @property
+    def num_inducing(self) -> int:
+        """``M`` (0 for the exact model)."""
+        return int(self.inducing_points.shape[0]) if self.sparse else 0
+
+    # -- checks ------------------------------------------------------------------------
+    def _check(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        if not torch.is_tensor(x) or x.dim() != 2 or x.shape[-1] != self.in_features:
+            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+            raise ValueError(f"x must be a tensor of shape (N, {self.in_features}); got {shape}")
+        if x.shape[0] < 1:
+            raise ValueError("x has no rows")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("x contains NaN or infinite values")
+        if y is not None:
+            if not torch.is_tensor(y) or y.dim() != 1 or y.shape[0] != x.shape[0]:
+                shape = tuple(y.shape) if torch.is_tensor(y) else type(y).__name__
+                raise ValueError(f"y must be a tensor of shape ({x.shape[0]},); got {shape}")
+            if not bool(torch.isfinite(y).all()):
+                raise ValueError("y contains NaN or infinite values")
+
+    def _check_logits(self, x: torch.Tensor, leaf_logits: torch.Tensor) -> torch.Tensor:
+        if leaf_logits.shape != (x.shape[0], self.num_leaves):
+            raise ValueError(
+                f"leaf_logits must have shape ({x.shape[0]}, {self.num_leaves}); "
+                f"got {tuple(leaf_logits.shape)}"
+            )
+        return leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
+
+    # -- the collapsed bound (App. E) ----------------------------------------------------
+    @pyro_method
+    def collapsed_bound(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        leaf_logits: torch.Tensor,
+        *,
+        balance_weight: float = 1.0,
+        entropy_weight: float = 1.0,
+    ) -> torch.Tensor:
+        r""":math:`\mathcal{L}_2(q(M))` of App. E for the exact GP (module docs).
+
+        :param x: ``(N, L)``; :param y: ``(N,)``.
+        :param leaf_logits: ``(N, 2**D)`` routing posterior :math:`q(\ell_n)` (logits).
+        :param float balance_weight: weight of the tree-balance coupling (1: the bound).
+        :param float entropy_weight: weight of
+            :math:`\sum_n \mathrm{KL}(q(\ell_n)\,\|\,\mathrm{Unif})` (1: the bound; see
+            :class:`~pyro_trees.infer.TreeELBO`).
+        :returns: a scalar.
+        """
+        if self.sparse:
+            raise ValueError(
+                "collapsed_bound is for the exact model (inducing_points=None); the sparse "
+                "model trains with TreeELBO on its forward()"
+            )
+        self._check(x, y)
+        log_q = self._check_logits(x, leaf_logits)
+        pyro.module("kernel", self.kernel)
+        s = self.leaf_log_scale.to(x.dtype)
+        q = log_q.exp()
+        log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
+        r = torch.exp(-log_prec)
+        C = -0.5 * log_prec.sum() - (q * s).sum()
+        K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+        L = cholesky(K + torch.diag_embed(r), self.jitter)
+        resid = y - self.mean_constant.to(x.dtype)
+        log_evidence = dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(
+            resid
+        )
+        per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
+        coupling = expected_log_coupling(log_q, self.depth)
+        return (
+            log_evidence
+            + C
+            - float(entropy_weight) * per_point_kl
+            + float(balance_weight) * coupling
+        )
+
+    # -- the Pyro model -----------------------------------------------------------------
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
+        """Sample (or condition on) ``y`` ``(N,)`` for inputs ``x`` ``(N, L)``.
+
+        Sparse model: sites ``"u"`` (whitened inducing outputs), then in the plate
+        ``"data"`` ``"leaf"``, ``"f_var"`` (a factor, when ``y`` is given) or ``"f"``
+        (when it is not) and ``"obs"``. Exact model: ``"f"`` ``(N,)`` jointly from the GP
+        prior, then ``"leaf"`` and ``"obs"``; it is the generative story (for prior
+        sampling and ``Predictive``), training uses the collapsed bound.
+        """
+        self._check(x, y)
+        if subsample_size is not None and not self.sparse:
+            raise ValueError("subsample_size needs the sparse model (inducing_points)")
+        pyro.module("kernel", self.kernel)
+        n = x.shape[0]
+        mean = self.mean_constant.to(x.dtype)
+        s_all = self.leaf_log_scale.to(x.dtype)
+        if self.sparse:
+            z = self.inducing_points.to(x.dtype)
+            u = pyro.sample(
+                "u", dist.Normal(torch.zeros_like(z[:, 0]), torch.ones_like(z[:, 0])).to_event(1)
+            )
+        else:
+            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+            f_all = pyro.sample(
+                "f",
+                dist.MultivariateNormal(
+                    mean.expand(n), scale_tril=cholesky(K, max(self.jitter, 1e-6))
+                ),
+            )
+        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
+            leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device))
+            s = s_all[leaf]
+            if self.sparse:
+                loc, var = conditional(
+                    self.kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
+                )
+                loc, var = loc[..., 0, :] + mean, var[..., 0, :]
+                if y is None:
+                    f = pyro.sample("f", dist.Normal(loc, var.clamp_min(1e-12).sqrt()))
+                else:
+                    f = loc
+                    pyro.factor("f_var", -0.5 * var * torch.exp(-2 * s))
+            else:
+                f = f_all[..., idx]
+            return pyro.sample(
+                "obs", dist.Normal(f, torch.exp(s)), obs=None if y is None else y[idx]
+            )
+
+    # -- initialisation -------------------------------------------------------------------
+    def fit_homoscedastic(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        num_steps: int = 60,
+        lr: float = 0.05,
+        max_points: int = 400,
+    ) -> torch.Tensor:
+        """Fit kernel, mean and one shared noise level by the exact GP evidence.
+
+        Uses at most ``max_points`` evenly spaced points; sets every :math:`s_\\ell` to the
+        fitted level (and, for the sparse model, nothing else: inducing inputs stay).
+
+        :returns: the residuals ``y - E[f(x) | y]`` at all ``x``, ``(N,)``.
+        """
+        self._check(x, y)
+        sub = torch.linspace(0, x.shape[0] - 1, min(max_points, x.shape[0])).round().long()
+        xs, ys = x[sub], y[sub]
+        with torch.no_grad():
+            self.mean_constant = ys.mean()
+        log_noise = torch.tensor(float(torch.log(ys.std() + 1e-6)) - 0.5, dtype=x.dtype)
+        log_noise.requires_grad_(True)
+        params = [log_noise, *self.kernel.parameters()]
+        opt = torch.optim.Adam(params, lr=lr)
+        for _ in range(num_steps):
+            opt.zero_grad()
+            K = kernel_matrix(self.kernel, xs)[..., 0, :, :]
+            eye = torch.eye(xs.shape[0], dtype=x.dtype, device=x.device)
+            L = cholesky(K + torch.exp(2 * log_noise) * eye, self.jitter)
+            resid = ys - ys.mean()
+            loss = -dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(resid)
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            K = kernel_matrix(self.kernel, xs)[..., 0, :, :]
+            eye = torch.eye(xs.shape[0], dtype=x.dtype, device=x.device)
+            L = cholesky(K + torch.exp(2 * log_noise) * eye, self.jitter)
+            alpha = torch.cholesky_solve((ys - ys.mean()).unsqueeze(-1), L)
+            Kxs = kernel_matrix(self.kernel, x, xs)[..., 0, :, :]
+            fmean = (Kxs @ alpha).squeeze(-1) + ys.mean()
+            self.leaf_log_scale = torch.full_like(self.leaf_log_scale, float(log_noise))
+        return (y - fmean).detach()
+
+    @torch.no_grad()
+    def init_from_data(
+        self, x: torch.Tensor, y: torch.Tensor, guide, *, sharpness: float = 100.0, **kwargs
+    ) -> None:
+        """Balanced start: a homoscedastic GP fit, then a balanced tree and per-leaf scales.
+
+        1. :meth:`fit_homoscedastic` (``kwargs`` go there) gives residuals :math:`r_n`;
+        2. ``guide.tree.init_balanced(x, log r**2, sharpness=sharpness)``: median cuts,
+           each node's dimension chosen where it best separates the log squared
+           residuals; sigmoid slopes ``sharpness / std`` (sharp: soft boundaries let
+           points of a noisy region raise a quiet leaf's scale);
+        3. :math:`s_\\ell = \\tfrac12 \\log` of the routing-weighted mean of :math:`r^2`;
+        4. for the sparse model, the guide's :math:`q(u)` mean is set to the whitened
+           fitted mean at the inducing inputs (interpolated from at most 400 points, so
+           the start costs no :math:`O(N^3)`).
+
+        Use it: from random network weights the noise tree of the F.3 benchmark
+        collapsed to one or two noise levels in every restart
+        (``benchmarks/results/hgp_noise_random_start*.md``).
+        """
+        with torch.enable_grad():
+            resid = self.fit_homoscedastic(x, y, **kwargs)
+        r2 = resid.pow(2).clamp_min(1e-12)
+        guide.tree.init_balanced(x, r2.log(), sharpness=sharpness)
+        q = guide.tree.leaf_probs(x).to(x.dtype)
+        mass = q.sum(0)
+        level = (q.T @ r2) / mass.clamp_min(1e-12)
+        level = torch.where(mass > 1e-6, level, r2.mean())
+        self.leaf_log_scale = 0.5 * level.log()
+        if self.sparse and getattr(guide, "num_inducing", 0):
+            z = self.inducing_points.to(x.dtype)
+            sub = torch.linspace(0, x.shape[0] - 1, min(400, x.shape[0])).round().long()
+            fz = self._interpolate_mean(x[sub], (y - resid)[sub], z)
+            Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
+            target = fz - self.mean_constant.to(x.dtype)
+            guide.u_loc = torch.linalg.solve_triangular(
+                Lzz, target.unsqueeze(-1), upper=False
+            ).squeeze(-1)
+
+    def _interpolate_mean(self, x, fmean, z):
+        """Kernel-regression of the fitted mean onto ``z`` (for initialising q(u))."""
+        K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+        eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+        L = cholesky(K + 1e-3 * K.diagonal().mean() * eye, self.jitter)
+        alpha = torch.cholesky_solve((fmean - self.mean_constant).unsqueeze(-1), L)
+        return (kernel_matrix(self.kernel, z, x)[..., 0, :, :] @ alpha).squeeze(-1) + (
+            self.mean_constant
+        )
+
+    # -- prediction -----------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(
+        self,
+        x_new: torch.Tensor,
+        guide,
+        x: torch.Tensor | None = None,
+        y: torch.Tensor | None = None,
+        *,
+        routing: str = "tree",
+        num_samples: int = 32,
+    ) -> HGPPrediction:
+        """Predictive distribution at ``x_new`` ``(N*, L)``.
+
+        :param guide: the trained :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
+        :param x: training inputs ``(N, L)`` (exact model only).
+        :param y: training targets ``(N,)`` (exact model only).
+        :param str routing: ``"tree"``: the noise of each new input is its leaf's in the
+            most likely tree (App. E); ``"posterior"``: the full routing posterior
+            (a mixture over leaves, averaged over ``num_samples`` noisy roll-outs with
+            soft feedback).
+        :returns: :class:`HGPPrediction`.
+
+        The function's posterior is :math:`q^*(f)` of the collapsed bound, whose noise
+        at the training points is :math:`R` from the routing posterior there (the
+        distribution the bound was optimised for), whichever ``routing`` is chosen.
+        """
+        if routing not in ("tree", "posterior"):
+            raise ValueError(f"routing must be 'tree' or 'posterior', got {routing!r}")
+        self._check(x_new)
+        dtype = x_new.dtype
+        s = self.leaf_log_scale.to(dtype)
+        mean_c = self.mean_constant.to(dtype)
+        if self.sparse:
+            z = self.inducing_points.to(dtype)
+            loc, var = conditional(
+                self.kernel,
+                x_new,
+                z,
+                guide.u_loc.to(dtype).unsqueeze(-2),
+                guide.u_scale_tril.to(dtype).unsqueeze(-3),
+                whiten=True,
+                jitter=self.jitter,
+            )
+            mean, f_var = loc[0] + mean_c, var[0]
+        else:
+            if x is None or y is None:
+                raise ValueError("the exact model predicts from the training data: pass x and y")
+            self._check(x, y)
+            q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
+            r = 1.0 / (q @ torch.exp(-2 * s))
+            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+            L = cholesky(K + torch.diag_embed(r), self.jitter)
+            Ksx = kernel_matrix(self.kernel, x_new, x)[..., 0, :, :]
+            alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
+            mean = (Ksx @ alpha).squeeze(-1) + mean_c
+            W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
+            kss = kernel_matrix(self.kernel, x_new, diag=True)[..., 0, :]
+            f_var = (kss - W.pow(2).sum(-2)).clamp_min(0.0)
+        if routing == "tree":
+            leaf = guide.tree.hard_leaf(x_new)
+            probs = torch.nn.functional.one_hot(leaf, self.num_leaves).to(dtype)
+        else:
+            probs = guide.tree.leaf_probs(x_new, num_samples=num_samples).to(dtype)
+        return HGPPrediction(mean, f_var, probs, s.detach().clone())
+
+    @torch.no_grad()
+    def noise_rules(self, guide, *, decimals: int = 3) -> trees.DecisionRules:
+        """The noise function as rules: the most likely tree with each leaf's noise level.
+
+        Leaf labels read ``"log sigma = s (sigma = e^s)"``; use
+        ``.export_text(feature_names=...)`` to print and ``.route(x)`` to apply.
+        """
+        labels = [
+            f"log sigma = {v:.{decimals}f} (sigma = {math.exp(v):.{decimals}g})"
+            for v in self.leaf_log_scale.tolist()
+        ]
+        return guide.tree.rules(leaf_values=labels)

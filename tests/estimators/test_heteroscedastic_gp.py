@@ -1,0 +1,89 @@
+import pickle
+
+import numpy as np
+import pytest
+
+from pyro_trees.estimators import HeteroscedasticGPRegressor
+
+
+def _data(n=80, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.linspace(-1, 1, n)[:, None] * 3 + 5  # not standardised
+    sd = np.where(X[:, 0] < 5, 0.05, 1.0)
+    y = 10 + np.sin(X[:, 0]) + sd * rng.standard_normal(n)
+    return X, y
+
+
+def test_fit_predict_rules_and_noise_levels():
+    X, y = _data(60)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=15, init_steps=15, random_state=0)
+    est.fit(X, y)
+    mean, std = est.predict(X, return_std=True)
+    assert mean.shape == (60,) and std.shape == (60,) and np.all(std > 0)
+    noise = est.predict_noise(np.array([[3.0], [7.0]]))
+    assert noise[1] - noise[0] > 1.5  # log(1.0 / 0.05) = 3.0
+    post = est.predict_noise(X, routing="posterior")
+    assert post.shape == (60,) and np.all(np.isfinite(post))
+    lo, hi = est.predict_interval(X, 0.9)
+    assert np.all(lo < mean) and np.all(mean < hi)
+    assert np.isfinite(est.log_likelihood(X, y))
+    text = est.export_text(["x"])
+    assert "x <= " in text and text.count("log sigma") == 2
+    threshold = float(text.split("x <= ")[1].split()[0])
+    assert abs(threshold - 5.0) < 0.3  # in the units of X
+    assert est.score(X, 10 + np.sin(X[:, 0])) > 0.8  # R^2 against the noise-free mean
+    assert "depth=1" in repr(est)
+
+
+def test_pickle_exact():
+    X, y = _data(40)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=5, init_steps=5, random_state=0).fit(X, y)
+    clone = pickle.loads(pickle.dumps(est))
+    for routing in ("tree", "posterior"):
+        np.testing.assert_array_equal(
+            est.predict(X, routing=routing), clone.predict(X, routing=routing)
+        )
+        np.testing.assert_array_equal(
+            est.predict_noise(X, routing=routing), clone.predict_noise(X, routing=routing)
+        )
+    assert est.export_text() == clone.export_text()
+
+
+def test_sparse_with_minibatches():
+    X, y = _data(120)
+    est = HeteroscedasticGPRegressor(
+        depth=1, num_inducing=10, batch_size=32, num_steps=10, init_steps=5, random_state=0
+    ).fit(X, y)
+    assert est.predict(X).shape == (120,)
+    assert est.model_.num_inducing == 10
+
+
+def test_bad_input():
+    X, y = _data(20)
+    with pytest.raises(ValueError, match="not fitted"):
+        HeteroscedasticGPRegressor().predict(X)
+    with pytest.raises(ValueError, match="mismatched lengths"):
+        HeteroscedasticGPRegressor(num_steps=1).fit(X, y[:5])
+    bad = y.copy()
+    bad[3] = np.nan
+    with pytest.raises(ValueError, match="y contains"):
+        HeteroscedasticGPRegressor(num_steps=1).fit(X, bad)
+    with pytest.raises(ValueError, match="routing"):
+        HeteroscedasticGPRegressor(routing="hard").fit(X, y)
+    with pytest.raises(ValueError, match="batch_size needs"):
+        HeteroscedasticGPRegressor(batch_size=4).fit(X, y)
+    with pytest.raises(ValueError, match="num_inducing"):
+        HeteroscedasticGPRegressor(num_inducing=0).fit(X, y)
+    with pytest.raises(ValueError, match="dtype"):
+        HeteroscedasticGPRegressor(dtype="float16").fit(X, y)
+    with pytest.raises(ValueError, match="lr"):
+        HeteroscedasticGPRegressor(lr=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match="depth"):
+        HeteroscedasticGPRegressor(depth=0).fit(X, y)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=1, init_steps=1).fit(X, y)
+    with pytest.raises(ValueError, match="features"):
+        est.predict(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="level"):
+        est.predict_interval(X, 1.5)
+    with pytest.raises(ValueError, match="routing"):
+        est.predict(X, routing="mode")
