@@ -12,6 +12,7 @@ from pyro_trees import (
 )
 from pyro_trees.estimators import (
     BayesianHMERegressor,
+    HeteroscedasticGPRegressor,
     RNNTreeClassifier,
     RNNTreeRegressor,
     VaRTCausal,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BayesianHMERegressor",
+    "HeteroscedasticGPRegressor",
     "RNNTreeClassifier",
     "RNNTreeRegressor",
     "Topology",
