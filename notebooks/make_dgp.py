@@ -113,7 +113,7 @@ def build(kind, L, seed):
             return m, DGPIntermediateGuide(m), TraceMeanField_ELBO
         m = DeepGP(kernels(L, seed), [Z] * L)
         if kind == "joint":
-            return m, DGPJointGuide(m), Trace_ELBO
+            return m, DGPJointGuide(m, cross_scale=1.0), Trace_ELBO
         return m, DGPFactorisedGuide(m), TraceMeanField_ELBO
 
 grid = torch.linspace(-1, 1, 100, dtype=torch.float64).unsqueeze(-1)
