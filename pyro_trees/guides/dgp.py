@@ -10,9 +10,12 @@ variational distribution and variational strategy).
   Ustyuzhaninov et al.). Train with :class:`~pyro.infer.TraceMeanField_ELBO` for the
   closed-form KL.
 * :class:`DGPJointGuide`: :math:`q(U_1, \\dots, U_L) = N(\\mu, \\Sigma)` with covariance
-  across layers, full or low-rank plus diagonal (``rank=``); one auxiliary site holds
-  the joint draw and each ``u_i`` is a :class:`~pyro.distributions.Delta` on its slice,
-  as in :class:`~pyro.infer.autoguide.AutoMultivariateNormal`. Train with
+  across layers, full or low-rank plus diagonal (``rank=``). The full factor samples
+  the layers in turn from the joint's conditionals (:class:`JointGaussianSlice`) and
+  gives :class:`~pyro.infer.TraceMeanField_ELBO` the exact KL of the joint; the
+  low-rank one draws the joint vector at an auxiliary site with each ``u_i`` a
+  :class:`~pyro.distributions.Delta` on its slice, as in
+  :class:`~pyro.infer.autoguide.AutoMultivariateNormal`: train it with
   :class:`~pyro.infer.Trace_ELBO` (Monte Carlo KL).
 * :class:`DGPIntermediateGuide`: free-form Gaussians :math:`q(F_i^Z) = N(m_i, S_i)` over
   each layer's outputs at the inducing inputs (eq. 4), for a model with
@@ -27,11 +30,12 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro.distributions import TorchDistribution
 from pyro.distributions.transforms import LowerCholeskyAffine
 from pyro.nn import PyroModule, PyroParam
-from torch.distributions import constraints
+from torch.distributions import constraints, register_kl
 
-__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide"]
+__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide", "JointGaussianSlice"]
 
 
 def _like(model):
@@ -97,9 +101,41 @@ class DGPJointGuide(PyroModule):
     :param rank: ``None`` for a full ``(T, T)`` Cholesky factor; an integer for
         :math:`\\Sigma = W W^\\top + \\mathrm{diag}(d)` with ``W`` of shape ``(T, rank)``.
     :param float init_scale: initial standard deviation.
+    :param cross_scale: full factor only: the entries of the Cholesky factor outside the
+        per-output ``(M_i, M_i)`` blocks of the factorised guide (the couplings across
+        outputs and layers) are ``cross_scale`` times their free parameter. Default
+        ``sqrt(M / (200 (T - M)))`` with ``M = max_i M_i`` (at most 1).
+
+    **Why the cross entries are scaled.** Most of the ``T (T - 1) / 2`` off-diagonal
+    entries get a Monte Carlo gradient that is nearly pure noise. Adam normalises each
+    coordinate's step, so every such entry random-walks by a fraction of ``lr`` per
+    step whatever the noise level, and the spurious variance this adds to a row of the
+    factor grows with the row's length ``T``, not with the data. On concrete
+    (``T = 320``, ``M = 64``) an unscaled factor ends with whitened inducing variances
+    above the prior's (about 1.1 against 1) and loses 0.4 nats to GPyTorch's DeepGP.
+    Scaling the cross entries by ``c`` is a reparameterisation (same family, same
+    optimum) that shrinks their diffusion by the factor ``c``: a row's spurious variance is that
+    of about ``M / 2 + c^2 (T - M)`` entries instead of ``T / 2``, and the default keeps
+    the cross part to 1% of the in-block part (what the factorised guide and
+    GPyTorch's Cholesky-factor variational distributions already carry). On concrete,
+    against GPyTorch's DeepGP, the joint guide trained with a Monte Carlo KL loses 0.40
+    nats unscaled, 0.15 with ``c = 0.11`` (cross part 10%), 0.055 with the default
+    ``c = 0.035``, and 0.041 with the default and the closed-form KL of
+    :class:`JointGaussianSlice`: couplings the data do not support cost accuracy in
+    proportion to their diffusion. Couplings the data do
+    support still grow, ``1 / c`` times more slowly per step; raise ``cross_scale``
+    (up to 1, the plain factor) when cross-layer dependence is the point, as on the
+    composition toy problem.
     """
 
-    def __init__(self, model, *, rank: int | None = None, init_scale: float = 0.1):
+    def __init__(
+        self,
+        model,
+        *,
+        rank: int | None = None,
+        init_scale: float = 0.1,
+        cross_scale: float | None = None,
+    ):
         super().__init__()
         _check_model(model, "layer", type(self).__name__)
         self.site_names = model.site_names()
@@ -111,7 +147,17 @@ class DGPJointGuide(PyroModule):
         self.rank = rank
         self.loc = PyroParam(torch.zeros(T, **like))
         if rank is None:
-            self.scale_tril = PyroParam(
+            if cross_scale is None:
+                Mmax = max(M for _, M in self.site_shapes)
+                cross_scale = min(1.0, (Mmax / (200 * max(T - Mmax, 1))) ** 0.5)
+            if not cross_scale > 0:
+                raise ValueError(f"cross_scale must be positive; got {cross_scale}")
+            self.cross_scale = float(cross_scale)
+            block = torch.block_diag(
+                *[torch.ones(M, M, **like) for P, M in self.site_shapes for _ in range(P)]
+            )
+            self.register_buffer("_tril_mult", block + self.cross_scale * (1 - block))
+            self.scale_tril_param = PyroParam(
                 torch.eye(T, **like) * init_scale, constraint=constraints.lower_cholesky
             )
         else:
@@ -121,6 +167,15 @@ class DGPJointGuide(PyroModule):
             self.cov_diag = PyroParam(
                 torch.full((T,), init_scale**2, **like), constraint=constraints.positive
             )
+
+    @property
+    def scale_tril(self) -> torch.Tensor:
+        """The lower Cholesky factor ``(T, T)`` of :math:`\\Sigma` (full factor only)."""
+        return self.scale_tril_param * self._tril_mult
+
+    @scale_tril.setter
+    def scale_tril(self, value: torch.Tensor):
+        self.scale_tril_param = value / self._tril_mult
 
     @classmethod
     def from_factorised(cls, model, guide: DGPFactorisedGuide) -> DGPJointGuide:
@@ -147,15 +202,130 @@ class DGPJointGuide(PyroModule):
         return dist.LowRankMultivariateNormal(self.loc, self.cov_factor, self.cov_diag)
 
     def forward(self, x=None, y=None, **kwargs):
-        """Sample the joint vector, then each ``u_i`` as a Delta on its slice."""
-        U = pyro.sample("_dgp_joint_u", self.distribution(), infer={"is_auxiliary": True})
+        """Sample every ``u_i``.
+
+        Full factor: layer by layer from the conditionals of the joint,
+        :math:`q(u_i \\mid u_{<i}) = N(\\mu_i + C_i \\epsilon_{<i}, L_{ii} L_{ii}^\\top)` with
+        ``C_i`` the factor's rows of layer ``i`` left of its diagonal block and
+        :math:`\\epsilon_j = L_{jj}^{-1}(u_j - \\text{loc}_j)` the standard noise of the earlier
+        layers; the product of the conditionals is the joint, and
+        :class:`~pyro.infer.TraceMeanField_ELBO` gets a closed-form KL per site (see
+        :class:`JointGaussianSlice`). Low rank: one auxiliary draw of the joint vector,
+        then each ``u_i`` a :class:`~pyro.distributions.Delta` on its slice (train with
+        :class:`~pyro.infer.Trace_ELBO`).
+        """
         out = {}
+        if self.rank is None:
+            L, mu = self.scale_tril, self.loc
+            start, noise = 0, []
+            for name, (P, M), n in zip(self.site_names, self.site_shapes, self.sizes, strict=True):
+                Lii = L[start : start + n, start : start + n]
+                C = L[start : start + n, :start]
+                loc = mu[start : start + n]
+                if start:
+                    eps = torch.cat(noise, dim=-1)
+                    loc = loc + (C @ eps.unsqueeze(-1)).squeeze(-1)
+                q = JointGaussianSlice(loc, Lii, (P, M), mean=mu[start : start + n], cross=C)
+                value = pyro.sample(name, q)
+                flat = value.reshape(*value.shape[:-2], n)
+                loc = loc.expand(flat.shape)
+                eps = torch.linalg.solve_triangular(
+                    Lii, (flat - loc).unsqueeze(-1), upper=False
+                ).squeeze(-1)
+                noise.append(eps)
+                out[name] = value
+                start += n
+            return out
+        U = pyro.sample("_dgp_joint_u", self.distribution(), infer={"is_auxiliary": True})
         for name, (P, M), piece in zip(
             self.site_names, self.site_shapes, U.split(self.sizes, dim=-1), strict=True
         ):
             value = piece.reshape(*piece.shape[:-1], P, M)
             out[name] = pyro.sample(name, dist.Delta(value, event_dim=2))
         return out
+
+
+class JointGaussianSlice(TorchDistribution):
+    """One layer's conditional :math:`q(u_i \\mid u_{<i})` of a jointly Gaussian guide.
+
+    A Gaussian over the flattened ``(P, M)`` inducing outputs with mean ``loc`` (which
+    holds :math:`\\mu_i + C_i \\epsilon_{<i}`) and lower Cholesky factor ``scale_tril``
+    ``(n, n)``, ``n = P M``, and event shape ``(P, M)``. It also keeps the unconditional
+    mean ``mean`` and the cross factor ``cross`` (``(n, s)``), so that the KL to a prior
+    without parents (the layer's :math:`N(0, K_{ZZ})` or whitened :math:`N(0, I)`) is
+    registered in its expectation over the earlier layers,
+
+    .. math::
+
+        E_{\\epsilon_{<i}} \\mathrm{KL}[q(u_i \\mid u_{<i}) \\| p(u_i)]
+          = \\mathrm{KL}[N(\\mu_i, L_{ii} L_{ii}^\\top) \\| p(u_i)]
+            + \\tfrac12 \\operatorname{tr}(K_p^{-1} C_i C_i^\\top),
+
+    whose sum over the layers is exactly :math:`\\mathrm{KL}[q(U) \\| p(U)]` (the chain
+    rule of the KL): :class:`~pyro.infer.TraceMeanField_ELBO` then estimates only the
+    expected log-likelihood by Monte Carlo. Without this, every one of the factor's
+    ``T (T - 1) / 2`` entries gets a Monte Carlo KL gradient (noise that Adam turns into
+    a random walk).
+    """
+
+    arg_constraints = {}
+    has_rsample = True
+
+    def __init__(self, loc, scale_tril, event_shape, *, mean, cross, validate_args=None):
+        self.loc, self.scale_tril = loc, scale_tril
+        self.mean_, self.cross = mean, cross
+        self._shape = tuple(event_shape)
+        super().__init__(loc.shape[:-1], torch.Size(self._shape), validate_args=False)
+
+    @property
+    def support(self):
+        return constraints.independent(constraints.real, 2)
+
+    @property
+    def mean(self):
+        return self.loc.reshape(*self.loc.shape[:-1], *self._shape)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        loc = self.loc.expand(*batch_shape, self.loc.shape[-1])
+        return JointGaussianSlice(
+            loc, self.scale_tril, self._shape, mean=self.mean_, cross=self.cross
+        )
+
+    def rsample(self, sample_shape=()):
+        shape = torch.Size(sample_shape) + self.loc.shape
+        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        flat = self.loc + (self.scale_tril @ eps.unsqueeze(-1)).squeeze(-1)
+        return flat.reshape(*shape[:-1], *self._shape)
+
+    def log_prob(self, value):
+        flat = value.reshape(*value.shape[:-2], -1)
+        return dist.MultivariateNormal(self.loc, scale_tril=self.scale_tril).log_prob(flat)
+
+
+@register_kl(JointGaussianSlice, dist.Independent)
+def _kl_joint_slice_prior(q, p):
+    base = p.base_dist
+    if not (
+        isinstance(base, torch.distributions.MultivariateNormal)
+        and p.reinterpreted_batch_ndims == 1
+        and tuple(p.event_shape) == q._shape
+    ):
+        raise NotImplementedError
+    P, M = q._shape
+    Lp = base._unbroadcasted_scale_tril  # (M, M) or (P, M, M), not expanded over particles
+    Lp = Lp.expand(P, M, M) if Lp.dim() == 2 else Lp.reshape(P, M, M)
+    n = P * M
+    # rows of [L_ii, C_i] per output, whitened by the prior's factor: (P, M, n + s)
+    rows = torch.cat([q.scale_tril, q.cross], dim=-1).reshape(P, M, -1)
+    trace = torch.linalg.solve_triangular(Lp, rows, upper=False).pow(2).sum()
+    p_loc = base.loc.reshape(-1, P, M)[0] if base.loc.dim() > 2 else base.loc
+    diff = (q.mean_.reshape(P, M) - p_loc).unsqueeze(-1)
+    maha = torch.linalg.solve_triangular(Lp, diff, upper=False).pow(2).sum()
+    logdet_p = Lp.diagonal(dim1=-2, dim2=-1).log().sum()
+    logdet_q = q.scale_tril.diagonal().log().sum()
+    kl = 0.5 * (trace + maha - n) + logdet_p - logdet_q
+    return kl.expand(q.batch_shape)
 
 
 class DGPIntermediateGuide(_PerSiteGaussianGuide):

@@ -188,11 +188,12 @@ class DeepGP(PyroModule):
         prefix = "u" if self.inducing == "layer" else "f_z"
         return [f"{prefix}_{i + 1}" for i in range(self.num_layers)]
 
-    def site_shapes(self) -> list[tuple[int, int]]:
+    def site_shapes(self, zs=None) -> list[tuple[int, int]]:
         """Event shapes ``(P_i, M_i)`` of the inducing sites."""
+        zs = self.inducing_inputs if zs is None else zs
         if self.inducing == "layer":
-            return [(self.dims[i + 1], z.shape[0]) for i, z in enumerate(self.inducing_inputs)]
-        M = self.inducing_inputs[0].shape[0]
+            return [(self.dims[i + 1], z.shape[0]) for i, z in enumerate(zs)]
+        M = zs[0].shape[0]
         return [(self.dims[i + 1], M) for i in range(self.num_layers)]
 
     def mean(self, i: int, f: torch.Tensor) -> torch.Tensor:
@@ -205,16 +206,18 @@ class DeepGP(PyroModule):
         return self.mean_modules[i](f)
 
     # ------------------------------------------------------------------ priors
-    def inducing_prior(self, i: int, f_z_prev: torch.Tensor | None = None):
+    def inducing_prior(self, i: int, f_z_prev: torch.Tensor | None = None, *, zs=None):
         """Prior of the inducing site of layer ``i`` (0-based).
 
         :param f_z_prev: with ``inducing="propagated"``, :math:`F_{i-1}^Z` as
             ``batch + (P_{i-1}, M)`` (ignored for the first layer).
+        :param zs: :attr:`inducing_inputs`, when the caller already holds them.
         :returns: a :class:`~pyro.distributions.MultivariateNormal` with event dim 2
             (``(P_i, M)``).
         """
-        P, M = self.site_shapes()[i]
-        z = self.inducing_inputs[i if self.inducing == "layer" else 0]
+        zs = self.inducing_inputs if zs is None else zs
+        P, M = self.site_shapes(zs)[i]
+        z = zs[i if self.inducing == "layer" else 0]
         if self.inducing == "layer":
             if self.whiten:
                 eye = torch.eye(M, dtype=z.dtype, device=z.device)
@@ -230,20 +233,29 @@ class DeepGP(PyroModule):
 
     # ------------------------------------------------------------------ layers
     def layer(
-        self, i: int, f_prev: torch.Tensor, site: torch.Tensor, f_z_prev=None, *, full_cov=False
+        self,
+        i: int,
+        f_prev: torch.Tensor,
+        site: torch.Tensor,
+        f_z_prev=None,
+        *,
+        full_cov=False,
+        zs=None,
     ):
         """Conditional of layer ``i`` (0-based) at inputs ``f_prev`` given its inducing site.
 
         :param f_prev: ``batch + (N, D_i)``.
         :param site: the value of the inducing site, ``batch + (P_i, M)``.
         :param f_z_prev: :math:`F_{i-1}^Z` (``inducing="propagated"``, ``i > 0``).
+        :param zs: :attr:`inducing_inputs`, when the caller already holds them.
         :returns: ``(loc, var)`` of shape ``batch + (N, P_i)`` (or with ``full_cov`` a
             covariance ``batch + (P_i, N, N)``), mean function included.
         """
+        zs = self.inducing_inputs if zs is None else zs
         if self.inducing == "layer":
-            z, u, whiten = self.inducing_inputs[i], site, self.whiten
+            z, u, whiten = zs[i], site, self.whiten
         else:
-            z = self.inducing_inputs[0] if i == 0 else f_z_prev.mT
+            z = zs[0] if i == 0 else f_z_prev.mT
             u, whiten = site - self.mean(i, z).mT, False
         loc, cov = conditional(
             self.kernels[i], f_prev, z, u, whiten=whiten, full_cov=full_cov, jitter=self.jitter
@@ -251,18 +263,18 @@ class DeepGP(PyroModule):
         loc = loc.mT + self.mean(i, f_prev)
         return loc, (cov if full_cov else cov.mT)
 
-    def _sample_inducing(self):
+    def _sample_inducing(self, zs):
         sites, prev = [], None
         for i, name in enumerate(self.site_names()):
-            value = pyro.sample(name, self.inducing_prior(i, prev))
+            value = pyro.sample(name, self.inducing_prior(i, prev, zs=zs))
             prev = value
             # drop the slot of the data plate (batch dims of a site outside it end in 1)
             sites.append(value.squeeze(-3) if value.dim() > 2 else value)
         return sites
 
-    def _check_x(self, x):
-        x = check_X(x, n_features=self.dims[0], dtype=self.inducing_inputs[0].dtype)
-        return x.to(self.inducing_inputs[0].device)
+    def _check_x(self, x, zs=None):
+        z = (self.inducing_inputs if zs is None else zs)[0]
+        return check_X(x, n_features=self.dims[0], dtype=z.dtype).to(z.device)
 
     def forward(self, x, y=None, *, num_data: int | None = None, subsample_size=None):
         """Sample the deep GP at ``x``; condition on ``y`` when given.
@@ -274,7 +286,9 @@ class DeepGP(PyroModule):
         :param int subsample_size: draw a minibatch of this size inside the data plate.
         :returns: ``f_loc``, the mean of the last layer, ``batch + (N,)``.
         """
-        x = self._check_x(x)
+        # read the inducing inputs once: each read of a PyroParam goes through Pyro
+        zs = self.inducing_inputs
+        x = self._check_x(x, zs)
         N = x.shape[0]
         if y is not None:
             y = check_finite(as_tensor(y, "y", dtype=x.dtype, device=x.device), "y")
@@ -284,7 +298,7 @@ class DeepGP(PyroModule):
                 raise ValueError(f"y must have shape ({N},) to match x; got {tuple(y.shape)}")
         batch = N if subsample_size is None or num_data is not None else int(subsample_size)
         check_kernel_memory(
-            max(z.shape[0] for z in self.inducing_inputs),
+            max(z.shape[0] for z in zs),
             batch,
             num_outputs=max(self.dims[1:]),
             dtype=x.dtype,
@@ -296,7 +310,7 @@ class DeepGP(PyroModule):
             for i, m in enumerate(self.mean_modules):
                 if any(True for _ in m.parameters()):
                     pyro.module(f"mean_{i + 1}", m)
-        sites = self._sample_inducing()
+        sites = self._sample_inducing(zs)
         if num_data is not None:
             plate = pyro.plate(
                 "data", int(num_data), subsample=torch.arange(N, device=x.device), dim=-1
@@ -307,7 +321,7 @@ class DeepGP(PyroModule):
             f = x if num_data is not None else x[idx]
             f_z_prev = None
             for i in range(self.num_layers):
-                loc, var = self.layer(i, f, sites[i], f_z_prev)
+                loc, var = self.layer(i, f, sites[i], f_z_prev, zs=zs)
                 f_z_prev = sites[i]
                 if i < self.num_layers - 1:
                     f = loc + var.sqrt() * torch.randn_like(loc)
