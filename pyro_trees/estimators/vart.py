@@ -24,6 +24,7 @@ from pyro_trees.validation import check_level, check_X, check_X_y
 __all__ = ["VaRTRegressor"]
 
 _PREDICT_BYTES = 256 * 2**20  # memory for one prediction batch
+_CALIBRATION_ROWS = 1024  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
 
 
 class VaRTRegressor(TreeEstimatorMixin):
@@ -67,10 +68,11 @@ class VaRTRegressor(TreeEstimatorMixin):
         density (eq. 32, over the ``num_samples`` posterior trees; a grid over
         :math:`[1, 64]`), stored as ``noise_factor_``. The noise is never shrunk below
         what the ELBO fitted: with a few held-out rows a factor below one mostly
-        follows their sampling noise. At small :math:`\\lambda` the
-        KL term hardly constrains the leaf noise, which then shrinks to the training
-        residuals of a tree that can nearly interpolate a small data set; the held-out
-        rows measure the residual scale on data the tree has not seen.
+        follows their sampling noise. At most 1024 held-out rows enter the calibration.
+        At small :math:`\\lambda` the KL term hardly constrains the leaf noise, which
+        then shrinks to the training residuals of a tree that can nearly interpolate a
+        small data set; the held-out rows measure the residual scale on data the tree
+        has not seen.
     :param str init: ``"data"`` (default) starts the split rules through random
         training points (:meth:`VaRTGuide.init_splits_from_data`); ``"random"`` uses
         random hyperplanes through the origin of the standardised inputs.
@@ -229,8 +231,10 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.is_fitted_ = True
         self.noise_factor_ = 1.0
         self._tree_samples = None
-        if n_val and self.calibrate_noise:
-            self.noise_factor_ = self._calibrate_noise(Xva, yva)
+        if n_val and self.calibrate_noise:  # the held-out rows are in random order
+            self.noise_factor_ = self._calibrate_noise(
+                Xva[:_CALIBRATION_ROWS], yva[:_CALIBRATION_ROWS]
+            )
             self._tree_samples = None
         return self
 
