@@ -32,7 +32,8 @@ class VaRTCausal:
     from the same tree draws; intervals are equal-tailed posterior quantiles.
 
     :param regressor: an unfitted :class:`VaRTRegressor` (default:
-        ``VaRTRegressor(depth=3, lam=1.0)``, the paper's causal :math:`\\lambda`).
+        ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
+        the paper's causal :math:`\\lambda`, trained on every row as in the paper).
     """
 
     def __init__(self, regressor: VaRTRegressor | None = None):
@@ -52,7 +53,9 @@ class VaRTCausal:
         if A.min() == A.max():
             raise ValueError("A holds a single treatment arm; both arms are needed")
         self.regressor_ = (
-            VaRTRegressor(depth=3, lam=1.0) if self.regressor is None else self.regressor
+            VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")
+            if self.regressor is None
+            else self.regressor
         )
         XA = np.concatenate([X.cpu().numpy(), A.cpu().numpy()[:, None]], axis=1)
         self.regressor_.fit(XA, y.cpu().numpy())

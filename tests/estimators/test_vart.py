@@ -1,9 +1,11 @@
 """VaRTRegressor: fit/predict contract, intervals, pickling, batching and bad input."""
 
+import math
 import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
@@ -100,6 +102,51 @@ def test_bad_input(fitted, data):
         VaRTRegressor(depth=60).fit(X, y)
     with pytest.raises(ValueError, match="num_samples"):
         fitted.sample_predictive(X, num_samples=10_000)
+
+
+def test_early_stopping_and_noise_calibration(fitted, data):
+    X, y = data
+    # the fixture held out 12 of 120 rows: best step kept, noise factor from the grid
+    res = fitted.fit_result_
+    assert res.best_step is not None and res.best_step <= res.num_steps
+    assert res.val_losses and res.best_val == min(v for _, v in res.val_losses)
+    assert fitted.noise_factor_ >= 1.0
+    trees_ = fitted._posterior_trees()
+    with torch.random.fork_rng():
+        fitted.noise_factor_, c = 1.0, fitted.noise_factor_
+        fitted._tree_samples = None
+        raw = fitted._posterior_trees()
+        fitted.noise_factor_ = c
+        fitted._tree_samples = None
+    for key in raw:  # calibration shifts every leaf's log noise scale by log c, nothing else
+        shift = math.log(c) if key.startswith("log_sigma_") else 0.0
+        assert torch.allclose(trees_[key], raw[key] + shift, atol=1e-6)
+    # held-out targets far noisier than the training residuals need a large factor ...
+    Xs = fitted._prepare(X[:60])
+    mean = torch.as_tensor(
+        (fitted.predict(X[:60]) - float(fitted.y_mean_)) / float(fitted.y_scale_)
+    )
+    noisy = mean + 3.0 * torch.randn(60, generator=torch.Generator().manual_seed(0))
+    assert fitted._calibrate_noise(Xs, noisy.float()) > 5.0
+    # ... and targets drawn from the calibrated predictive itself about none (c ~ 1)
+    draws = fitted.sample_predictive(X[:60])  # (50, 60)
+    own = torch.as_tensor((draws[7] - float(fitted.y_mean_)) / float(fitted.y_scale_))
+    assert fitted._calibrate_noise(Xs, own.float()) < 1.5
+
+
+def test_without_validation_every_row_trains(data):
+    X, y = data
+    est = VaRTRegressor(
+        depth=2, num_steps=15, num_samples=4, validation_fraction=0.0, init="random"
+    ).fit(X, y)
+    assert est.fit_result_.num_steps == 15 and est.fit_result_.best_step is None
+    assert est.noise_factor_ == 1.0
+    with pytest.raises(ValueError, match="validation_fraction"):
+        VaRTRegressor(validation_fraction=1.0).fit(X, y)
+    with pytest.raises(ValueError, match="init"):
+        VaRTRegressor(init="kmeans").fit(X, y)
+    with pytest.raises(ValueError, match="eval_every"):
+        VaRTRegressor(eval_every=0).fit(X, y)
 
 
 @pytest.mark.cuda

@@ -246,3 +246,38 @@ def test_cuda_svi_step_and_predictive():
     assert all(p.grad.is_cuda for p in guide.parameters())
     out = Predictive(model, guide=guide, num_samples=3, parallel=True)(x)
     assert out["obs"].is_cuda and out["obs"].shape == (3, 16)
+
+
+def test_data_driven_split_init_cuts_through_data_points():
+    x, _ = _data(30, L=2)
+    model = VaRT(2)
+    guide = VaRTGuide(model, 3).double()
+    guide.init_splits_from_data(x, sharpness=1.5, generator=torch.Generator().manual_seed(3))
+    loc = guide.beta_loc.detach()
+    assert loc.shape == (7, 3)
+    # every rule's boundary passes through one of the rows ...
+    margins = (with_bias(x) @ loc.T).abs()  # (rows, nodes)
+    assert (margins.min(0).values < 1e-5).all()
+    # ... along one dominant feature of weight +-sharpness
+    assert torch.allclose(loc[:, :2].abs().max(-1).values, torch.full((7,), 1.5, dtype=loc.dtype))
+    with pytest.raises(ValueError, match="sharpness"):
+        guide.init_splits_from_data(x, sharpness=0.0)
+    with pytest.raises(ValueError, match="x must have shape"):
+        guide.init_splits_from_data(torch.zeros(4, 3))
+
+
+def test_mean_tree_matches_a_hard_guide_draw_with_tiny_scales():
+    model, guide = _setup(depth=2)
+    with torch.no_grad():
+        guide.split_logits.copy_(torch.tensor([30.0, -30.0, 30.0]))
+        for name in ("beta_scale", "theta_scale", "log_sigma_scale"):
+            setattr(guide, name, getattr(guide, name).detach() * 1e-9)
+    x, _ = _data(9)
+    tree = guide.mean_tree()
+    assert tree["split"].tolist() == [1, 0, 1, 0, 0, 0, 0]
+    logits, means, _ = mixture_params(tree, with_bias(x))
+    assert torch.allclose(logits.logsumexp(-1), torch.zeros(9, dtype=x.dtype), atol=1e-6)
+    with guide.temperature_set_to(0.0):
+        draw = Predictive(model, guide=guide, num_samples=1, return_sites=["mean"])(x)["mean"]
+    mean = (logits.softmax(-1) * means).sum(-1)
+    assert torch.allclose(draw[0], mean, atol=1e-6)
