@@ -56,13 +56,18 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         ``elbo_`` are reported on the original scale).
     :param float prior_a: Gamma shape of the precisions' priors.
     :param float prior_b: Gamma rate of the precisions' priors.
+    :param search_dtype: ``"float32"`` (default; about twice as fast on a CPU) runs the
+        restarts in single precision and then polishes the best start of every topology
+        in double precision, so that ``bounds_`` and the states are exact; ``None`` or
+        ``"float64"`` runs everything in double precision.
     :param random_state: ``None`` or an int seed for the random starts.
 
     Fitted attributes: ``topology_`` (selected), ``elbo_`` (its bound, on the original
     scale of ``y``), ``topologies_``, ``bounds_`` (best bound per topology, original
     scale), ``weights_`` (normalised ``exp(bounds_)``), ``state_`` (the selected
     :class:`~pyro_trees.infer.bayesian_hme_vb.VBState`), ``states_`` (the best state per
-    topology), ``search_seconds_``.
+    topology), ``search_seconds_``, ``search_cycles_`` (coordinate-ascent cycles summed
+    over all restarts).
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         standardize: bool = True,
         prior_a: float = 1e-3,
         prior_b: float = 1e-3,
+        search_dtype: str | None = "float32",
         random_state: int | None = None,
     ):
         self.max_experts = max_experts
@@ -95,6 +101,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.standardize = standardize
         self.prior_a = prior_a
         self.prior_b = prior_b
+        self.search_dtype = search_dtype
         self.random_state = random_state
 
     # ------------------------------------------------------------------ fitting
@@ -120,6 +127,11 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         if self.predict_mode not in ("expert", "mixture"):
             raise ValueError(
                 f"predict_mode must be 'expert' or 'mixture', got {self.predict_mode!r}"
+            )
+        dtypes = {None: None, "float64": None, "float32": torch.float32}
+        if self.search_dtype not in dtypes:
+            raise ValueError(
+                f"search_dtype must be 'float32', 'float64' or None, got {self.search_dtype!r}"
             )
         for name in ("n_restarts", "n_iter", "keep"):
             value = getattr(self, name)
@@ -174,6 +186,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
             generator=generator,
             prune_after=self.prune_after,
             keep=self.keep,
+            search_dtype=dtypes[self.search_dtype],
         )
         # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
         jacobian = X.shape[0] * float(self.y_std_.log().sum())
@@ -186,6 +199,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.state_ = sel.states[sel.best]
         self.elbo_ = float(self.bounds_[sel.best])
         self.search_seconds_ = sel.seconds
+        self.search_cycles_ = sel.cycles
         self.n_features_in_ = X.shape[1]
         self.is_fitted_ = True
         return self
