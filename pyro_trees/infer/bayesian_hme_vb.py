@@ -544,20 +544,36 @@ def temperature_schedule(
     initial: float = 5.85,
     factor: float = 0.97,
     anneal_iters: int = 200,
+    floor: bool = False,
+    inverse: bool = False,
 ) -> list[float]:
     """Deterministic annealing of the likelihood temperature:
-    ``1 + (initial - 1) * factor**k`` for the first ``anneal_iters`` cycles, then 1.
+    ``1 + (initial - 1) * factor**k`` for the first ``anneal_iters`` cycles, then 1
+    (with ``floor=True``: ``max(1, initial * factor**k)``). With ``inverse=True`` these
+    values are inverse temperatures (the likelihood is *sharpened* at the start, which
+    weakens the priors' pull towards switching experts off) and their reciprocals are
+    returned.
 
     The paper (kin8nm) reads: start at 5.85, multiply by 0.97 at each of the first 200
     iterations, then 600 iterations at 1.0. Multiplying the temperature itself would
-    end far below 1 (``5.85 * 0.97**200 = 0.013``), so the excess over 1 decays here
-    (``1.011`` after 200 cycles, a smooth hand-over to the cycles at 1).
+    end far below 1 (``5.85 * 0.97**200 = 0.013``); two readings fit: the excess over 1
+    decays (the default; ``1.011`` after 200 cycles, a smooth hand-over to the cycles
+    at 1), or the temperature is multiplied and floored at 1 (``floor=True``; it
+    reaches 1 after 58 cycles). The paper calls the parameter an *inverse* temperature
+    that "scales the conditional probability of the data", which gives the
+    ``inverse=True`` readings.
     """
     if num_iters < 1:
         raise ValueError(f"num_iters must be >= 1, got {num_iters}")
-    return [
-        1.0 + (initial - 1.0) * factor**k if k < anneal_iters else 1.0 for k in range(num_iters)
-    ]
+    if floor:
+        values = [
+            max(1.0, initial * factor**k) if k < anneal_iters else 1.0 for k in range(num_iters)
+        ]
+    else:
+        values = [
+            1.0 + (initial - 1.0) * factor**k if k < anneal_iters else 1.0 for k in range(num_iters)
+        ]
+    return [1.0 / v for v in values] if inverse else values
 
 
 @dataclass

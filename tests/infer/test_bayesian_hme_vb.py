@@ -34,7 +34,7 @@ def warm_state(data, batch=(3,), cycles=3, temperature=1.0):
 
 @pytest.mark.parametrize("top", TOPS, ids=str)
 @pytest.mark.parametrize("d", [1, 2])
-@pytest.mark.parametrize("temperature", [1.0, 2.5])
+@pytest.mark.parametrize("temperature", [0.4, 1.0, 2.5])
 def test_bound_never_decreases(top, d, temperature):
     x, t = toy(d=d)
     data = vb.VBData.build(x, t, top)
@@ -217,6 +217,11 @@ def test_temperature_schedule():
     assert temps[0] == 5.85 and temps[-1] == 1.0 and len(temps) == 800
     assert all(a >= b for a, b in zip(temps, temps[1:], strict=False))
     assert 1.0 < temps[199] < 1.02 and temps[200] == 1.0
+    floored = vb.temperature_schedule(800, floor=True)
+    assert floored[0] == 5.85 and floored[57] > 1.0 and floored[58] == 1.0 == floored[-1]
+    inv = vb.temperature_schedule(800, inverse=True)
+    assert inv[0] == 1 / 5.85 and inv[-1] == 1.0
+    assert all(a <= b for a, b in zip(inv, inv[1:], strict=False))
     with pytest.raises(ValueError):
         vb.temperature_schedule(0)
 
