@@ -9,7 +9,13 @@ import pyro.distributions as dist
 import torch
 
 from pyro_trees.estimators._base import TreeEstimatorMixin
-from pyro_trees.infer.bayesian_hme_vb import VBData, select_topology, temperature_schedule
+from pyro_trees.infer.bayesian_hme_vb import (
+    SCHEDULES,
+    VBData,
+    merge_selections,
+    schedule_by_name,
+    select_topology,
+)
 from pyro_trees.topology import Topology, enumerate_topologies
 from pyro_trees.validation import check_level, check_X, check_X_y
 
@@ -43,10 +49,15 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         sets or nested pairs are converted), or ``None`` for the search above.
     :param int n_restarts: random starts per topology.
     :param int n_iter: coordinate-ascent cycles per start (at most).
-    :param bool anneal: deterministic annealing of the likelihood temperature
-        (:func:`~pyro_trees.infer.bayesian_hme_vb.temperature_schedule` with
-        ``anneal_iters = n_iter // 4``, as the paper's 200 of 800).
-    :param float tol: stop a batch early when no bound moved by more than ``tol * N``.
+    :param anneal: deterministic annealing of the likelihood temperature: ``False`` (none),
+        ``True`` (``"excess"``), a name of
+        :data:`~pyro_trees.infer.bayesian_hme_vb.SCHEDULES` (the readings of the paper's
+        schedule, see :func:`~pyro_trees.infer.bayesian_hme_vb.temperature_schedule`),
+        or a list of names: the restarts are then split evenly between the schedules
+        (and ``keep`` between them, rounded up) and the best bound per topology is kept.
+        Annealing runs over the first ``n_iter // 4`` cycles (the paper's 200 of 800).
+    :param float tol: a restart stops once its bound moves by at most ``tol * N`` in a
+        cycle at temperature 1.
     :param prune_after: keep only the best ``keep`` starts per topology after this many
         cycles (``None``: run every start to the end).
     :param int keep: see ``prune_after``.
@@ -117,6 +128,20 @@ class BayesianHMERegressor(TreeEstimatorMixin):
             raise ValueError("topologies is empty")
         return tops
 
+    def _schedules(self) -> list[str]:
+        anneal = self.anneal
+        if anneal is False or anneal is None:
+            return ["none"]
+        if anneal is True:
+            return ["excess"]
+        names = [anneal] if isinstance(anneal, str) else list(anneal)
+        if not names or any(n not in SCHEDULES for n in names):
+            raise ValueError(
+                f"anneal must be a bool, one of {sorted(SCHEDULES)} or a list of them, "
+                f"got {anneal!r}"
+            )
+        return names
+
     def fit(self, X, y):
         """Search the topologies and keep the one with the highest bound.
 
@@ -128,6 +153,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
             raise ValueError(
                 f"predict_mode must be 'expert' or 'mixture', got {self.predict_mode!r}"
             )
+        names = self._schedules()
         dtypes = {None: None, "float64": None, "float32": torch.float32}
         if self.search_dtype not in dtypes:
             raise ValueError(
@@ -137,6 +163,11 @@ class BayesianHMERegressor(TreeEstimatorMixin):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if len(names) > self.n_restarts:
+            raise ValueError(
+                f"n_restarts ({self.n_restarts}) must be at least the number of annealing "
+                f"schedules ({len(names)})"
+            )
         X, y = check_X_y(X, y, multi_output=True, dtype=torch.float64)
         X, y = X.cpu(), y.cpu()
         self.y_ndim_ = y.dim()
@@ -170,24 +201,26 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         generator = torch.Generator().manual_seed(int(seed))
-        temps = None
-        if self.anneal:
-            temps = temperature_schedule(self.n_iter, anneal_iters=max(1, self.n_iter // 4))
-        sel = select_topology(
-            xs,
-            ts,
-            tops,
-            num_restarts=self.n_restarts,
-            temperatures=temps,
-            num_iters=self.n_iter,
-            tol=self.tol,
-            prior_a=self.prior_a,
-            prior_b=self.prior_b,
-            generator=generator,
-            prune_after=self.prune_after,
-            keep=self.keep,
-            search_dtype=dtypes[self.search_dtype],
-        )
+        sels = []
+        for i, name in enumerate(names):
+            share = self.n_restarts // len(names) + (i < self.n_restarts % len(names))
+            sels.append(
+                select_topology(
+                    xs,
+                    ts,
+                    tops,
+                    num_restarts=share,
+                    temperatures=schedule_by_name(name, self.n_iter),
+                    tol=self.tol,
+                    prior_a=self.prior_a,
+                    prior_b=self.prior_b,
+                    generator=generator,
+                    prune_after=self.prune_after,
+                    keep=max(1, math.ceil(self.keep / len(names))),
+                    search_dtype=dtypes[self.search_dtype],
+                )
+            )
+        sel = merge_selections(sels)
         # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
         jacobian = X.shape[0] * float(self.y_std_.log().sum())
         self.topologies_ = sel.topologies

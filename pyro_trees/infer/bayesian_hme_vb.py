@@ -67,8 +67,10 @@ __all__ = [
     "gate_terms",
     "init_state",
     "jj_lambda",
+    "merge_selections",
     "run_vb",
     "select_topology",
+    "schedule_by_name",
     "temperature_schedule",
     "update_assignments",
     "update_expert_precisions",
@@ -576,6 +578,26 @@ def temperature_schedule(
     return [1.0 / v for v in values] if inverse else values
 
 
+#: Named readings of the paper's annealing for :func:`schedule_by_name`.
+SCHEDULES = {
+    "none": None,
+    "excess": {},
+    "floor": {"floor": True},
+    "inverse": {"inverse": True},
+    "inverse_floor": {"floor": True, "inverse": True},
+}
+
+
+def schedule_by_name(name: str, num_iters: int = 800) -> list[float]:
+    """The temperatures of one of :data:`SCHEDULES` over ``num_iters`` cycles, annealing
+    over the first quarter (the paper's 200 of 800); ``"none"`` is ``num_iters`` ones."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown annealing schedule {name!r}: use one of {sorted(SCHEDULES)}")
+    if SCHEDULES[name] is None:
+        return [1.0] * num_iters
+    return temperature_schedule(num_iters, anneal_iters=max(1, num_iters // 4), **SCHEDULES[name])
+
+
 @dataclass
 class VBResult:
     """Output of :func:`run_vb`: the final state, its bound (``batch_shape``) and the bound
@@ -859,4 +881,25 @@ def select_topology(
         all_bounds,
         time.perf_counter() - start,
         work,
+    )
+
+
+def merge_selections(selections: Sequence[ModelSelection]) -> ModelSelection:
+    """Pool searches of the same topologies (e.g. restarts under different annealing
+    schedules): the best bound and state per topology, every restart's bound, the summed
+    time and work."""
+    first = selections[0]
+    if any(
+        [str(t) for t in s.topologies] != [str(t) for t in first.topologies] for s in selections
+    ):
+        raise ValueError("merge_selections needs searches over the same topologies")
+    stacked = torch.stack([s.bounds for s in selections])  # (S, K)
+    pick = stacked.argmax(0)
+    return ModelSelection(
+        first.topologies,
+        stacked.max(0).values,
+        [selections[int(i)].states[k] for k, i in enumerate(pick)],
+        [torch.cat([s.all_bounds[k] for s in selections]) for k in range(len(first.topologies))],
+        sum(s.seconds for s in selections),
+        sum(s.cycles for s in selections),
     )

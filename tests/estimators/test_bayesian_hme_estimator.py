@@ -107,6 +107,8 @@ def test_bound_is_reported_on_the_scale_of_y():
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"n_restarts": 0}, "n_restarts"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"predict_mode": "x"}, "predict_mode"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"search_dtype": "half"}, "search_dtype"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": "warm"}, "anneal"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": ["none", "floor"]}, "n_restarts"),
     ],
 )
 def test_bad_input(X, y, kwargs, match):
@@ -123,3 +125,11 @@ def test_not_fitted_and_wrong_width(fitted):
         est.predict(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="level"):
         est.predict_interval(np.zeros((2, 1)), level=1.5)
+
+
+def test_restarts_split_between_annealing_schedules():
+    X, y = toy(n=80)
+    kw = dict(topologies=[Topology([1]), Topology([1, 3])], n_iter=40, random_state=0)
+    est = BayesianHMERegressor(n_restarts=5, anneal=["none", "floor"], **kw).fit(X, y)
+    assert est.search_cycles_ > 0 and np.isfinite(est.bounds_).all()
+    assert est.predict(X).shape == (80,)

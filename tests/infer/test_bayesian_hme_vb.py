@@ -319,3 +319,23 @@ def test_exp_clamp_is_within_tiny():
         v = torch.tensor([-1e4, -200.0, -50.0, 0.0, 3.0], dtype=dtype)
         tiny = torch.finfo(dtype).tiny
         assert ((vb._exp(v) - v.exp()).abs() <= 3 * tiny).all()
+
+
+def test_merge_selections_keeps_the_best_per_topology():
+    x, t = toy(n=80)
+    tops = enumerate_topologies(3, 2)
+    g = torch.Generator().manual_seed(0)
+    a = vb.select_topology(x, t, tops, num_restarts=3, num_iters=30, generator=g)
+    b = vb.select_topology(
+        x, t, tops, num_restarts=2, temperatures=vb.schedule_by_name("floor", 30), generator=g
+    )
+    m = vb.merge_selections([a, b])
+    assert torch.equal(m.bounds, torch.maximum(a.bounds, b.bounds))
+    assert all(len(ab) == 5 for ab in m.all_bounds) and m.cycles == a.cycles + b.cycles
+    for k, top in enumerate(tops):
+        assert torch.allclose(vb.bound(vb.VBData.build(x, t, top), m.states[k]), m.bounds[k])
+    with pytest.raises(ValueError, match="same topologies"):
+        vb.merge_selections([a, vb.select_topology(x, t, tops[:1], num_iters=2)])
+    with pytest.raises(ValueError, match="unknown annealing"):
+        vb.schedule_by_name("warm")
+    assert vb.schedule_by_name("none", 5) == [1.0] * 5
