@@ -752,7 +752,7 @@ def select_topology(
     generator: torch.Generator | None = None,
     prune_after: int | None = None,
     keep: int = 5,
-    max_batch: int = 4096,
+    max_batch: int = 512,
     search_dtype: torch.dtype | None = None,
     polish_iters: int = 100,
 ) -> ModelSelection:
