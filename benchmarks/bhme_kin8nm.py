@@ -193,8 +193,8 @@ def main(argv=None):
         f"search, float64 polish of each topology's best start): {work} restart-cycles in "
         f"all. Target <= 300 s on 2 cores. A fixed reference computation (200 float64 "
         f"300x300 products, 1 thread) took {ref_before:.2f} s before and {ref_after:.2f} s "
-        "after the search (about 0.6 s on an idle core): timings on a shared, contended "
-        f"2-core machine. Speed ratio search / MLP fit (same run): "
+        "after the search (about 0.2 s on a quiet core, 0.6-3 s while other jobs ran): "
+        f"timings on a shared 2-core machine. Speed ratio search / MLP fit (same run): "
         f"{seconds / mlp_seconds:.1f}.\n"
     )
     if not args.smoke:
