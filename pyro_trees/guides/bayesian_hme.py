@@ -13,7 +13,9 @@ assignment is summed out in the model, so no local factor is needed, and the ELB
 :class:`~pyro.infer.Trace_ELBO` estimates is at least the closed-form bound of the same
 global factors (it uses the exact log-sigmoid and the exact posterior over experts).
 
-:meth:`BayesianHMEGuide.load_vb_state` copies a closed-form solution into the guide.
+:meth:`BayesianHMEGuide.init_from_data` gives a data-driven random start (random gates,
+weighted least-squares experts); :meth:`BayesianHMEGuide.load_vb_state` copies a
+closed-form solution into the guide.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class BayesianHMEGuide(PyroModule):
         g, e = model.num_gates, model.num_experts
         p, d = model.in_features + 1, model.out_features
         self.num_gates, self.num_experts = g, e
+        self.topology = model.topology
         opts = {"dtype": model.signs.dtype, "device": model.signs.device}
         eye = torch.eye(p, **opts)
         ones_g, ones_e = torch.ones(g, **opts), torch.ones(e, **opts)
@@ -86,6 +89,41 @@ class BayesianHMEGuide(PyroModule):
             out["v"] = self.v_loc.detach().clone()
             out["beta"] = (self.beta_conc / self.beta_rate).detach()
         return out
+
+    @torch.no_grad()
+    def init_from_data(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        gate_scale: float = 2.0,
+        generator: torch.Generator | None = None,
+    ) -> BayesianHMEGuide:
+        """A data-driven random start (the one of the closed-form VB's restarts).
+
+        Gate means are drawn from ``N(0, gate_scale**2 / P)`` (with covariance
+        ``0.01 I``); every expert's weights are then the responsibility-weighted,
+        lightly regularised least-squares fit under those random gates, and its noise
+        precision the inverse of its weighted residual variance. Nothing is fitted to the
+        data beyond that one weighted regression, so different generators give
+        different, data-sensible starts.
+
+        :param x: inputs ``(N, L)``; :param y: targets ``(N,)`` or ``(N, D)``.
+        """
+        from pyro_trees.infer import bayesian_hme_vb as vb
+
+        data = vb.VBData.build(x.double(), y.double(), self.topology)
+        state = vb.init_state(data, (), gate_scale=gate_scale, generator=generator)
+        state = vb.update_experts(data, state)
+        state = vb.update_noise(data, state)
+        like = self.W_loc
+        if self.num_gates:
+            self.v_loc = state.v_mean.to(like)
+            self.v_scale_tril = torch.linalg.cholesky(state.v_cov).to(like)
+        self.W_loc = state.w_mean.to(like)
+        self.W_scale_tril = torch.linalg.cholesky(state.w_cov).to(like)
+        self.tau_conc, self.tau_rate = state.tau_a.to(like), state.tau_b.to(like)
+        return self
 
     @torch.no_grad()
     def load_vb_state(self, state) -> BayesianHMEGuide:

@@ -67,8 +67,10 @@ __all__ = [
     "gate_terms",
     "init_state",
     "jj_lambda",
+    "merge_selections",
     "run_vb",
     "select_topology",
+    "schedule_by_name",
     "temperature_schedule",
     "update_assignments",
     "update_expert_precisions",
@@ -81,6 +83,13 @@ __all__ = [
 ]
 
 _LOG_2PI = math.log(2 * math.pi)
+
+
+def _exp(value: torch.Tensor) -> torch.Tensor:
+    """``exp`` with arguments below ``log(tiny) + 1`` raised to it: the result changes by
+    less than three times the dtype's smallest normal number, and CPU ``exp`` avoids its
+    slow path for subnormal results (ten times slower in float32)."""
+    return value.clamp_min(math.log(torch.finfo(value.dtype).tiny) + 1.0).exp()
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,11 @@ class VBData:
         xxp = self.x[:, iu[0]] * self.x[:, iu[1]]  # (N, P(P+1)/2): packed x x^T
         mult = torch.where(iu[0] == iu[1], 1.0, 2.0).to(self.x)
         return iu, xxp, mult
+
+    @functools.cached_property
+    def _xt(self) -> torch.Tensor:
+        """``x_n t_n^T`` flattened, ``(N, P * D)``."""
+        return (self.x.unsqueeze(-1) * self.t.unsqueeze(-2)).flatten(-2)
 
     def quad(self, cov: torch.Tensor) -> torch.Tensor:
         """``x_n^T C_k x_n`` for every point and every symmetric ``C_k``:
@@ -192,15 +206,22 @@ class VBState:
 
 def jj_lambda(xi: torch.Tensor) -> torch.Tensor:
     r""":math:`\lambda(\xi) = \tanh(\xi/2)/(4\xi)`, with its limit ``1/8`` at ``0``."""
-    lam = torch.tanh(0.5 * xi) / (4 * xi)
-    return torch.where(xi.abs() < 1e-4, 0.125 - xi.square() / 96, lam)
+    # below 1e-6 the clamp changes the value by less than 1e-14 relative
+    xi = xi.abs().clamp_min(1e-6)
+    return torch.tanh(0.5 * xi) / (4 * xi)
 
 
 def _gauss_from_precision(prec: torch.Tensor):
     """Covariance and log-determinant of the covariance from a precision matrix."""
-    chol = torch.linalg.cholesky(prec)
+    chol, info = torch.linalg.cholesky_ex(prec)
     cov = torch.cholesky_inverse(chol)
     logdet_cov = -2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    if prec.dim() > 2:  # a failed factorisation (lost precision) poisons only its element
+        bad = info > 0
+        cov = torch.where(bad[..., None, None], math.nan, cov)
+        logdet_cov = torch.where(bad, math.nan, logdet_cov)
+    elif int(info):
+        raise torch.linalg.LinAlgError("precision matrix is not positive definite")
     return cov, logdet_cov
 
 
@@ -317,8 +338,7 @@ def update_experts(data: VBData, state: VBState, temperature: float = 1.0, *, r=
     e_alpha = state.alpha_a / state.alpha_b
     prec = e_alpha[..., None, None] * eye + scale[..., None, None] * rxx
     cov, _ = _gauss_from_precision(prec)
-    xt = (data.x.unsqueeze(-1) * data.t.unsqueeze(-2)).flatten(-2)  # (N, P * D)
-    rxt = (r.transpose(-1, -2) @ xt).unflatten(-1, (p, data.t.shape[-1]))  # (..., E, P, D)
+    rxt = (r.transpose(-1, -2) @ data._xt).unflatten(-1, (p, data.t.shape[-1]))  # (..., E, P, D)
     mean = scale[..., None, None] * (cov @ rxt)
     return replace(state, w_mean=mean.transpose(-1, -2), w_cov=cov)
 
@@ -398,23 +418,78 @@ def vb_cycle(data: VBData, state: VBState, temperature: float = 1.0) -> VBState:
 
 def _fused_cycle(data, state, temperature, sq_a=None):
     """:func:`vb_cycle` computing each ``O(N P^2)`` quantity once; also returns the
-    gates' ``E[a^2]`` (reused by the next cycle's ``xi`` update) and the bound."""
-    r = state.log_r.exp()
-    state = update_experts(data, state, temperature, r=r)
-    sq = _expert_sq(data, state)
-    state = _noise_from_sq(data, state, sq, temperature, r=r)
-    state = update_expert_precisions(data, state, temperature)
+    gates' ``E[a^2]`` (reused by the next cycle's ``xi`` update) and the bound.
+
+    Internally the per-point arrays are laid out ``(..., K, N)`` (points last, so that
+    elementwise work and the sums over experts run along contiguous memory); the
+    returned ``log_r`` is a transposed view of that layout.
+    """
+    x, t = data.x, data.t
+    p, d = x.shape[-1], t.shape[-1]
+    a0, b0 = data.prior_a, data.prior_b
+    eye = torch.eye(p, dtype=x.dtype, device=x.device)
+    r = _exp(state.log_r.transpose(-1, -2))  # (..., E, N)
+    # experts q(W_j): one Cholesky per expert
+    inv_t = 1.0 / temperature
+    scale = (state.tau_a / state.tau_b) * inv_t  # (..., E)
+    e_alpha = state.alpha_a / state.alpha_b
+    prec = e_alpha[..., None, None] * eye + scale[..., None, None] * data.weighted_outer(r)
+    w_cov, _ = _gauss_from_precision(prec)
+    rxt = (r @ data._xt).unflatten(-1, (p, d))  # (..., E, P, D)
+    w_mean = (scale[..., None, None] * (w_cov @ rxt)).transpose(-1, -2)  # (..., E, D, P)
+    # E||t - W x||^2, (..., E, N)
+    resid = t.T - w_mean @ x.T  # (..., E, D, N)
+    sq = resid.square().sum(-2) if d > 1 else resid.squeeze(-2).square()
+    sq = sq + d * data.quad(w_cov)
+    # noise and weight precisions
+    tau_a = a0 + (0.5 * d * inv_t) * r.sum(-1)
+    tau_b = b0 + (0.5 * inv_t) * (r * sq).sum(-1)
+    ww = w_mean.square().sum((-1, -2)) + d * w_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
+    alpha_a = torch.full_like(state.alpha_a, a0 + 0.5 * d * p)
+    alpha_b = b0 + 0.5 * ww
+    # xi and gates q(v_g)
     if sq_a is None:
         sq_a = _gate_moments(data, state)[1]
-    state = replace(state, xi=sq_a.clamp_min(0).sqrt())
-    lam = jj_lambda(state.xi)
-    state = update_gates(data, state, temperature, r=r, lam=lam)
-    state = update_gate_precisions(data, state, temperature)
-    mean_a, sq_a = _gate_moments(data, state)
-    point = _gate_terms_from(data, state, mean_a, sq_a, lam)
-    point = point + _ell_from_sq(data, state, sq) / temperature
-    state = replace(state, log_r=point.log_softmax(-1))
-    value = point.logsumexp(-1).sum(-1) + _global_terms(data, state)
+    xi = sq_a.clamp_min(0).sqrt()  # (..., G, N)
+    lam = jj_lambda(xi)
+    s = data.signs
+    reach = s.abs() @ r  # (..., G, N)
+    turn = (0.5 * s) @ r
+    e_beta = state.beta_a / state.beta_b
+    prec = e_beta[..., None, None] * eye + data.weighted_outer(2 * reach * lam)
+    v_cov, _ = _gauss_from_precision(prec)
+    v_mean = (v_cov @ (turn @ x).unsqueeze(-1)).squeeze(-1)
+    vv = v_mean.square().sum(-1) + v_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
+    beta_a = torch.full_like(state.beta_a, a0 + 0.5 * p)
+    beta_b = b0 + 0.5 * vv
+    state = replace(
+        state,
+        w_mean=w_mean,
+        w_cov=w_cov,
+        tau_a=tau_a,
+        tau_b=tau_b,
+        alpha_a=alpha_a,
+        alpha_b=alpha_b,
+        xi=xi,
+        v_mean=v_mean,
+        v_cov=v_cov,
+        beta_a=beta_a,
+        beta_b=beta_b,
+    )
+    # assignments q(Z): every term of the point-wise objective, (..., E, N)
+    mean_a = v_mean @ x.T
+    sq_a = mean_a.square() + data.quad(v_cov)
+    c = F.logsigmoid(xi) - 0.5 * xi - lam * (sq_a - xi.square())
+    st = s.transpose(-1, -2)
+    point = (0.5 * st) @ mean_a + st.abs() @ c
+    e_tau = tau_a / tau_b
+    const = (0.5 * d * inv_t) * (_elog(tau_a, tau_b) - _LOG_2PI)
+    point = point + const.unsqueeze(-1) - (0.5 * inv_t * e_tau).unsqueeze(-1) * sq
+    top = point.amax(-2, keepdim=True)
+    log_z = top + _exp(point - top).sum(-2, keepdim=True).log()  # (..., 1, N)
+    state = replace(state, log_r=(point - log_z).transpose(-1, -2))
+    log_z = log_z.squeeze(-2)
+    value = log_z.sum(-1) + _global_terms(data, state)
     return state, sq_a, value
 
 
@@ -471,20 +546,56 @@ def temperature_schedule(
     initial: float = 5.85,
     factor: float = 0.97,
     anneal_iters: int = 200,
+    floor: bool = False,
+    inverse: bool = False,
 ) -> list[float]:
     """Deterministic annealing of the likelihood temperature:
-    ``1 + (initial - 1) * factor**k`` for the first ``anneal_iters`` cycles, then 1.
+    ``1 + (initial - 1) * factor**k`` for the first ``anneal_iters`` cycles, then 1
+    (with ``floor=True``: ``max(1, initial * factor**k)``). With ``inverse=True`` these
+    values are inverse temperatures (the likelihood is *sharpened* at the start, which
+    weakens the priors' pull towards switching experts off) and their reciprocals are
+    returned.
 
     The paper (kin8nm) reads: start at 5.85, multiply by 0.97 at each of the first 200
     iterations, then 600 iterations at 1.0. Multiplying the temperature itself would
-    end far below 1 (``5.85 * 0.97**200 = 0.013``), so the excess over 1 decays here
-    (``1.011`` after 200 cycles, a smooth hand-over to the cycles at 1).
+    end far below 1 (``5.85 * 0.97**200 = 0.013``); two readings fit: the excess over 1
+    decays (the default; ``1.011`` after 200 cycles, a smooth hand-over to the cycles
+    at 1), or the temperature is multiplied and floored at 1 (``floor=True``; it
+    reaches 1 after 58 cycles). The paper calls the parameter an *inverse* temperature
+    that "scales the conditional probability of the data", which gives the
+    ``inverse=True`` readings.
     """
     if num_iters < 1:
         raise ValueError(f"num_iters must be >= 1, got {num_iters}")
-    return [
-        1.0 + (initial - 1.0) * factor**k if k < anneal_iters else 1.0 for k in range(num_iters)
-    ]
+    if floor:
+        values = [
+            max(1.0, initial * factor**k) if k < anneal_iters else 1.0 for k in range(num_iters)
+        ]
+    else:
+        values = [
+            1.0 + (initial - 1.0) * factor**k if k < anneal_iters else 1.0 for k in range(num_iters)
+        ]
+    return [1.0 / v for v in values] if inverse else values
+
+
+#: Named readings of the paper's annealing for :func:`schedule_by_name`.
+SCHEDULES = {
+    "none": None,
+    "excess": {},
+    "floor": {"floor": True},
+    "inverse": {"inverse": True},
+    "inverse_floor": {"floor": True, "inverse": True},
+}
+
+
+def schedule_by_name(name: str, num_iters: int = 800) -> list[float]:
+    """The temperatures of one of :data:`SCHEDULES` over ``num_iters`` cycles, annealing
+    over the first quarter (the paper's 200 of 800); ``"none"`` is ``num_iters`` ones."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown annealing schedule {name!r}: use one of {sorted(SCHEDULES)}")
+    if SCHEDULES[name] is None:
+        return [1.0] * num_iters
+    return temperature_schedule(num_iters, anneal_iters=max(1, num_iters // 4), **SCHEDULES[name])
 
 
 @dataclass
@@ -539,8 +650,10 @@ class ModelSelection:
     :ivar topologies: every topology searched.
     :ivar bounds: best bound of each topology over its restarts, ``(K,)``.
     :ivar states: the best state of each topology.
-    :ivar all_bounds: the final bound of every restart, list of ``(R,)`` tensors.
+    :ivar all_bounds: the final bound of every restart, list of ``(R,)`` tensors (of the
+        search's dtype; ``-inf`` for a restart that was pruned or failed).
     :ivar seconds: wall-clock seconds of the search.
+    :ivar cycles: coordinate-ascent cycles run, summed over all restarts (the work done).
     """
 
     topologies: list
@@ -548,6 +661,7 @@ class ModelSelection:
     states: list
     all_bounds: list
     seconds: float
+    cycles: int = 0
 
     @property
     def best(self) -> int:
@@ -558,6 +672,70 @@ class ModelSelection:
     def weights(self) -> torch.Tensor:
         r"""Model-averaging weights :math:`\propto \exp(\mathcal{L}_k)`, normalised."""
         return torch.softmax(self.bounds, 0)
+
+
+def _cat_states(states: Sequence[VBState]) -> VBState:
+    """Concatenate states with a flat batch dimension ``(B,)``."""
+    return VBState(
+        **{f.name: torch.cat([getattr(s, f.name) for s in states]) for f in fields(VBState)}
+    )
+
+
+def _with_signs(data: VBData, signs: torch.Tensor) -> VBData:
+    """``data`` with other signs, keeping the cached per-point statistics."""
+    new = replace(data, signs=signs)
+    for key in ("_pairs", "_xt"):
+        if key in data.__dict__:
+            new.__dict__[key] = data.__dict__[key]
+    return new
+
+
+def _race(data: VBData, state: VBState, temps: Sequence[float], tol: float | None):
+    """Cycle a flat batch (``batch_shape == (B,)``, ``data.signs`` ``(B, G, E)``) through
+    ``temps``. At temperature 1 an element whose bound moved by at most ``tol * N`` in a
+    cycle has converged and leaves the batch (as does one whose bound is not finite), so
+    the remaining cycles only work on the elements still moving.
+
+    :returns: the final states, their bounds ``(B,)`` and the number of element-cycles.
+    """
+    n = data.x.shape[0]
+    bsz = state.batch_shape[0]
+    active = torch.arange(bsz, device=data.x.device)
+    done_idx, done_states, done_values = [], [], []
+    prev = None
+    sq_a = None
+    value = None
+    work = 0
+    for k, temp in enumerate(temps):
+        state, sq_a, value = _fused_cycle(data, state, temp, sq_a)
+        work += len(active)
+        last = k == len(temps) - 1
+        if temp != 1.0 or tol is None or last:
+            prev = value if temp == 1.0 else None
+            continue
+        if prev is not None:
+            stop = ~((value - prev).abs() > tol * n)  # converged, or NaN
+            if bool(stop.any()):
+                go = (~stop).nonzero().squeeze(-1)
+                halt = stop.nonzero().squeeze(-1)
+                done_idx.append(active[halt])
+                done_states.append(state.index(halt))
+                done_values.append(value[halt])
+                active, state, sq_a, value = active[go], state.index(go), sq_a[go], value[go]
+                data = _with_signs(data, data.signs[go])
+                if not len(active):
+                    break
+        prev = value
+    if value is None:
+        raise ValueError("the temperature schedule is empty")
+    if len(active):
+        done_idx.append(active)
+        done_states.append(state)
+        done_values.append(value)
+    order = torch.cat(done_idx).argsort()
+    final = _cat_states(done_states).index(order)
+    values = torch.cat(done_values)[order].nan_to_num(-math.inf)
+    return final, values, work
 
 
 def select_topology(
@@ -574,17 +752,29 @@ def select_topology(
     generator: torch.Generator | None = None,
     prune_after: int | None = None,
     keep: int = 5,
-    max_batch: int = 4096,
+    max_batch: int = 512,
+    search_dtype: torch.dtype | None = None,
+    polish_iters: int = 100,
 ) -> ModelSelection:
     """Fit every topology from ``num_restarts`` random starts and keep the best bound.
 
-    All restarts of all topologies with the same number of experts run as one batch
-    (split into chunks of at most ``max_batch`` elements).
+    The restarts of all topologies with the same number of experts form one flat batch,
+    cycled in chunks of whole topologies of at most about ``max_batch * 1024 / (E N)``
+    elements (``max_batch`` restarts at ``N = 1024`` points and one expert): chunks that
+    fit the processor's cache run faster than one huge batch. At temperature 1 each
+    restart stops as soon as its bound moves by at most ``tol * N`` in a cycle (it
+    leaves the batch; the others go on).
 
     With ``prune_after``, only the ``keep`` restarts of each topology with the highest
     (tempered) bound after ``prune_after`` cycles are run to the end: a race that spends
-    most of the time on the promising starts. ``all_bounds`` then holds the bounds of the
-    survivors only.
+    most of the time on the promising starts. ``all_bounds`` then holds ``-inf`` for the
+    pruned starts.
+
+    With ``search_dtype`` (e.g. ``torch.float32``, about twice as fast on a CPU) the
+    search runs in that dtype; the best restart of every topology is then *polished*
+    in the dtype of ``x``: up to ``polish_iters`` more cycles at temperature 1 (stopping
+    on ``tol``), so that the reported bounds and states are computed at full precision
+    (each polishing cycle can only raise the bound).
 
     :param x: inputs ``(N, L)`` (no bias column; one is appended).
     :param t: targets ``(N,)`` or ``(N, D)``.
@@ -597,35 +787,119 @@ def select_topology(
     if isinstance(topologies, int):
         topologies = enumerate_topologies(topologies)
     topologies = list(topologies)
+    x = torch.as_tensor(x)
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    work_dtype = x.dtype if search_dtype is None else search_dtype
+    xs, ts = x.to(work_dtype), t.to(work_dtype)
+    temps = list(temperatures) if temperatures is not None else [1.0] * num_iters
+    if not temps:
+        raise ValueError("select_topology needs at least one iteration")
+    pruning = prune_after is not None and keep < num_restarts and 0 < prune_after < len(temps)
     groups: dict[int, list[int]] = {}
     for k, top in enumerate(topologies):
         groups.setdefault(top.num_experts, []).append(k)
-    best_bounds = [None] * len(topologies)
-    states = [None] * len(topologies)
+    n = x.shape[0]
     all_bounds = [None] * len(topologies)
-    per_chunk = max(1, max_batch // num_restarts)
-    for _, members in sorted(groups.items()):
+    best_states = [None] * len(topologies)
+    work = 0
+    for e, members in sorted(groups.items()):
+        cap = max(1, int(max_batch * 1024 / max(1, e * n)))
+        per_chunk = max(1, cap // num_restarts)
+        base = VBData.build(xs, ts, topologies[members[0]], prior_a=prior_a, prior_b=prior_b)
+        signs = _signs([topologies[k] for k in members], xs)  # (K, G, E)
+        phase1 = temps[:prune_after] if pruning else temps
+        results = []  # (state, bounds (K_c, R), member indices) per chunk
         for c in range(0, len(members), per_chunk):
-            chunk = members[c : c + per_chunk]
-            data = VBData.build(
-                x, t, [topologies[k] for k in chunk], prior_a=prior_a, prior_b=prior_b
-            )
-            data = replace(data, signs=data.signs.unsqueeze(-3))  # (K, 1, G, E)
-            state = init_state(data, (len(chunk), num_restarts), generator=generator)
-            temps = list(temperatures) if temperatures is not None else [1.0] * num_iters
-            if prune_after is not None and keep < num_restarts and prune_after < len(temps):
-                res = run_vb(data, state, temperatures=temps[:prune_after], tol=None)
-                top = res.history[-1].nan_to_num(-math.inf).topk(keep, -1).indices
-                rows = torch.arange(len(chunk), device=top.device).unsqueeze(-1)
-                state = res.state.index((rows, top))
-                temps = temps[prune_after:]
-            res = run_vb(data, state, temperatures=temps, tol=tol)
-            b = res.bound.nan_to_num(-math.inf)
-            idx = b.argmax(-1)
-            for i, k in enumerate(chunk):
-                all_bounds[k] = b[i]
-                best_bounds[k] = b[i, idx[i]]
-                states[k] = res.state.index((i, int(idx[i])))
+            chunk = list(range(c, min(c + per_chunk, len(members))))
+            sg = signs[chunk].repeat_interleave(num_restarts, 0)  # (K_c R, G, E)
+            data = _with_signs(base, sg)
+            state = init_state(data, (len(sg),), generator=generator)
+            state, values, w = _race(data, state, phase1, None if pruning else tol)
+            work += w
+            results.append((state, values.view(len(chunk), num_restarts), chunk))
+        if pruning:
+            # keep the best `keep` starts of each topology, then race them together
+            survivors, owners = [], []
+            for state, values, chunk in results:
+                top = values.topk(keep, -1).indices  # (K_c, keep)
+                flat = (top + num_restarts * torch.arange(len(chunk)).unsqueeze(-1)).flatten()
+                survivors.append(state.index(flat))
+                owners.extend((i, int(j)) for i, row in zip(chunk, top, strict=True) for j in row)
+            state = _cat_states(survivors)
+            sg = signs[torch.tensor([i for i, _ in owners])]
+            data = _with_signs(base, sg)
+            finals, values_all = [], []
+            cap2 = max(1, cap)
+            for c in range(0, len(owners), cap2):
+                sl = slice(c, c + cap2)
+                st, vals, w = _race(
+                    _with_signs(data, sg[sl]), state.index(sl), temps[prune_after:], tol
+                )
+                work += w
+                finals.append(st)
+                values_all.append(vals)
+            state = _cat_states(finals)
+            values = torch.cat(values_all)
+            results = []
+            full = {
+                i: torch.full((num_restarts,), -math.inf, dtype=values.dtype)
+                for i in range(len(members))
+            }
+            pos = {}
+            for q, (i, j) in enumerate(owners):
+                full[i][j] = values[q]
+                pos[(i, j)] = q
+            for i in range(len(members)):
+                j = int(full[i].argmax())
+                all_bounds[members[i]] = full[i]
+                best_states[members[i]] = state.index(pos[(i, j)] if (i, j) in pos else 0)
+        else:
+            for state, values, chunk in results:
+                for row, i in enumerate(chunk):
+                    j = int(values[row].argmax())
+                    all_bounds[members[i]] = values[row]
+                    best_states[members[i]] = state.index(row * num_restarts + j)
+    # polish the best restart of every topology in the input's dtype
+    bounds, states = [], []
+    for k, top in enumerate(topologies):
+        data = VBData.build(x, t, top, prior_a=prior_a, prior_b=prior_b)
+        st = best_states[k].to(x.dtype)
+        if search_dtype is not None and search_dtype != x.dtype and polish_iters > 0:
+            res = run_vb(data, st, num_iters=polish_iters, tol=tol)
+            st, value = res.state, res.bound
+            work += res.iterations
+        else:
+            value = bound(data, st) if temps[-1] != 1.0 or search_dtype is not None else None
+            if value is None:
+                value = all_bounds[k].max().to(x.dtype)
+        bounds.append(value.nan_to_num(-math.inf))
+        states.append(st)
     return ModelSelection(
-        topologies, torch.stack(best_bounds), states, all_bounds, time.perf_counter() - start
+        topologies,
+        torch.stack(bounds),
+        states,
+        all_bounds,
+        time.perf_counter() - start,
+        work,
+    )
+
+
+def merge_selections(selections: Sequence[ModelSelection]) -> ModelSelection:
+    """Pool searches of the same topologies (e.g. restarts under different annealing
+    schedules): the best bound and state per topology, every restart's bound, the summed
+    time and work."""
+    first = selections[0]
+    if any(
+        [str(t) for t in s.topologies] != [str(t) for t in first.topologies] for s in selections
+    ):
+        raise ValueError("merge_selections needs searches over the same topologies")
+    stacked = torch.stack([s.bounds for s in selections])  # (S, K)
+    pick = stacked.argmax(0)
+    return ModelSelection(
+        first.topologies,
+        stacked.max(0).values,
+        [selections[int(i)].states[k] for k, i in enumerate(pick)],
+        [torch.cat([s.all_bounds[k] for s in selections]) for k in range(len(first.topologies))],
+        sum(s.seconds for s in selections),
+        sum(s.cycles for s in selections),
     )

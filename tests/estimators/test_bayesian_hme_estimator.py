@@ -3,6 +3,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from pyro_trees.estimators import BayesianHMERegressor
 from pyro_trees.topology import Topology
@@ -87,6 +88,11 @@ def test_bound_is_reported_on_the_scale_of_y():
     b = BayesianHMERegressor(**kw).fit(X, 10 * y)
     # a change of units shifts the log evidence by exactly -N log 10
     assert math.isclose(b.elbo_, a.elbo_ - 60 * math.log(10), rel_tol=1e-9)
+    # the float32 search runs the same starts, then polishes the best in float64: its
+    # bound is at least that of the float64 search of n_iter cycles
+    c = BayesianHMERegressor(**kw, search_dtype="float64").fit(X, y)
+    assert a.state_.v_mean.dtype == c.state_.v_mean.dtype == torch.float64
+    assert a.elbo_ >= c.elbo_ - 1e-6 * abs(c.elbo_), (a.elbo_, c.elbo_)
 
 
 @pytest.mark.parametrize(
@@ -100,6 +106,9 @@ def test_bound_is_reported_on_the_scale_of_y():
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"topologies": "abc"}, "invalid topology"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"n_restarts": 0}, "n_restarts"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"predict_mode": "x"}, "predict_mode"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"search_dtype": "half"}, "search_dtype"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": "warm"}, "anneal"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": ["none", "floor"]}, "n_restarts"),
     ],
 )
 def test_bad_input(X, y, kwargs, match):
@@ -116,3 +125,11 @@ def test_not_fitted_and_wrong_width(fitted):
         est.predict(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="level"):
         est.predict_interval(np.zeros((2, 1)), level=1.5)
+
+
+def test_restarts_split_between_annealing_schedules():
+    X, y = toy(n=80)
+    kw = dict(topologies=[Topology([1]), Topology([1, 3])], n_iter=40, random_state=0)
+    est = BayesianHMERegressor(n_restarts=5, anneal=["none", "floor"], **kw).fit(X, y)
+    assert est.search_cycles_ > 0 and np.isfinite(est.bounds_).all()
+    assert est.predict(X).shape == (80,)

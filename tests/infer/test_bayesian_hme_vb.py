@@ -34,7 +34,7 @@ def warm_state(data, batch=(3,), cycles=3, temperature=1.0):
 
 @pytest.mark.parametrize("top", TOPS, ids=str)
 @pytest.mark.parametrize("d", [1, 2])
-@pytest.mark.parametrize("temperature", [1.0, 2.5])
+@pytest.mark.parametrize("temperature", [0.4, 1.0, 2.5])
 def test_bound_never_decreases(top, d, temperature):
     x, t = toy(d=d)
     data = vb.VBData.build(x, t, top)
@@ -217,6 +217,11 @@ def test_temperature_schedule():
     assert temps[0] == 5.85 and temps[-1] == 1.0 and len(temps) == 800
     assert all(a >= b for a, b in zip(temps, temps[1:], strict=False))
     assert 1.0 < temps[199] < 1.02 and temps[200] == 1.0
+    floored = vb.temperature_schedule(800, floor=True)
+    assert floored[0] == 5.85 and floored[57] > 1.0 and floored[58] == 1.0 == floored[-1]
+    inv = vb.temperature_schedule(800, inverse=True)
+    assert inv[0] == 1 / 5.85 and inv[-1] == 1.0
+    assert all(a <= b for a, b in zip(inv, inv[1:], strict=False))
     with pytest.raises(ValueError):
         vb.temperature_schedule(0)
 
@@ -239,7 +244,10 @@ def test_select_topology_batches_restarts():
     pruned = vb.select_topology(
         x, t, tops[:3], num_restarts=6, num_iters=40, generator=g, prune_after=10, keep=2
     )
-    assert all(a.shape == (2,) for a in pruned.all_bounds)
+    # pruned starts keep a -inf bound; the two survivors of each topology ran to the end
+    assert all(a.shape == (6,) and int(torch.isfinite(a).sum()) == 2 for a in pruned.all_bounds)
+    for top, b, st in zip(pruned.topologies, pruned.bounds, pruned.states, strict=True):
+        assert torch.allclose(vb.bound(vb.VBData.build(x, t, top), st), b)
 
 
 def test_run_vb_stops_on_tolerance():
@@ -259,3 +267,75 @@ def test_cuda_matches_cpu():
     out_cpu = vb.vb_cycle(data, state)
     out_gpu = vb.vb_cycle(cuda, state.to("cuda"))
     assert torch.allclose(vb.bound(cuda, out_gpu).cpu(), vb.bound(data, out_cpu))
+
+
+def test_race_stops_each_restart_on_its_own():
+    # every restart of a batch stops when its own bound has converged, exactly as if it
+    # had been run alone
+    x, t = toy(n=40)
+    top = TOPS[0]
+    data = vb.VBData.build(x, t, top)
+    flat = vb._with_signs(data, data.signs.expand(3, *data.signs.shape).clone())
+    state = vb.init_state(flat, (3,), generator=torch.Generator().manual_seed(4))
+    temps = vb.temperature_schedule(150, anneal_iters=20)
+    final, values, work = vb._race(flat, state, temps, 1e-6)
+    iters = []
+    for i in range(3):
+        alone = vb.run_vb(data, state.index(i), temperatures=temps, tol=1e-6)
+        iters.append(alone.iterations)
+        assert torch.allclose(values[i], alone.bound, rtol=0, atol=1e-9)
+        assert torch.allclose(final.index(i).v_mean, alone.state.v_mean, atol=1e-9)
+    assert work == sum(iters) and len(set(iters)) > 1
+
+
+def test_float32_search_is_polished_in_float64():
+    x, t = toy(n=120)
+    tops = enumerate_topologies(3, 2)
+    g = torch.Generator().manual_seed(0)
+    sel = vb.select_topology(
+        x, t, tops, num_restarts=6, num_iters=80, generator=g, search_dtype=torch.float32
+    )
+    assert sel.bounds.dtype == torch.float64
+    for top, b, st in zip(sel.topologies, sel.bounds, sel.states, strict=True):
+        assert st.v_mean.dtype == torch.float64
+        assert torch.allclose(vb.bound(vb.VBData.build(x, t, top), st), b)
+        # polishing only raises the bound found in single precision
+        assert float(b) >= float(sel.all_bounds[sel.topologies.index(top)].max()) - 1e-3
+    assert sel.cycles > 0
+
+
+def test_failed_cholesky_poisons_only_its_element():
+    prec = torch.eye(3, dtype=torch.float64).repeat(3, 1, 1)
+    prec[1, 0, 0] = -1.0
+    cov, logdet = vb._gauss_from_precision(prec)
+    assert torch.isnan(cov[1]).all() and torch.isnan(logdet[1])
+    assert torch.allclose(cov[[0, 2]], prec[[0, 2]]) and (logdet[[0, 2]] == 0).all()
+    with pytest.raises(torch.linalg.LinAlgError):
+        vb._gauss_from_precision(prec[1])
+
+
+def test_exp_clamp_is_within_tiny():
+    for dtype in (torch.float32, torch.float64):
+        v = torch.tensor([-1e4, -200.0, -50.0, 0.0, 3.0], dtype=dtype)
+        tiny = torch.finfo(dtype).tiny
+        assert ((vb._exp(v) - v.exp()).abs() <= 3 * tiny).all()
+
+
+def test_merge_selections_keeps_the_best_per_topology():
+    x, t = toy(n=80)
+    tops = enumerate_topologies(3, 2)
+    g = torch.Generator().manual_seed(0)
+    a = vb.select_topology(x, t, tops, num_restarts=3, num_iters=30, generator=g)
+    b = vb.select_topology(
+        x, t, tops, num_restarts=2, temperatures=vb.schedule_by_name("floor", 30), generator=g
+    )
+    m = vb.merge_selections([a, b])
+    assert torch.equal(m.bounds, torch.maximum(a.bounds, b.bounds))
+    assert all(len(ab) == 5 for ab in m.all_bounds) and m.cycles == a.cycles + b.cycles
+    for k, top in enumerate(tops):
+        assert torch.allclose(vb.bound(vb.VBData.build(x, t, top), m.states[k]), m.bounds[k])
+    with pytest.raises(ValueError, match="same topologies"):
+        vb.merge_selections([a, vb.select_topology(x, t, tops[:1], num_iters=2)])
+    with pytest.raises(ValueError, match="unknown annealing"):
+        vb.schedule_by_name("warm")
+    assert vb.schedule_by_name("none", 5) == [1.0] * 5

@@ -156,3 +156,25 @@ def test_model_and_guide_on_cuda():
     model = BayesianHME(1, 1, Topology([1, 3])).cuda()
     guide = BayesianHMEGuide(model).cuda()
     assert math.isfinite(Trace_ELBO().loss(model, guide, x.cuda(), y.cuda()))
+
+
+def test_guide_init_from_data_is_a_weighted_least_squares_start():
+    x, y = toy()
+    top = Topology([1, 3])
+    model = BayesianHME(1, 1, top)
+    guide = BayesianHMEGuide(model)
+    guide.init_from_data(x, y, generator=torch.Generator().manual_seed(0))
+    same = BayesianHMEGuide(model).init_from_data(x, y, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(guide.W_loc, same.W_loc) and torch.equal(guide.v_loc, same.v_loc)
+    assert guide.W_loc.shape == (3, 1, 2) and guide.W_loc.dtype == torch.float32
+    # each expert's mean solves its responsibility-weighted ridge regression
+    data = vb.VBData.build(x.double(), y.double(), top)
+    state = vb.init_state(data, (), generator=torch.Generator().manual_seed(0))
+    r = state.log_r.exp()
+    scale = state.tau_a / state.tau_b
+    for j in range(3):
+        a = scale[j] * (data.x.T * r[:, j]) @ data.x + torch.eye(2, dtype=torch.float64) / 100
+        w = torch.linalg.solve(a, scale[j] * (data.x.T * r[:, j]) @ data.t)
+        assert torch.allclose(guide.W_loc[j, 0].double(), w[:, 0], atol=1e-5)
+    elbo = pyro.infer.Trace_ELBO(num_particles=10)(model, guide)(x, y)
+    assert math.isfinite(float(elbo.detach()))
