@@ -252,7 +252,8 @@ def _summarise(args, records, depths, peers, splits):
             if compared
             else ""
         )
-        + "\nFit time (wall clock, machine shared with other jobs):\n\n"
+        + "\nFit time (wall clock; 1-minute load average at the end of the run: "
+        + f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs):\n\n"
         + markdown_table(time_rows)
     )
     path = write_results(
