@@ -17,6 +17,7 @@ paper reports 2-3x).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -185,7 +186,8 @@ def main(argv=None):
             + "\nSame encoder, decoder and prior; TreeVI adds the pair network for rho "
             "and the tree in the guide. Blocks of one epoch alternate between the two.\n"
         )
-    md += "\nTimings on a shared 2-core machine are contended.\n"
+    load = os.getloadavg()[0]
+    md += f"\n1-minute load average at the end of the run: {load:.1f} on {os.cpu_count()} CPUs.\n"
     print(md)
     if not args.smoke:
         write_results("treevi_cost", payload, md)
