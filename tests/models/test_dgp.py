@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import gpytorch
 
-GUIDES = ["factorised", "joint", "lowrank", "intermediate"]
+GUIDES = ["factorised", "joint", "lowrank", "intermediate", "whitened"]
 
 
 def _data(n=20, d=1):
@@ -44,6 +44,9 @@ def _build(kind, L=2, M=6, d=1, whiten=True, local=True):
         if kind == "intermediate":
             model = DeepGP(_kernels(L, d), Z, inducing="propagated", jitter=1e-5)
             guide = DGPIntermediateGuide(model)
+        elif kind == "whitened":
+            model = DeepGP(_kernels(L, d), Z, inducing="propagated")
+            guide = DGPIntermediateGuide(model, whiten=True)
         else:
             model = DeepGP(_kernels(L, d), [Z] * L if d == 1 else None, whiten=whiten)
             if kind == "factorised":
@@ -354,3 +357,74 @@ def test_joint_factor_cross_entries_do_not_diffuse_with_the_row_length():
         off = torch.tril(L, -1).pow(2).sum(-1)
         ratios[cross] = float(off[16:].mean() / off[:8].mean())
     assert ratios[None] < 1.6 and ratios[1.0] > 3.0, ratios
+
+
+def _perturb(guide, seed=0, scale=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in guide.site_names:
+            loc = getattr(guide, f"{name}_loc")
+            tril = getattr(guide, f"{name}_scale_tril")
+            setattr(
+                guide,
+                f"{name}_loc",
+                loc + scale * torch.randn(loc.shape, generator=g, dtype=loc.dtype),
+            )
+            noise = scale * torch.randn(tril.shape, generator=g, dtype=tril.dtype).tril(-1)
+            setattr(guide, f"{name}_scale_tril", tril + noise)
+
+
+def test_whitened_intermediate_kl_is_exact_whatever_the_jitter():
+    """Whitened, each term of eq. (7) is KL[N(a, B B^T) || N(0, I)] for any sample of the
+    previous layer and any jitter; the free-form guide's grows like 1 / jitter."""
+    from pyro_trees.gp import gaussian_kl
+
+    Z = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    kls = {}
+    for whiten in (True, False):
+        for jitter in (1e-6, 1e-2):
+            with pyro.settings.context(module_local_params=True):
+                model = DeepGP(_kernels(3), Z, inducing="propagated", jitter=jitter)
+                guide = DGPIntermediateGuide(model, whiten=whiten)
+            _perturb(guide)
+            torch.manual_seed(0)
+            with torch.no_grad():
+                kls[whiten, jitter] = guide.kl(model, num_samples=4)
+            if whiten:
+                with torch.no_grad():
+                    expect = torch.stack(
+                        [
+                            gaussian_kl(
+                                getattr(guide, f"{n}_loc"), getattr(guide, f"{n}_scale_tril")
+                            ).sum()
+                            for n in guide.site_names
+                        ]
+                    )
+                assert torch.allclose(kls[whiten, jitter], expect, rtol=1e-6)
+    assert torch.allclose(kls[True, 1e-6], kls[True, 1e-2], rtol=1e-6)
+    # the free-form guide: layers after the first pay for draws that are not smooth
+    # functions of the sampled inputs, in proportion to 1 / jitter
+    assert (kls[False, 1e-6][1:] > 100 * kls[False, 1e-2][1:]).all()
+
+
+def test_whitened_intermediate_elbo_matches_trace_and_gradients_reach_the_kernels():
+    model, guide = _build("whitened", L=2, M=6)
+    x, y = _data()
+    _perturb(guide)
+    loss = TraceMeanField_ELBO(num_particles=2, max_plate_nesting=1)
+    pyro.set_rng_seed(1)
+    value = loss.differentiable_loss(model, guide, x, y)
+    value.backward()
+    assert torch.isfinite(value)
+    k2 = model.kernels[1]
+    assert k2.raw_outputscale.grad is not None and k2.raw_outputscale.grad.abs() > 0
+    # the draws of layer 2 are L(F_1^Z) (a + B eps) about the prior mean at the sampled F_1^Z
+    tr = poutine.trace(guide).get_trace(x, y)
+    f1, f2 = tr.nodes["f_z_1"]["value"], tr.nodes["f_z_2"]["value"]
+    prior = model.inducing_prior(1, f1).base_dist
+    eps = torch.linalg.solve_triangular(
+        prior.scale_tril @ guide.f_z_2_scale_tril, (f2 - prior.loc).unsqueeze(-1), upper=False
+    ).squeeze(-1) - torch.linalg.solve_triangular(
+        guide.f_z_2_scale_tril, guide.f_z_2_loc.unsqueeze(-1), upper=False
+    ).squeeze(-1)
+    assert eps.abs().max() < 6
