@@ -50,8 +50,8 @@ def toy_model(kind: str = "factorised", num_layers: int = 2, num_inducing: int =
     Z = torch.linspace(-1, 1, num_inducing, dtype=torch.float64).unsqueeze(-1)
     with pyro.settings.context(module_local_params=True):
         if kind == "intermediate":
-            model = DeepGP(kernels, Z, inducing="propagated", jitter=1e-2)
-            return model, DGPIntermediateGuide(model)
+            model = DeepGP(kernels, Z, inducing="propagated")
+            return model, DGPIntermediateGuide(model, whiten=True)
         model = DeepGP(kernels, [Z] * num_layers)
         return model, DGPFactorisedGuide(model)
 
