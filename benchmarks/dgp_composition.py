@@ -212,7 +212,13 @@ def main():
         "collapse of the two-layer model in layer 2 over the output range of layer 1. "
         "Issue target: joint and intermediate inner-layer spread >= 5x the factorised "
         "one at a training log-likelihood no worse.\n\n"
-        "## Summary\n\n"
+        + (
+            ""
+            if set(RERUN) == set(GUIDES)
+            else f"Partial rerun: only {', '.join(RERUN)} ran now; the other guides' runs are "
+            "carried over from the previous results file.\n\n"
+        )
+        + "## Summary\n\n"
         + markdown_table(summary, _columns(summary))
         + "\n## Runs\n\n"
         + markdown_table(rows, _columns(rows))
