@@ -428,3 +428,37 @@ def test_whitened_intermediate_elbo_matches_trace_and_gradients_reach_the_kernel
         guide.f_z_2_scale_tril, guide.f_z_2_loc.unsqueeze(-1), upper=False
     ).squeeze(-1)
     assert eps.abs().max() < 6
+
+
+def test_validation_is_cached_per_tensor_but_sees_in_place_changes():
+    """A minibatched fit passes the same full data each step: it is checked once, and
+    again after any in-place change (version counter) or for another tensor."""
+    import pyro_trees.models.dgp as dgp_module
+    import pyro_trees.validation as validation
+
+    model, guide = _build("factorised", L=2, M=4)
+    x, y = _data()
+    kw = {"subsample_size": 5}
+    poutine.trace(model).get_trace(x, y, **kw)
+    assert dgp_module._VALIDATED[model][0]() is x
+    calls = []
+    orig = validation.check_finite
+
+    def spy(t, name):
+        calls.append(name)
+        return orig(t, name)
+
+    try:
+        dgp_module.check_finite = validation.check_finite = spy
+        poutine.trace(model).get_trace(x, y, **kw)
+        assert calls == []  # same tensors, unchanged: no second NaN scan
+        y[3] = float("nan")
+        with pytest.raises(ValueError, match="y contains 1 NaN"):
+            poutine.trace(model).get_trace(x, y, **kw)
+        assert calls == ["X", "y"]
+    finally:
+        dgp_module.check_finite = validation.check_finite = orig
+    x2 = x.clone()
+    x2[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="infinite"):
+        poutine.trace(model).get_trace(x2, None, **kw)
