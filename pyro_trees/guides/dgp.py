@@ -347,6 +347,8 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
         intermediate outputs are no longer jointly Gaussian. Each KL term of eq. (7) is
         then :math:`\\mathrm{KL}[N(a_i, B_i B_i^\\top) \\| N(0, I)]` whatever the sample
         (exact, no Monte Carlo).
+        The whitened guide keeps a reference to ``model`` (its kernels and ``Z``):
+        pickle the two together, as :func:`~pyro_trees.infer.fit`'s checkpoints do.
 
     **Why whiten.** With the free-form :math:`q(F_i^Z)`, a draw of :math:`F_i^Z` is
     independent of the draw of its inputs :math:`F_{i-1}^Z`, so it is rarely a smooth
