@@ -225,3 +225,32 @@ def test_pair_net_per_edge_offsets():
         edge(x[:, :3], xj[:, :3])
     with pytest.raises(ValueError, match="num_nodes"):
         PairNet(4, 4, num_nodes=0)
+
+
+def test_mixture_elbo_is_the_weighted_stratified_mixture_elbo():
+    """loss = -sum_m pi_m [log p(x, z_m) - log q(z_m)], one draw z_m per tree, with q the
+    mixture density (exact identity on the draws, unequal weights, group plate)."""
+    model = SyntheticGraphVAE()
+    x = model.generate(7, torch.Generator().manual_seed(1))
+    t = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 0]])
+    nets = [PairNet(4, 4, num_nodes=4) for _ in range(2)]
+    guide = TreeVIMixtureGuide(GaussianEncoder(4, 4, ()), t, pair_net=nets, plate="groups")
+    with torch.no_grad():
+        guide.tree_logits.copy_(torch.tensor([0.9, -0.6]))
+        nets[0].edge_bias.fill_(1.5)  # strongly different trees
+        nets[1].edge_bias.fill_(-1.5)
+    elbo = MixtureTreeELBO()
+    pyro.set_rng_seed(5)
+    loss = elbo.loss(model, guide, x)
+    pyro.set_rng_seed(5)
+    z = pyro.poutine.trace(elbo._wrap(guide, guide)).get_trace(x).nodes["z"]["value"]
+    assert z.shape == (2, 7, 4, 4)
+    pi, q = guide.tree_probs().detach(), guide.distribution(x)
+    expected = 0.0
+    for m in range(2):
+        tr = pyro.poutine.trace(pyro.poutine.condition(model, {"z": z[m]})).get_trace(x)
+        tr.compute_log_prob()
+        log_joint = sum(tr.nodes[s]["log_prob_sum"] for s in ("z", "x"))
+        expected -= pi[m] * (log_joint - q.log_prob(z[m]).sum())
+    expected = float(expected.detach())
+    assert abs(loss - expected) < 1e-5 * abs(expected)
