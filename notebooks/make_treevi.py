@@ -126,13 +126,18 @@ class GroupEncoder(nn.Module):
 
 
 def make(name):
+    # PairNet(num_nodes=4) adds a learnt offset per tree edge: the members of a group
+    # carry no clue to which edge they sit on, and the posterior's correlations differ
+    # by edge.
     enc = GroupEncoder()
     if name == "mean-field":
         return TreeVIGuide(enc, None, plate="groups"), Trace_ELBO()
     if name in ("T1", "T2"):
         par = T1 if name == "T1" else T2
-        return TreeVIGuide(enc, par, pair_net=PairNet(4, 4), plate="groups"), Trace_ELBO()
-    g = TreeVIMixtureGuide(enc, [T1, T2], pair_net=[PairNet(4, 4), PairNet(4, 4)], plate="groups")
+        net = PairNet(4, 4, num_nodes=4)
+        return TreeVIGuide(enc, par, pair_net=net, plate="groups"), Trace_ELBO()
+    nets = [PairNet(4, 4, num_nodes=4) for _ in (T1, T2)]
+    g = TreeVIMixtureGuide(enc, [T1, T2], pair_net=nets, plate="groups")
     return g, MixtureTreeELBO()
 
 

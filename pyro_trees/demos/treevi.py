@@ -33,13 +33,17 @@ class _GroupEncoder(nn.Module):
 
 
 def _guide(name):
+    # per-edge offsets in the pair networks: the members of a group carry no clue to
+    # which tree edge they sit on (see PairNet)
     enc = _GroupEncoder()
     if name == "mean-field":
         return TreeVIGuide(enc, None, plate="groups"), Trace_ELBO()
     if name == "TreeVI (T2)":
-        return TreeVIGuide(enc, T2, pair_net=PairNet(4, 4), plate="groups"), Trace_ELBO()
+        return TreeVIGuide(
+            enc, T2, pair_net=PairNet(4, 4, num_nodes=4), plate="groups"
+        ), Trace_ELBO()
     guide = TreeVIMixtureGuide(
-        enc, [T1, T2], pair_net=[PairNet(4, 4), PairNet(4, 4)], plate="groups"
+        enc, [T1, T2], pair_net=[PairNet(4, 4, num_nodes=4) for _ in (T1, T2)], plate="groups"
     )
     return guide, MixtureTreeELBO()
 

@@ -113,17 +113,48 @@ class PairNet(nn.Module):
     """Edge correlation network :math:`\\rho_{ij} = f(x_i, x_j)` (eq. 12), symmetric in
     its arguments: an MLP of ``[x_i + x_j, x_i * x_j]`` followed by ``max_rho * tanh``.
     ``(..., F), (..., F) -> (..., D)``.
+
+    With ``num_nodes=N`` it adds a learnt per-edge offset before the ``tanh``,
+    :math:`\\rho_{ij} = \\rho_{\\max}\\tanh(f(x_i, x_j) + b_i)`, indexed by the child
+    ``i`` of the edge (in a tree each non-root node has exactly one parent edge), ``b`` of
+    shape ``(N, D)``. Use it when the inputs carry no clue to which edge they sit on
+    (e.g. groups of ``N`` exchangeable-looking instances with a fixed tree, the synthetic
+    model of Sec. 4.1): without it every edge of a tree gets the same function of
+    ``(x_i, x_j)``, hence nearly the same correlation. It needs every call to see all
+    ``N`` nodes in order on dim -2 (a plate over groups; not ``idx`` minibatches).
+
+    :param int num_nodes: ``N`` for per-edge offsets, or ``None`` (default).
     """
 
-    def __init__(self, in_features: int, latent_dim: int, hidden=(64,), max_rho: float = 0.999):
+    def __init__(
+        self,
+        in_features: int,
+        latent_dim: int,
+        hidden=(64,),
+        max_rho: float = 0.999,
+        num_nodes: int | None = None,
+    ):
         super().__init__()
         if not 0 < max_rho < 1:
             raise ValueError(f"max_rho must lie in (0, 1), got {max_rho}")
+        if num_nodes is not None and num_nodes < 1:
+            raise ValueError(f"num_nodes must be a positive int, got {num_nodes}")
         self.net = _mlp([2 * in_features, *hidden, latent_dim])
         self.max_rho = max_rho
+        self.edge_bias = (
+            None if num_nodes is None else nn.Parameter(torch.zeros(num_nodes, latent_dim))
+        )
 
     def forward(self, xi, xj):
-        return self.max_rho * torch.tanh(self.net(torch.cat([xi + xj, xi * xj], dim=-1)))
+        h = self.net(torch.cat([xi + xj, xi * xj], dim=-1))
+        if self.edge_bias is not None:
+            if xi.dim() < 2 or xi.shape[-2] != self.edge_bias.shape[0]:
+                raise ValueError(
+                    f"PairNet(num_nodes={self.edge_bias.shape[0]}) needs all "
+                    f"{self.edge_bias.shape[0]} nodes on dim -2, got input {tuple(xi.shape)}"
+                )
+            h = h + self.edge_bias
+        return self.max_rho * torch.tanh(h)
 
 
 def induced_forest(parents: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -196,3 +196,61 @@ def test_batch_plans_are_cached_and_follow_the_tree():
     comps = mix._components(x, idx)
     assert comps[0]._plan is mix._components(x, idx)[0]._plan
     assert torch.equal(comps[1].parents, torch.full((5,), -1))
+
+
+def test_pair_net_per_edge_offsets():
+    """Without node identities a pair net gives every edge between identical inputs the
+    same correlation (the amortised family then cannot fit edge-specific posterior
+    correlations); ``num_nodes`` adds learnt per-edge offsets that can."""
+    x = torch.randn(5, 1, 4).expand(5, 4, 4)  # 5 groups, 4 identical members
+    t1 = torch.tensor([-1, 0, 0, 1])
+    plain, edge = PairNet(4, 4), PairNet(4, 4, num_nodes=4)
+    edge.net.load_state_dict(plain.net.state_dict())
+    xj = x.index_select(-2, t1.clamp_min(0))
+    r = plain(x, xj)
+    assert torch.equal(r, r[:, :1].expand_as(r))  # one value for all edges
+    assert torch.equal(edge(x, xj), r)  # zero offsets: the plain network
+    with torch.no_grad():
+        edge.edge_bias.copy_(torch.arange(4.0)[:, None].expand(4, 4))
+    re = edge(x, xj)
+    assert (re[:, 1:].diff(dim=-2).abs() > 1e-3).all()
+    assert torch.equal(edge(xj, x), re)  # still symmetric in (x_i, x_j)
+    model = SyntheticGraphVAE()
+    data = model.generate(6, torch.Generator().manual_seed(0))
+    guide = TreeVIGuide(GaussianEncoder(4, 4, ()), t1, pair_net=edge, plate="groups")
+    Trace_ELBO().differentiable_loss(model, guide, data).backward()
+    g = edge.edge_bias.grad
+    assert torch.all(g[0] == 0) and bool((g[1:].abs() > 0).all())  # the root has no edge
+    with pytest.raises(ValueError, match="all 4 nodes"):
+        edge(x[:, :3], xj[:, :3])
+    with pytest.raises(ValueError, match="num_nodes"):
+        PairNet(4, 4, num_nodes=0)
+
+
+def test_mixture_elbo_is_the_weighted_stratified_mixture_elbo():
+    """loss = -sum_m pi_m [log p(x, z_m) - log q(z_m)], one draw z_m per tree, with q the
+    mixture density (exact identity on the draws, unequal weights, group plate)."""
+    model = SyntheticGraphVAE()
+    x = model.generate(7, torch.Generator().manual_seed(1))
+    t = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 0]])
+    nets = [PairNet(4, 4, num_nodes=4) for _ in range(2)]
+    guide = TreeVIMixtureGuide(GaussianEncoder(4, 4, ()), t, pair_net=nets, plate="groups")
+    with torch.no_grad():
+        guide.tree_logits.copy_(torch.tensor([0.9, -0.6]))
+        nets[0].edge_bias.fill_(1.5)  # strongly different trees
+        nets[1].edge_bias.fill_(-1.5)
+    elbo = MixtureTreeELBO()
+    pyro.set_rng_seed(5)
+    loss = elbo.loss(model, guide, x)
+    pyro.set_rng_seed(5)
+    z = pyro.poutine.trace(elbo._wrap(guide, guide)).get_trace(x).nodes["z"]["value"]
+    assert z.shape == (2, 7, 4, 4)
+    pi, q = guide.tree_probs().detach(), guide.distribution(x)
+    expected = 0.0
+    for m in range(2):
+        tr = pyro.poutine.trace(pyro.poutine.condition(model, {"z": z[m]})).get_trace(x)
+        tr.compute_log_prob()
+        log_joint = sum(tr.nodes[s]["log_prob_sum"] for s in ("z", "x"))
+        expected -= pi[m] * (log_joint - q.log_prob(z[m]).sum())
+    expected = float(expected.detach())
+    assert abs(loss - expected) < 1e-5 * abs(expected)
