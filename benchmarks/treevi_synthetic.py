@@ -25,11 +25,16 @@ import time
 import pyro
 import torch
 from pyro.infer import SVI, Trace_ELBO
-from torch import nn
 
 from benchmarks._common import markdown_table, write_results
 from pyro_trees.distributions import MixtureOfTreeNormals, TreeNormal
-from pyro_trees.guides import MixtureTreeELBO, PairNet, TreeVIGuide, TreeVIMixtureGuide
+from pyro_trees.guides import (
+    GroupEncoder,
+    MixtureTreeELBO,
+    PairNet,
+    TreeVIGuide,
+    TreeVIMixtureGuide,
+)
 from pyro_trees.models import SyntheticGraphVAE
 
 PAPER = {
@@ -41,21 +46,6 @@ PAPER = {
 }
 T1 = [-1, 0, 0, 1]  # edges (1,2), (1,3), (2,4) of the paper, 0-based
 T2 = [-1, 0, 1, 0]  # edges (1,2), (1,4), (2,3)
-
-
-class GroupEncoder(nn.Module):
-    """Means from an affine map of the whole group (the exact posterior mean is affine
-    in the group's data); per-node, per-dimension scales that do not depend on x."""
-
-    def __init__(self, n, f, d):
-        super().__init__()
-        self.n, self.d = n, d
-        self.lin = nn.Linear(n * f, n * d)
-        self.log_scale = nn.Parameter(torch.full((n, d), -0.5))
-
-    def forward(self, x):
-        loc = self.lin(x.flatten(-2)).unflatten(-1, (self.n, self.d))
-        return loc, self.log_scale.exp().expand_as(loc)
 
 
 def make_guide(name, n=4, f=4, d=4):

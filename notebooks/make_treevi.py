@@ -45,10 +45,11 @@ import matplotlib.pyplot as plt
 import pyro
 import torch
 from pyro.infer import SVI, Trace_ELBO
-from torch import nn
 
 from pyro_trees.distributions import TreeNormal
-from pyro_trees.guides import MixtureTreeELBO, PairNet, TreeVIGuide, TreeVIMixtureGuide
+from pyro_trees.guides import (
+    GroupEncoder, MixtureTreeELBO, PairNet, TreeVIGuide, TreeVIMixtureGuide,
+)
 from pyro_trees.infer import learn_tree_structure, maximum_spanning_tree
 from pyro_trees.models import SYNTHETIC_AFFINITY, SyntheticGraphVAE
 
@@ -113,23 +114,11 @@ per tree, weighted by the mixture weights, with the exact mixture density).
 """)
 
 code(r"""
-class GroupEncoder(nn.Module):
-    def __init__(self, n=4, f=4, d=4):
-        super().__init__()
-        self.n, self.d = n, d
-        self.lin = nn.Linear(n * f, n * d)
-        self.log_scale = nn.Parameter(torch.full((n, d), -0.5))
-
-    def forward(self, x):
-        loc = self.lin(x.flatten(-2)).unflatten(-1, (self.n, self.d))
-        return loc, self.log_scale.exp().expand_as(loc)
-
-
 def make(name):
     # PairNet(num_nodes=4) adds a learnt offset per tree edge: the members of a group
     # carry no clue to which edge they sit on, and the posterior's correlations differ
     # by edge.
-    enc = GroupEncoder()
+    enc = GroupEncoder(4, 4, 4)  # affine map of the group -> means; free scales
     if name == "mean-field":
         return TreeVIGuide(enc, None, plate="groups"), Trace_ELBO()
     if name in ("T1", "T2"):

@@ -9,9 +9,14 @@ from pathlib import Path
 import pyro
 import torch
 from pyro.infer import SVI, Trace_ELBO
-from torch import nn
 
-from pyro_trees.guides import MixtureTreeELBO, PairNet, TreeVIGuide, TreeVIMixtureGuide
+from pyro_trees.guides import (
+    GroupEncoder,
+    MixtureTreeELBO,
+    PairNet,
+    TreeVIGuide,
+    TreeVIMixtureGuide,
+)
 from pyro_trees.models import SyntheticGraphVAE
 
 __all__ = ["run"]
@@ -20,22 +25,10 @@ PAPER = {"mean-field": -11.1535, "TreeVI (T2)": -10.6137, "MTreeVI (T1, T2)": -1
 T1, T2 = [-1, 0, 0, 1], [-1, 0, 1, 0]
 
 
-class _GroupEncoder(nn.Module):
-    def __init__(self, n=4, f=4, d=4):
-        super().__init__()
-        self.n, self.d = n, d
-        self.lin = nn.Linear(n * f, n * d)
-        self.log_scale = nn.Parameter(torch.full((n, d), -0.5))
-
-    def forward(self, x):
-        loc = self.lin(x.flatten(-2)).unflatten(-1, (self.n, self.d))
-        return loc, self.log_scale.exp().expand_as(loc)
-
-
 def _guide(name):
     # per-edge offsets in the pair networks: the members of a group carry no clue to
     # which tree edge they sit on (see PairNet)
-    enc = _GroupEncoder()
+    enc = GroupEncoder(4, 4, 4)
     if name == "mean-field":
         return TreeVIGuide(enc, None, plate="groups"), Trace_ELBO()
     if name == "TreeVI (T2)":

@@ -17,6 +17,7 @@ from pyro_trees.guides.rnn_tree import (
 )
 from pyro_trees.guides.tree_vi import (
     GaussianEncoder,
+    GroupEncoder,
     MixtureTreeELBO,
     PairNet,
     TreeVIGuide,
@@ -35,6 +36,7 @@ __all__ = [
     "DGPIntermediateGuide",
     "DGPJointGuide",
     "GaussianEncoder",
+    "GroupEncoder",
     "HeteroscedasticGPGuide",
     "MixtureTreeELBO",
     "PairNet",

@@ -74,6 +74,7 @@ def _batch_plan(owner, parents: torch.Tensor, m: int, idx) -> _TreePlan:
 
 __all__ = [
     "GaussianEncoder",
+    "GroupEncoder",
     "MixtureTreeELBO",
     "PairNet",
     "TreeVIGuide",
@@ -107,6 +108,29 @@ class GaussianEncoder(nn.Module):
         out = self.net(x)
         loc, s = out.split(self.latent_dim, dim=-1)
         return loc, nn.functional.softplus(s) + 1e-4
+
+
+class GroupEncoder(nn.Module):
+    """Encoder of a whole group of instances: ``(..., N, F) -> (..., N, D), (..., N, D)``.
+
+    The means are an affine map of the group's flattened data (the exact posterior mean
+    of a linear-Gaussian group model, such as Sec. 4.1's, is affine in it); the scales
+    are free per-node, per-dimension parameters that do not depend on ``x``.
+
+    :param int num_nodes: ``N``, instances per group.
+    :param int in_features: ``F``.
+    :param int latent_dim: ``D``.
+    """
+
+    def __init__(self, num_nodes: int, in_features: int, latent_dim: int):
+        super().__init__()
+        self.n, self.d = num_nodes, latent_dim
+        self.lin = nn.Linear(num_nodes * in_features, num_nodes * latent_dim)
+        self.log_scale = nn.Parameter(torch.full((num_nodes, latent_dim), -0.5))
+
+    def forward(self, x):
+        loc = self.lin(x.flatten(-2)).unflatten(-1, (self.n, self.d))
+        return loc, self.log_scale.exp().expand_as(loc)
 
 
 class PairNet(nn.Module):

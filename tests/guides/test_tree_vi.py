@@ -254,3 +254,17 @@ def test_mixture_elbo_is_the_weighted_stratified_mixture_elbo():
         expected -= pi[m] * (log_joint - q.log_prob(z[m]).sum())
     expected = float(expected.detach())
     assert abs(loss - expected) < 1e-5 * abs(expected)
+
+
+def test_group_encoder_maps_a_group_affinely_with_free_scales():
+    from pyro_trees.guides import GroupEncoder
+
+    enc = GroupEncoder(4, 3, 2)
+    x = torch.randn(5, 4, 3)
+    loc, scale = enc(x)
+    assert loc.shape == scale.shape == (5, 4, 2)
+    # affine in the whole group: the map of a combination is the combination of maps
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    la, lb, lab = enc(a)[0], enc(b)[0], enc(0.3 * a + 0.7 * b)[0]
+    torch.testing.assert_close(lab, 0.3 * la + 0.7 * lb)
+    torch.testing.assert_close(scale[0], scale[1])  # scales do not depend on x
