@@ -71,3 +71,21 @@ def write_results(name: str, payload: dict, markdown: str, device=None) -> Path:
     path = RESULTS / f"{name}.md"
     path.write_text(header + markdown)
     return path
+
+
+def fit_bart(X, y, seed: int):
+    """The BART peer of the VaRT benchmarks: stochtree, 50 trees, 200 burn-in and 200
+    kept MCMC draws, no grow-from-root warm start. Returns the sampled ``BARTModel``."""
+    from stochtree import BARTModel
+
+    m = BARTModel()
+    m.sample(
+        X_train=X,
+        y_train=y,
+        num_gfr=0,
+        num_burnin=200,
+        num_mcmc=200,
+        general_params={"random_seed": seed},
+        mean_forest_params={"num_trees": 50},
+    )
+    return m

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, markdown_table, write_results
+from benchmarks._common import RESULTS, fit_bart, markdown_table, write_results
 from pyro_trees.datasets import make_vart_causal_toy, simulate_ihdp_surface
 from pyro_trees.estimators import VaRTCausal, VaRTRegressor
 
@@ -49,19 +49,7 @@ def load_ihdp(replication: int):
 
 
 def bart_ate(X, A, y, seed):
-    from stochtree import BARTModel
-
-    m = BARTModel()
-    XA = np.column_stack([X, A])
-    m.sample(
-        X_train=XA,
-        y_train=y,
-        num_gfr=0,
-        num_burnin=200,
-        num_mcmc=200,
-        general_params={"random_seed": seed},
-        mean_forest_params={"num_trees": 50},
-    )
+    m = fit_bart(np.column_stack([X, A]), y, seed)
     f1 = m.predict(X=np.column_stack([X, np.ones(len(X))]))["y_hat"]
     f0 = m.predict(X=np.column_stack([X, np.zeros(len(X))]))["y_hat"]
     return float((f1 - f0).mean())

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
+from benchmarks._common import fit_bart, markdown_table, write_results
 from pyro_trees.estimators import VaRTRegressor
 
 DATASETS = [
@@ -168,19 +168,8 @@ def run_peers(peers, Xtr, ytr, Xte, yte, seed):
         m.fit(Xtr, ytr)
         out["catboost"] = {"rmse": _rmse(m.predict(Xte), yte), "seconds": time.perf_counter() - t}
     if "bart" in peers:
-        from stochtree import BARTModel
-
         t = time.perf_counter()
-        m = BARTModel()
-        m.sample(
-            X_train=Xtr,
-            y_train=ytr,
-            num_gfr=0,
-            num_burnin=200,
-            num_mcmc=200,
-            general_params={"random_seed": seed},
-            mean_forest_params={"num_trees": 50},
-        )
+        m = fit_bart(Xtr, ytr, seed)
         secs = time.perf_counter() - t
         f = m.predict(X=Xte)["y_hat"]  # (N, draws)
         sigma = np.sqrt(np.asarray(m.global_var_samples)).reshape(1, -1)
