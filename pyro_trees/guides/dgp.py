@@ -103,8 +103,12 @@ class DGPJointGuide(PyroModule):
     :param float init_scale: initial standard deviation.
     :param cross_scale: full factor only: the entries of the Cholesky factor outside the
         per-output ``(M_i, M_i)`` blocks of the factorised guide (the couplings across
-        outputs and layers) are ``cross_scale`` times their free parameter. Default
+        outputs and layers) are ``cross_scale`` times their free parameter (times the
+        row's diagonal entry with ``cross_relative``). Default
         ``sqrt(M / (200 (T - M)))`` with ``M = max_i M_i`` (at most 1).
+    :param bool cross_relative: full factor only: measure the cross entries of each row
+        in units of the row's diagonal entry, :math:`L_{rc} = c L_{rr} \\theta_{rc}`
+        (default ``True``; ``False`` gives :math:`L_{rc} = c \\theta_{rc}`).
 
     **Why the cross entries are scaled.** Most of the ``T (T - 1) / 2`` off-diagonal
     entries get a Monte Carlo gradient that is nearly pure noise. Adam normalises each
@@ -126,6 +130,17 @@ class DGPJointGuide(PyroModule):
     support still grow, ``1 / c`` times more slowly per step; raise ``cross_scale``
     (up to 1, the plain factor) when cross-layer dependence is the point, as on the
     composition toy problem.
+
+    **Why relative to the row's diagonal.** With an absolute scale the diffusion has a
+    fixed size while the posterior shrinks with the data: on kin40k (36,000 points) the
+    last layer's whitened variances fall to about 0.07, the cross entries (``c =
+    0.035``) still diffuse to about 0.007 per row, i.e. 10% spurious variance in the
+    output layer rather than 1%, and the joint guide lost 0.43 nats to GPyTorch's DeepGP
+    after 500 steps (0.35 nats or a stuck fit across seeds, against 0.03 for the
+    factorised guide). In units of the row's diagonal the cross part keeps the same
+    fraction of the row whatever the posterior's scale: the joint guide then loses 0.024
+    nats on kin40k and 0.021 on concrete. The map is still a bijection onto the
+    lower-triangular factors with positive diagonal (the same family).
     """
 
     def __init__(
@@ -135,9 +150,11 @@ class DGPJointGuide(PyroModule):
         rank: int | None = None,
         init_scale: float = 0.1,
         cross_scale: float | None = None,
+        cross_relative: bool = True,
     ):
         super().__init__()
         _check_model(model, "layer", type(self).__name__)
+        self.cross_relative = bool(cross_relative)
         self.site_names = model.site_names()
         self.site_shapes = model.site_shapes()
         sizes = [P * M for P, M in self.site_shapes]
@@ -171,11 +188,22 @@ class DGPJointGuide(PyroModule):
     @property
     def scale_tril(self) -> torch.Tensor:
         """The lower Cholesky factor ``(T, T)`` of :math:`\\Sigma` (full factor only)."""
-        return self.scale_tril_param * self._tril_mult
+        P = self.scale_tril_param
+        mult = self._tril_mult
+        # checkpoints from before cross_relative existed used absolute cross entries
+        if getattr(self, "cross_relative", False):
+            # cross entries of row r in units of the row's diagonal entry
+            block = self._tril_mult == 1
+            mult = torch.where(block, mult, mult * P.diagonal().unsqueeze(-1))
+        return P * mult
 
     @scale_tril.setter
     def scale_tril(self, value: torch.Tensor):
-        self.scale_tril_param = value / self._tril_mult
+        mult = self._tril_mult
+        if getattr(self, "cross_relative", False):
+            block = self._tril_mult == 1
+            mult = torch.where(block, mult, mult * value.diagonal().unsqueeze(-1))
+        self.scale_tril_param = value / mult
 
     @classmethod
     def from_factorised(cls, model, guide: DGPFactorisedGuide) -> DGPJointGuide:
