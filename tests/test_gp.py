@@ -158,3 +158,29 @@ def test_memory_check_says_how_much():
     assert check_kernel_memory(10, 100, available=10**9) > 0
     with pytest.raises(ValueError, match=r"100000 inducing points need about \d+\.\d+ GiB"):
         check_kernel_memory(100_000, 1000, available=2**30)
+
+
+@pytest.mark.parametrize(
+    "a_shape, u_shape",
+    [
+        ((3, 5, 7), (3, 5)),  # one draw
+        ((3, 5, 7), (4, 3, 5)),  # particles that A lacks: folded into rows
+        ((2, 1, 3, 5, 7), (2, 4, 3, 5)),  # broadcast batch dims
+        ((4, 3, 5, 7), (4, 3, 5)),  # A per particle (inputs of an inner layer)
+        ((1, 5, 7), (4, 3, 5)),  # a kernel shared by the outputs
+    ],
+)
+def test_projection_equals_transposed_matvec(a_shape, u_shape):
+    from pyro_trees.gp import _project
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(a_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(u_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    out = _project(A, u)
+    ref = (A.mT @ u.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    ga, gu = torch.autograd.grad((out * w).sum(), (A, u))
+    ra, ru = torch.autograd.grad((ref * w).sum(), (A, u))
+    torch.testing.assert_close(ga, ra)
+    torch.testing.assert_close(gu, ru)
