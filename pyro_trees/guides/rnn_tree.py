@@ -216,7 +216,8 @@ class RNNTree(PyroModule):
         ``sharpness / std``, and the chosen dimension's logit gets ``dim_margin``
         more than the others (default ``max(3, log(9 (L - 1)))``: the chosen dimension
         carries 90 % of eq. 13's mixture however many inputs there are, so the soft
-        tree that training sees starts close to the hard tree that predicts). Label-blind, like a k-means++ start for a mixture.
+        tree that training sees starts close to the hard tree that predicts).
+        Label-blind, like a k-means++ start for a mixture.
 
         With hard feedback the per-node residual takes these values exactly. With soft
         feedback (no per-node parameters) the heads are set by ridge regression on the
