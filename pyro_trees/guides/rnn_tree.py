@@ -201,7 +201,7 @@ class RNNTree(PyroModule):
         y: torch.Tensor | None = None,
         *,
         sharpness: float = 20.0,
-        dim_margin: float | None = None,
+        dim_margin: float = 3.0,
         ridge: float = 1e-2,
         cuts: str = "balanced",
         min_leaf: int = 1,
@@ -214,10 +214,7 @@ class RNNTree(PyroModule):
         dimension already split on the path has the smaller spread. Every dimension's
         split at the node starts at its own balanced cut with slope
         ``sharpness / std``, and the chosen dimension's logit gets ``dim_margin``
-        more than the others (default ``max(3, log(9 (L - 1)))``: the chosen dimension
-        carries 90 % of eq. 13's mixture however many inputs there are, so the soft
-        tree that training sees starts close to the hard tree that predicts).
-        Label-blind, like a k-means++ start for a mixture.
+        more than the others. Label-blind, like a k-means++ start for a mixture.
 
         With hard feedback the per-node residual takes these values exactly. With soft
         feedback (no per-node parameters) the heads are set by ridge regression on the
@@ -247,8 +244,6 @@ class RNNTree(PyroModule):
         if cuts == "greedy" and y is None:
             raise ValueError("cuts='greedy' needs the targets y")
         L = self.in_features
-        if dim_margin is None:
-            dim_margin = max(3.0, math.log(9.0 * max(L - 1, 1)))
         states = self.node_states().to(x.dtype)  # (I, H)
         n_internal = states.shape[0]
         targets = torch.zeros(n_internal, 3 * L, dtype=x.dtype, device=x.device)

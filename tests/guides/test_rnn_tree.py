@@ -84,17 +84,6 @@ def test_balanced_init_splits_every_node_in_half():
     assert counts.tolist() == [8] * 8
 
 
-@pytest.mark.parametrize("in_features", [2, 8, 64])
-def test_init_gives_the_chosen_dimension_most_of_the_split_mixture(in_features):
-    # eq. 13 mixes the splits of every dimension; the start should be close to the
-    # hard tree (argmax dimension) whatever the input dimension, not 3/(e^3 + L - 1).
-    tree = RNNTree(in_features, 3, feedback="hard")
-    tree.init_balanced(torch.randn(300, in_features))
-    with torch.no_grad():
-        log_dim, _, _ = tree._node_heads()
-    assert float(log_dim.exp().max(-1).values.min()) >= 0.85
-
-
 def test_balanced_init_on_binary_inputs_uses_every_bit_once_per_path():
     bits = trees.leaf_bits(4).double()  # all 16 patterns of 4 bits
     x = bits.repeat(4, 1)
