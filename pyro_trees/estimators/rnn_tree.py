@@ -45,7 +45,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
         num_noise_samples: int = 32,
         balance_weight: float = 1.0,
         entropy_weight: float = 1.0,
-        refit_leaves: bool = True,
+        refit_leaves: bool | str = "auto",
         random_state: int | None = None,
         device=None,
         dtype: str = "float32",
@@ -88,6 +88,10 @@ class _RNNTreeBase(TreeEstimatorMixin):
     def _check_options(self) -> None:
         if self.init not in ("balanced", "greedy", "random"):
             raise ValueError(f"init must be 'balanced', 'greedy' or 'random', got {self.init!r}")
+        if self.refit_leaves not in (True, False, "auto"):
+            raise ValueError(
+                f"refit_leaves must be True, False or 'auto', got {self.refit_leaves!r}"
+            )
         if self.routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -177,7 +181,8 @@ class _RNNTreeBase(TreeEstimatorMixin):
             def val_metric():
                 self._rules = None
                 self.hard_leaf_loc_ = None
-                self._refit_hard_leaves(Xs, y)
+                if self.refit_leaves is True:
+                    self._refit_hard_leaves(Xs, y)
                 return self._error(X_val, y_val)
 
         gamma = float(self.lr_decay) ** (1.0 / max(1, self.num_steps))
@@ -202,7 +207,15 @@ class _RNNTreeBase(TreeEstimatorMixin):
         guide.eval()
         self._rules = None
         self.hard_leaf_loc_ = None
-        self._refit_hard_leaves(Xs, y)
+        if self.refit_leaves is True:
+            self._refit_hard_leaves(Xs, y)
+        elif self.refit_leaves == "auto" and X_val is not None:
+            # keep the refit only where it lowers the held-out error of the hard tree
+            trained = self._error(X_val, y_val)
+            self._refit_hard_leaves(Xs, y)
+            if self.hard_leaf_loc_ is not None and not self._error(X_val, y_val) < trained:
+                self.hard_leaf_loc_ = None
+                self._rules = None
         return self
 
     @torch.no_grad()
@@ -217,7 +230,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
         ``hard_leaf_loc_`` ``(2**D, width)``; posterior routing keeps the trained
         experts.
         """
-        if not self.refit_leaves or self.experts != "constant":
+        if self.experts != "constant":
             return
         with isolated_params():
             loc = self.model_.leaf_loc.detach().clone()
@@ -319,10 +332,14 @@ class RNNTreeRegressor(_RNNTreeBase):
         error, with ``patience`` evaluations every ``eval_every`` steps.
     :param str routing: ``"hard"`` (the single most likely tree, as the paper) or
         ``"posterior"`` (average over the routing posterior) for predictions.
-    :param bool refit_leaves: after training (and at each early-stopping check), give
-        the hard tree's leaves the values its own partition of the training points
-        gives them (one exact M-step of the constant experts under hard routing; the
-        trained experts are kept for ``routing="posterior"``). Default ``True``.
+    :param refit_leaves: give the hard tree's leaves the values its own partition of
+        the training points gives them (one exact M-step of the constant experts under
+        hard routing, which makes the hard tree exact on noise-free data; the trained
+        experts, fitted under soft routing, are pulled towards their neighbours near
+        every cut). ``True``: always, early-stopping checks included; ``False``: never
+        (the paper); ``"auto"`` (default): after training, only where it lowers the
+        error on the validation split (never without one). Posterior routing always
+        uses the trained experts.
     :param random_state: seed; fits and predictions are then reproducible.
     :param device: where to fit (``"cuda"``...); default: the CPU.
     :param str dtype: ``"float32"`` (default) or ``"float64"`` computation.
