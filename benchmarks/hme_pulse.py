@@ -51,6 +51,7 @@ def main(argv=None) -> dict:
     rows, runs = [], []
     configs = {
         "RNN-Tree (entropy_weight=-1, eq. 22 sign)": dict(entropy_weight=-1.0),
+        "RNN-Tree (eq. 22 sign, refit_leaves=True)": dict(entropy_weight=-1.0, refit_leaves=True),
         "RNN-Tree (entropy_weight=1, the ELBO)": dict(entropy_weight=1.0),
         "RNN-Tree (paper's soft feedback, eq. 14)": dict(entropy_weight=-1.0, feedback="soft"),
         "RNN-Tree (no balanced init)": dict(entropy_weight=-1.0, init="random"),
@@ -87,6 +88,7 @@ def main(argv=None) -> dict:
     for name in list(configs) + ["CART depth 3"]:
         rs = [r for r in runs if r["method"] == name]
         ok = sum(r["regions"] == 8 and r["test_mse"] <= 0.01 for r in rs)
+        ok_train = sum(r["regions"] == 8 and r["train_mse"] <= 0.01 for r in rs)
         ok_floor = sum(
             r["regions"] == 8 and r["test_mse"] <= oracle_mse(X[:, 0], x_test) + 0.01 for r in rs
         )
@@ -97,6 +99,7 @@ def main(argv=None) -> dict:
                 "8 regions": sum(r["regions"] == 8 for r in rs),
                 "median train MSE": float(np.median([r["train_mse"] for r in rs])),
                 "median test MSE": float(np.median([r["test_mse"] for r in rs])),
+                "runs train MSE <= 0.01": ok_train,
                 "runs test MSE <= 0.01": ok,
                 "runs test MSE <= oracle + 0.01": ok_floor,
                 "median seconds": float(np.median([r["seconds"] for r in rs])),
@@ -114,8 +117,12 @@ def main(argv=None) -> dict:
     )
     md = (
         f"Paper: {PAPER}.\n\nGoal (issue): all 8 regions and test MSE <= 0.01 in >= 8 of 10 "
-        f"seeds. The test-MSE floor that these 400 training inputs allow is {floor:.4f}.\n\n"
-        + markdown_table(rows)
+        f"seeds. The test-MSE floor that these 400 training inputs allow is {floor:.4f}: "
+        "test MSE is measured on a dense grid of 4,001 points, so no tree fitted to "
+        "these data can reach 0.01 there; 'train MSE' is the MSE on the 400 inputs F.1 "
+        "defines. `refit_leaves=True` gives the hard tree's leaves the means of its own "
+        "partition of the training points; the other rows keep the experts as trained "
+        "under soft routing (the paper).\n\n" + markdown_table(rows)
     )
     write_results("hme_pulse", {"rows": rows, "runs": runs, "oracle_test_mse": floor}, md)
     print(md)

@@ -45,6 +45,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
         num_noise_samples: int = 32,
         balance_weight: float = 1.0,
         entropy_weight: float = 1.0,
+        refit_leaves: bool | str = "auto",
         random_state: int | None = None,
         device=None,
         dtype: str = "float32",
@@ -67,6 +68,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
         self.num_noise_samples = num_noise_samples
         self.balance_weight = balance_weight
         self.entropy_weight = entropy_weight
+        self.refit_leaves = refit_leaves
         self.random_state = random_state
         self.device = device
         self.dtype = dtype
@@ -86,6 +88,10 @@ class _RNNTreeBase(TreeEstimatorMixin):
     def _check_options(self) -> None:
         if self.init not in ("balanced", "greedy", "random"):
             raise ValueError(f"init must be 'balanced', 'greedy' or 'random', got {self.init!r}")
+        if self.refit_leaves not in (True, False, "auto"):
+            raise ValueError(
+                f"refit_leaves must be True, False or 'auto', got {self.refit_leaves!r}"
+            )
         if self.routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -167,12 +173,16 @@ class _RNNTreeBase(TreeEstimatorMixin):
         self.model_, self.guide_ = model, guide
         self.is_fitted_ = True  # for the validation metric
         self._rules = None
+        self.hard_leaf_loc_ = None
 
         val_metric = None
         if X_val is not None:
 
             def val_metric():
                 self._rules = None
+                self.hard_leaf_loc_ = None
+                if self.refit_leaves is True:
+                    self._refit_hard_leaves(Xs, y)
                 return self._error(X_val, y_val)
 
         gamma = float(self.lr_decay) ** (1.0 / max(1, self.num_steps))
@@ -196,7 +206,49 @@ class _RNNTreeBase(TreeEstimatorMixin):
         model.eval()
         guide.eval()
         self._rules = None
+        self.hard_leaf_loc_ = None
+        if self.refit_leaves is True:
+            self._refit_hard_leaves(Xs, y)
+        elif self.refit_leaves == "auto" and X_val is not None:
+            # keep the refit only where it lowers the held-out error of the hard tree
+            trained = self._error(X_val, y_val)
+            self._refit_hard_leaves(Xs, y)
+            if self.hard_leaf_loc_ is not None and not self._error(X_val, y_val) < trained:
+                self.hard_leaf_loc_ = None
+                self._rules = None
         return self
+
+    @torch.no_grad()
+    def _refit_hard_leaves(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
+        """One exact M-step of the constant experts on the most likely tree's partition.
+
+        The experts are trained under soft routing, in which the points near a cut pull
+        each leaf towards its neighbour's value; the hard tree predicts best with the
+        values its own partition of the training points gives (leaf means, or class
+        frequencies with one pseudo-count per class, as :meth:`HME.init_experts`).
+        Leaves that receive no training point keep the trained expert. Sets
+        ``hard_leaf_loc_`` ``(2**D, width)``; posterior routing keeps the trained
+        experts.
+        """
+        if self.experts != "constant":
+            return
+        with isolated_params():
+            loc = self.model_.leaf_loc.detach().clone()
+            self._rules = None
+            leaf = self.guide_.tree.hard_leaf(Xs)
+        onehot = torch.nn.functional.one_hot(leaf, loc.shape[0]).to(loc.dtype)
+        mass = onehot.sum(0)
+        if self._likelihood_is_categorical():
+            counts = onehot.T @ torch.nn.functional.one_hot(y.long(), loc.shape[-1]).to(loc.dtype)
+            new = torch.log(counts + 1.0) - torch.log(mass + loc.shape[-1]).unsqueeze(-1)
+        else:
+            y2 = y.reshape(y.shape[0], -1).to(loc.dtype)
+            new = (onehot.T @ y2) / mass.clamp_min(1.0).unsqueeze(-1)
+        self.hard_leaf_loc_ = torch.where((mass > 0).unsqueeze(-1), new, loc)
+        self._rules = None
+
+    def _likelihood_is_categorical(self) -> bool:
+        return getattr(self, "n_classes_", None) is not None
 
     # -- routing -----------------------------------------------------------------------------
     @property
@@ -223,9 +275,21 @@ class _RNNTreeBase(TreeEstimatorMixin):
                 Xs, num_samples=self.num_noise_samples, generator=gen
             )
 
-    def _leaf_outputs(self, Xs: torch.Tensor) -> torch.Tensor:
+    def _leaf_outputs(self, Xs: torch.Tensor, routing: str | None = None) -> torch.Tensor:
+        routing = self.routing if routing is None else routing
+        hard_loc = getattr(self, "hard_leaf_loc_", None)
+        if routing == "hard" and hard_loc is not None:
+            return hard_loc.to(Xs.dtype).expand(Xs.shape[0], -1, -1)
         with isolated_params(), torch.no_grad():
             return self.model_.leaf_outputs(Xs).detach()  # (N, 2**D, width)
+
+    def _leaf_loc(self) -> torch.Tensor:
+        """The hard tree's leaf values ``(2**D, width)`` (for rules and export)."""
+        hard_loc = getattr(self, "hard_leaf_loc_", None)
+        if hard_loc is not None:
+            return hard_loc.detach().cpu()
+        with isolated_params(), torch.no_grad():
+            return self.model_.leaf_loc.detach().cpu()
 
     def apply(self, X) -> np.ndarray:
         """Leaf index ``(N,)`` of each input under the most likely tree."""
@@ -268,6 +332,14 @@ class RNNTreeRegressor(_RNNTreeBase):
         error, with ``patience`` evaluations every ``eval_every`` steps.
     :param str routing: ``"hard"`` (the single most likely tree, as the paper) or
         ``"posterior"`` (average over the routing posterior) for predictions.
+    :param refit_leaves: give the hard tree's leaves the values its own partition of
+        the training points gives them (one exact M-step of the constant experts under
+        hard routing, which makes the hard tree exact on noise-free data; the trained
+        experts, fitted under soft routing, are pulled towards their neighbours near
+        every cut). ``True``: always, early-stopping checks included; ``False``: never
+        (the paper); ``"auto"`` (default): after training, only where it lowers the
+        error on the validation split (never without one). Posterior routing always
+        uses the trained experts.
     :param random_state: seed; fits and predictions are then reproducible.
     :param device: where to fit (``"cuda"``...); default: the CPU.
     :param str dtype: ``"float32"`` (default) or ``"float64"`` computation.
@@ -295,15 +367,14 @@ class RNNTreeRegressor(_RNNTreeBase):
         }
 
     def _leaf_labels(self) -> list[str]:
-        with isolated_params(), torch.no_grad():
-            loc = self.model_.leaf_loc.detach().cpu()
+        loc = self._leaf_loc()
         if self.experts == "linear":
             return [f"value: linear expert {i}" for i in range(loc.shape[0])]
         return ["value: " + ", ".join(f"{v:.3f}" for v in row.tolist()) for row in loc]
 
     def _predict_std(self, Xs: torch.Tensor, routing=None) -> torch.Tensor:
         probs = self._leaf_probs(Xs, routing)  # (N, 2**D)
-        out = self._leaf_outputs(Xs)  # (N, 2**D, K)
+        out = self._leaf_outputs(Xs, routing)  # (N, 2**D, K)
         return (probs.unsqueeze(-1) * out).sum(-2)
 
     def predict(self, X, routing: str | None = None) -> np.ndarray:
@@ -345,8 +416,7 @@ class RNNTreeClassifier(_RNNTreeBase):
         return {"likelihood": "categorical", "num_classes": self.n_classes_}
 
     def _leaf_labels(self) -> list[str]:
-        with isolated_params(), torch.no_grad():
-            probs = self.model_.leaf_loc.detach().softmax(-1).cpu()
+        probs = self._leaf_loc().softmax(-1)
         out = []
         for row in probs:
             k = int(row.argmax())
@@ -355,7 +425,7 @@ class RNNTreeClassifier(_RNNTreeBase):
 
     def _proba(self, Xs: torch.Tensor, routing=None) -> torch.Tensor:
         probs = self._leaf_probs(Xs, routing)
-        leaf_p = self._leaf_outputs(Xs).softmax(-1)  # (N, 2**D, C)
+        leaf_p = self._leaf_outputs(Xs, routing).softmax(-1)  # (N, 2**D, C)
         return (probs.unsqueeze(-1) * leaf_p).sum(-2)
 
     def predict_proba(self, X, routing: str | None = None) -> np.ndarray:

@@ -147,3 +147,36 @@ def test_cuda_fit_and_predict():
     X, y = make_pulse(50)
     est = RNNTreeRegressor(2, num_steps=5, device="cuda").fit(X, y)
     assert est.predict(X).shape == (50,)
+
+
+def test_refit_leaves_gives_the_hard_tree_its_own_partition_means():
+    X, y = make_pulse(80)
+    kw = dict(random_state=0, num_steps=30, entropy_weight=-1.0)
+    a = RNNTreeRegressor(2, refit_leaves=True, **kw).fit(X, y)
+    b = RNNTreeRegressor(2, refit_leaves=False, **kw).fit(X, y)
+    assert b.hard_leaf_loc_ is None
+    # "auto" refits only with a validation split, and only if that lowers its error
+    c = RNNTreeRegressor(2, **kw).fit(X, y)
+    assert c.hard_leaf_loc_ is None
+    with pytest.raises(ValueError, match="refit_leaves must be"):
+        RNNTreeRegressor(2, refit_leaves="yes", **kw).fit(X, y)
+    leaf, pred = a.apply(X), a.predict(X)
+    for k in np.unique(leaf):
+        np.testing.assert_allclose(pred[leaf == k], y[leaf == k].mean(), rtol=1e-5)
+    # the same training run: the tree and the posterior-routing predictions agree
+    np.testing.assert_array_equal(leaf, b.apply(X))
+    np.testing.assert_array_equal(a.predict(X, routing="posterior"), b.predict(X, "posterior"))
+    assert np.mean((pred - y) ** 2) <= np.mean((b.predict(X) - y) ** 2) + 1e-9
+    assert "value:" in a.export_text()
+
+
+def test_refit_leaves_predicts_each_leafs_majority_class(parity_fit):
+    est, X, y = parity_fit
+    est = pickle.loads(pickle.dumps(est))
+    est.refit_leaves = True
+    est._refit_hard_leaves(est._check_X(X), torch.as_tensor(np.searchsorted(est.classes_, y)))
+    leaf, pred = est.apply(X), est.predict(X)
+    for k in np.unique(leaf):
+        counts = np.bincount(y[leaf == k], minlength=2)
+        if counts[0] != counts[1]:
+            assert (pred[leaf == k] == counts.argmax()).all()
