@@ -322,10 +322,12 @@ class RNNTree(PyroModule):
         return torch.cat(states, dim=0)
 
     # -- routing posteriors --------------------------------------------------------
-    def depth_log_probs(self, x: torch.Tensor, *, noise: bool | None = None):
+    def depth_log_probs(self, x: torch.Tensor, *, noise: bool | None = None, generator=None):
         """Soft-feedback roll-out (eq. 14): ``(log_right, log_left)``, each ``(N, D)``.
 
         :param noise: feed back quantisation noise; default: ``self.training``.
+        :param generator: optional ``torch.Generator`` for the noise (drawn on its
+            device, then moved to ``x``'s); default: the global generator.
         """
         noise = self.training if noise is None else noise
         n = x.shape[0]
@@ -340,7 +342,13 @@ class RNNTree(PyroModule):
             lefts.append(log_left)
             inp = log_right.exp().unsqueeze(-1)
             if noise and self.noise > 0:
-                inp = inp + (torch.rand_like(inp) * 2 - 1) * self.noise
+                if generator is None:
+                    u = torch.rand_like(inp)
+                else:
+                    u = torch.rand(
+                        inp.shape, generator=generator, dtype=inp.dtype, device=generator.device
+                    ).to(inp.device)
+                inp = inp + (u * 2 - 1) * self.noise
         return torch.stack(rights, -1), torch.stack(lefts, -1)
 
     def node_logits(self, x: torch.Tensor, *, feedback: str | None = None, noise=None):
@@ -372,16 +380,10 @@ class RNNTree(PyroModule):
         if feedback == "hard" or self.noise == 0 or num_samples < 1:
             return self.forward(x, feedback=feedback, noise=False).exp()
         total = 0.0
-        state = None
-        if generator is not None:
-            state = torch.random.get_rng_state()
-            torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
-        try:
-            for _ in range(num_samples):
-                total = total + self.forward(x, feedback="soft", noise=True).exp()
-        finally:
-            if state is not None:
-                torch.random.set_rng_state(state)
+        for _ in range(num_samples):
+            log_right, log_left = self.depth_log_probs(x, noise=True, generator=generator)
+            logits = trees.depth_logits_to_node_logits(log_right - log_left)
+            total = total + trees.leaf_log_probs(logits).exp()
         return total / num_samples
 
     # -- the most likely tree ----------------------------------------------------------

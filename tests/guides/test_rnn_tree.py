@@ -113,6 +113,13 @@ def test_noise_is_used_only_in_training_with_soft_feedback():
     a = tree.leaf_probs(x, num_samples=4, generator=gen)
     gen = torch.Generator().manual_seed(0)
     torch.testing.assert_close(a, tree.leaf_probs(x, num_samples=4, generator=gen))
+    # the generator is threaded through: the global stream is neither read nor moved
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    tree.leaf_probs(x, num_samples=4, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(torch.rand(3), expected)
+    assert torch.allclose(a.sum(-1), torch.ones(5))
 
 
 def test_pickle_round_trip():
