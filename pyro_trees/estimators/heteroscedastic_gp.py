@@ -48,6 +48,12 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         ``"posterior"`` (mixture over the routing posterior).
     :param float balance_weight: weight of the tree-balance coupling.
     :param float entropy_weight: weight of the per-point routing KL (1: the bound).
+    :param float validation_fraction: share of the points held out (drawn with
+        ``random_state``) for early stopping on their mean negative log predictive
+        density under the default ``routing``; 0 (default) trains on every point.
+    :param patience: evaluations without improvement before stopping (``None``: run
+        every step, keeping the best state seen); needs ``validation_fraction > 0``.
+    :param int eval_every: steps between evaluations on the held-out points.
     :param random_state: seed.
     :param str dtype: ``"float64"`` (default; exact GPs need it) or ``"float32"``.
     """
@@ -66,6 +72,9 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         routing: str = "tree",
         balance_weight: float = 1.0,
         entropy_weight: float = 1.0,
+        validation_fraction: float = 0.0,
+        patience: int | None = None,
+        eval_every: int = 20,
         random_state: int | None = None,
         dtype: str = "float64",
         progress: bool = False,
@@ -81,6 +90,9 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         self.routing = routing
         self.balance_weight = balance_weight
         self.entropy_weight = entropy_weight
+        self.validation_fraction = validation_fraction
+        self.patience = patience
+        self.eval_every = eval_every
         self.random_state = random_state
         self.dtype = dtype
         self.progress = progress
@@ -108,6 +120,17 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if not (
+            isinstance(self.validation_fraction, int | float)
+            and 0.0 <= self.validation_fraction < 1.0
+        ):
+            raise ValueError(
+                f"validation_fraction must lie in [0, 1), got {self.validation_fraction!r}"
+            )
+        if self.patience is not None and self.validation_fraction == 0:
+            raise ValueError("patience needs a validation split: set validation_fraction > 0")
+        if not isinstance(self.eval_every, int) or self.eval_every < 1:
+            raise ValueError(f"eval_every must be an integer >= 1, got {self.eval_every!r}")
         for name in ("lr", "tree_lr"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
@@ -154,6 +177,18 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         ys = (y - self.y_mean_) / self.y_scale_
         if self.random_state is not None:
             pyro.set_rng_seed(int(self.random_state))
+        X_val = y_val = None
+        if self.validation_fraction > 0:
+            n_val = max(1, int(round(self.validation_fraction * n)))
+            if n - n_val < 2:
+                raise ValueError(
+                    f"validation_fraction={self.validation_fraction} leaves {n - n_val} "
+                    "training points; need at least 2"
+                )
+            perm = torch.as_tensor(np.random.default_rng(self.random_state).permutation(n))
+            X_val, y_val = Xs[perm[:n_val]], ys[perm[:n_val]]
+            Xs, ys = Xs[perm[n_val:]], ys[perm[n_val:]]
+            n = Xs.shape[0]
         z = None
         if self.num_inducing is not None:
             idx = torch.linspace(0, n - 1, min(self.num_inducing, n)).round().long()
@@ -186,6 +221,15 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         else:
             loss = TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight)
             kwargs = {"subsample_size": self.batch_size}
+        val_metric = None
+        if X_val is not None:
+            X_cond, y_cond = (Xs, ys) if z is None else (None, None)
+
+            def val_metric():
+                with torch.no_grad():
+                    pred = model.predict(X_val, guide, X_cond, y_cond, routing=self.routing)
+                    return -float(pred.log_prob(y_val).mean())
+
         self.fit_result_ = _fit(
             model,
             guide,
@@ -194,6 +238,9 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
             loss=loss,
             num_steps=self.num_steps,
             optim=optimizer,
+            val_metric=val_metric,
+            eval_every=self.eval_every,
+            patience=self.patience,
             progress=self.progress,
             desc="HeteroscedasticGP",
             **kwargs,

@@ -87,3 +87,30 @@ def test_bad_input():
         est.predict_interval(X, 1.5)
     with pytest.raises(ValueError, match="routing"):
         est.predict(X, routing="mode")
+
+
+def test_early_stopping_keeps_the_best_held_out_state():
+    X, y = _data(80)
+    est = HeteroscedasticGPRegressor(
+        depth=1,
+        num_steps=40,
+        init_steps=10,
+        validation_fraction=0.25,
+        eval_every=5,
+        patience=2,
+        random_state=0,
+    ).fit(X, y)
+    result = est.fit_result_
+    assert result.val_losses and result.best_step is not None
+    assert result.best_val == pytest.approx(min(v for _, v in result.val_losses))
+    assert est._X_train.shape[0] == 60
+    # the kept state scores best_val on the held-out points (same draw of 20)
+    held_out = np.random.default_rng(0).permutation(80)[:20]
+    ll = est.log_likelihood(X[held_out], y[held_out])
+    assert ll == pytest.approx(-result.best_val - np.log(est.y_scale_), rel=1e-9, abs=1e-9)
+    with pytest.raises(ValueError, match="validation_fraction"):
+        HeteroscedasticGPRegressor(validation_fraction=1.0).fit(X, y)
+    with pytest.raises(ValueError, match="patience needs"):
+        HeteroscedasticGPRegressor(patience=3).fit(X, y)
+    with pytest.raises(ValueError, match="eval_every"):
+        HeteroscedasticGPRegressor(eval_every=0).fit(X, y)
