@@ -294,13 +294,18 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         value = value.detach().cpu().numpy()
         return value[..., 0] if self.y_ndim_ == 1 else value
 
-    def predict(self, X, mode: str | None = None) -> np.ndarray:
+    def predict(self, X, mode: str | None = None, average: bool = False) -> np.ndarray:
         """Predictions ``(N,)`` (or ``(N, D)``): the mean of the most probable expert
-        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean."""
+        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean.
+
+        With ``average=True`` the predictive is the Bayesian model average over every
+        searched topology with weights ``weights_`` (``exp(bound)``, normalised; see
+        :meth:`predict_distribution`), and ``"expert"`` picks the most probable expert of
+        that pooled mixture."""
         mode = self.predict_mode if mode is None else mode
         if mode not in ("expert", "mixture"):
             raise ValueError(f"mode must be 'expert' or 'mixture', got {mode!r}")
-        d = self.predict_distribution(X)
+        d = self.predict_distribution(X, average=average)
         if mode == "mixture":
             return self._out(d.mean)
         probs = d.mixture_distribution.probs  # (N, E)

@@ -58,6 +58,24 @@ def test_predictions(fitted):
     assert est.score(X, y) > 0.3  # R^2 is low by nature on a multi-valued inverse
 
 
+def test_model_average_is_the_bound_weighted_mean(fitted):
+    est, X, _ = fitted
+    w = est.weights_
+    assert len(w) == len(est.topologies_) > 1 and np.isclose(w.sum(), 1.0)
+    got = est.predict(X[:20], mode="mixture", average=True)
+    want = 0.0
+    keep = est.best_index_
+    try:
+        for k in range(len(w)):
+            est.best_index_ = k
+            want = want + w[k] * est.predict(X[:20], mode="mixture")
+    finally:
+        est.best_index_ = keep
+    assert np.allclose(got, want, atol=1e-10)
+    one = est.predict(X[:20], average=True)
+    assert one.shape == (20,) and np.isfinite(one).all()
+
+
 def test_pickle_is_exact(fitted):
     est, X, _ = fitted
     again = pickle.loads(pickle.dumps(est))
