@@ -196,12 +196,31 @@ class BayesianHMEGuide(PyroModule):
             raise ValueError("restart() needs a guide built with num_restarts")
         if not -self.num_restarts <= index < self.num_restarts:
             raise ValueError(f"index {index} out of range for {self.num_restarts} restarts")
-        out = BayesianHMEGuide(model)
+        out = BayesianHMEGuide(model).to(self.W_loc.dtype)
         for name in self._PARAMS:
             if name.startswith(("v_", "beta_")) and not self.num_gates:
                 continue
             setattr(out, name, getattr(self, name)[index].detach().clone())
         return out
+
+    @torch.no_grad()
+    def subset(self, indices, model) -> BayesianHMEGuide:
+        """A batched guide holding the restarts ``indices`` (in that order).
+
+        :param indices: a sequence or 1-d tensor of restart indices.
+        :param model: the (unwrapped) :class:`~pyro_trees.models.BayesianHME`.
+        """
+        if self.num_restarts is None:
+            raise ValueError("subset() needs a guide built with num_restarts")
+        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        if not len(idx) or bool((idx < 0).any() | (idx >= self.num_restarts).any()):
+            raise ValueError(f"indices must be in [0, {self.num_restarts}), got {idx.tolist()}")
+        out = BayesianHMEGuide(model, num_restarts=len(idx))
+        for name in self._PARAMS:
+            if name.startswith(("v_", "beta_")) and not self.num_gates:
+                continue
+            setattr(out, name, getattr(self, name)[idx.to(self.W_loc.device)].detach().clone())
+        return out.to(self.W_loc.dtype)
 
     @torch.no_grad()
     def load_vb_state(self, state) -> BayesianHMEGuide:

@@ -10,9 +10,16 @@ data-driven random point (:meth:`~pyro_trees.guides.BayesianHMEGuide.init_from_d
 
 Like the closed-form path (:mod:`pyro_trees.infer.bayesian_hme_vb`), the likelihood can be
 annealed: at step ``k`` the observation's log-density is scaled by ``1 / T_k`` (a
-deterministic-annealing temperature; ``T = 1`` is the model itself). At the end the ELBO
-of every restart is estimated with many vectorised samples (:func:`restart_elbos`) and
-the best restart is returned as a plain, unbatched guide.
+deterministic-annealing temperature; ``T = 1`` is the model itself).
+
+Single-sample gradients find the right basin quickly but converge slowly in the
+variance parameters of ``q`` (the gate covariances and the Gamma shapes have a weak
+gradient against the sampling noise). So, like the pruning of the closed-form search,
+the best ``keep`` restarts (by a Monte Carlo ELBO estimate) can go on for
+``polish_steps`` more steps with ``polish_particles`` vectorised samples per step and a
+small learning rate. At the end the ELBO of every restart is estimated with many
+vectorised samples (:func:`restart_elbos`) and the best restart is returned as a plain,
+unbatched guide.
 """
 
 from __future__ import annotations
@@ -82,8 +89,10 @@ class SVIRestarts:
 
     :ivar model: the :class:`~pyro_trees.models.BayesianHME` (it has no parameters).
     :ivar guide: the best restart as a plain :class:`~pyro_trees.guides.BayesianHMEGuide`.
-    :ivar batched_guide: every restart (``num_restarts`` copies).
-    :ivar elbos: Monte Carlo ELBO of every restart at the end, ``(R,)``.
+    :ivar batched_guide: every restart (``num_restarts`` copies) before the polish.
+    :ivar polished: indices of the restarts that were polished (empty without a polish).
+    :ivar elbos: Monte Carlo ELBO of every restart at the end, ``(R,)`` (a restart left
+        out of the polish keeps its estimate from before the polish).
     :ivar best: index of the best restart (highest ``elbos``).
     :ivar losses: the batched loss (sum over restarts of the negative ELBO) per step.
     :ivar seconds: wall-clock seconds, training and evaluation.
@@ -96,6 +105,7 @@ class SVIRestarts:
     best: int
     losses: list = field(default_factory=list)
     seconds: float = 0.0
+    polished: list = field(default_factory=list)
 
     @property
     def elbo(self) -> float:
@@ -119,6 +129,12 @@ def fit_svi_restarts(
     temperatures: Sequence[float] | None = None,
     num_particles: int = 1,
     eval_particles: int = 1000,
+    keep: int = 5,
+    polish_steps: int = 0,
+    polish_particles: int = 32,
+    polish_lr: float = 0.02,
+    polish_final_lr: float = 0.001,
+    select_particles: int = 200,
     gate_scale: float = 2.0,
     prior_a: float = 1e-3,
     prior_b: float = 1e-3,
@@ -137,6 +153,11 @@ def fit_svi_restarts(
     :param temperatures: likelihood temperature of every step (deterministic annealing;
         padded with 1 to ``num_steps``); default: none.
     :param eval_particles: samples of the final ELBO estimate of every restart.
+    :param keep: with ``polish_steps > 0``, how many restarts (the best by a
+        ``select_particles``-sample ELBO estimate) are polished.
+    :param polish_steps: steps of the polish (0: none), with ``polish_particles``
+        vectorised samples per step and a fresh ClippedAdam whose learning rate decays
+        from ``polish_lr`` to ``polish_final_lr``.
     :param seed: seeds Pyro's RNG (the sampling during training) when not ``None``.
     :returns: an :class:`SVIRestarts`.
     """
@@ -148,11 +169,16 @@ def fit_svi_restarts(
         ("num_steps", num_steps),
         ("num_particles", num_particles),
         ("eval_particles", eval_particles),
+        ("keep", keep),
+        ("polish_particles", polish_particles),
+        ("select_particles", select_particles),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if not (lr > 0 and final_lr > 0):
-        raise ValueError(f"lr and final_lr must be positive, got {lr}, {final_lr}")
+    if isinstance(polish_steps, bool) or not isinstance(polish_steps, int) or polish_steps < 0:
+        raise ValueError(f"polish_steps must be an integer >= 0, got {polish_steps!r}")
+    if not (lr > 0 and final_lr > 0 and polish_lr > 0 and polish_final_lr > 0):
+        raise ValueError("learning rates must be positive")
     x = torch.as_tensor(x)
     y = torch.as_tensor(y, dtype=x.dtype, device=x.device)
     if y.dim() == 1:
@@ -172,33 +198,66 @@ def fit_svi_restarts(
         guide.init_from_data(x, y, gate_scale=gate_scale, generator=generator)
         wrapped = RestartPlate(model, num_restarts)
         tempering = _LikelihoodTemperature("obs")
-        tempered = tempering(wrapped)
-        optim = pyro.optim.ClippedAdam({"lr": lr, "lrd": (final_lr / lr) ** (1 / num_steps)})
-        loss = pyro.infer.Trace_ELBO(
-            num_particles=num_particles,
-            vectorize_particles=num_particles > 1,
-            max_plate_nesting=2,
-        )
-        svi = pyro.infer.SVI(tempered, guide, optim, loss)
-        # register the guide's parameters, then zero non-finite gradient entries: a restart
-        # whose expert dies has q(tau) near the broad prior, whose reparameterised Gamma
-        # gradients can overflow; that must not poison the other restarts of the batch
-        poutine.trace(guide).get_trace(x, y)
-        for _, param in pyro.get_param_store().named_parameters():
-            param.register_hook(_finite_grad)
-        losses = []
-        for temp in temps:
-            tempering.temperature = temp
-            losses.append(svi.step(x, y))
-        elbos = restart_elbos(wrapped, guide, x, y, num_particles=eval_particles)
+        losses = _train(wrapped, guide, x, y, temps, lr, final_lr, num_particles, tempering)
+        polished = []
+        if polish_steps:
+            elbos = restart_elbos(wrapped, guide, x, y, num_particles=select_particles)
+            k = min(keep, num_restarts)
+            polished = elbos.nan_to_num(-math.inf).topk(k).indices.tolist()
+            few = guide.subset(polished, model)
+            few_wrapped = RestartPlate(model, k)
+            with isolated_params():
+                losses += _train(
+                    few_wrapped,
+                    few,
+                    x,
+                    y,
+                    [1.0] * polish_steps,
+                    polish_lr,
+                    polish_final_lr,
+                    polish_particles,
+                    None,
+                )
+                few_elbos = restart_elbos(few_wrapped, few, x, y, num_particles=eval_particles)
+            elbos[polished] = few_elbos
+        else:
+            elbos = restart_elbos(wrapped, guide, x, y, num_particles=eval_particles)
     elbos = elbos.nan_to_num(-math.inf)
     best = int(elbos.argmax())
+    if best in polished:
+        chosen = few.restart(polished.index(best), model)
+    else:
+        chosen = guide.restart(best, model)
     return SVIRestarts(
         model=model,
-        guide=guide.restart(best, model),
+        guide=chosen,
         batched_guide=guide,
         elbos=elbos,
         best=best,
         losses=losses,
         seconds=time.perf_counter() - start,
+        polished=polished,
     )
+
+
+def _train(wrapped, guide, x, y, temps, lr, final_lr, num_particles, tempering):
+    """Plain SVI steps on a restart-batched model and guide; the losses."""
+    model = wrapped if tempering is None else tempering(wrapped)
+    steps = len(temps)
+    optim = pyro.optim.ClippedAdam({"lr": lr, "lrd": (final_lr / lr) ** (1 / steps)})
+    loss = pyro.infer.Trace_ELBO(
+        num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=2
+    )
+    svi = pyro.infer.SVI(model, guide, optim, loss)
+    # register the guide's parameters, then zero non-finite gradient entries: a restart
+    # whose expert dies has q(tau) near the broad prior, whose reparameterised Gamma
+    # gradients can overflow; that must not poison the other restarts of the batch
+    poutine.trace(guide).get_trace(x, y)
+    for _, param in pyro.get_param_store().named_parameters():
+        param.register_hook(_finite_grad)
+    losses = []
+    for temp in temps:
+        if tempering is not None:
+            tempering.temperature = temp
+        losses.append(svi.step(x, y))
+    return losses

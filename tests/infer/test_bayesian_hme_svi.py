@@ -159,6 +159,25 @@ def test_fit_svi_restarts_returns_the_best_restart_as_a_plain_guide():
     assert len(res.losses) == 40 and all(math.isfinite(v) for v in res.losses)
     assert res.guide.num_restarts is None and res.guide.W_loc.shape == (3, 1, 2)
     assert torch.equal(res.guide.W_loc, res.batched_guide.W_loc[res.best].detach())
+    # a polish of the best two restarts with more samples per step
+    pol = fit_svi_restarts(
+        x,
+        y,
+        top,
+        num_restarts=3,
+        num_steps=20,
+        keep=2,
+        polish_steps=10,
+        polish_particles=4,
+        select_particles=20,
+        eval_particles=50,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert len(pol.polished) == 2 and len(pol.losses) == 30
+    assert pol.best == int(pol.elbos.argmax()) and torch.isfinite(pol.elbos).all()
+    assert pol.guide.num_restarts is None
+    if pol.best not in pol.polished:
+        assert torch.equal(pol.guide.W_loc, pol.batched_guide.W_loc[pol.best].detach())
     # the best restart trains on with plain SVI
     svi = pyro.infer.SVI(res.model, res.guide, pyro.optim.Adam({"lr": 1e-3}), Trace_ELBO())
     assert all(math.isfinite(svi.step(x, y)) for _ in range(3))
@@ -174,8 +193,14 @@ def test_bad_input():
         BayesianHMEGuide(model).restart(0, model)
     with pytest.raises(ValueError, match="out of range"):
         BayesianHMEGuide(model, num_restarts=2).restart(2, model)
+    with pytest.raises(ValueError, match="indices"):
+        BayesianHMEGuide(model, num_restarts=2).subset([0, 2], model)
+    sub = BayesianHMEGuide(model, num_restarts=3).subset([2, 0], model)
+    assert sub.num_restarts == 2 and sub.W_loc.shape[0] == 2
     x, y = toy(n=10)
     with pytest.raises(ValueError, match="num_steps"):
         fit_svi_restarts(x, y, Topology([1, 2]), num_steps=0)
+    with pytest.raises(ValueError, match="polish_steps"):
+        fit_svi_restarts(x, y, Topology([1, 2]), num_steps=2, polish_steps=-1)
     with pytest.raises(ValueError, match="temperatures"):
         fit_svi_restarts(x, y, Topology([1, 2]), num_steps=2, temperatures=[0.0])
