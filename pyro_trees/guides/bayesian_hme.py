@@ -16,6 +16,12 @@ global factors (it uses the exact log-sigmoid and the exact posterior over exper
 :meth:`BayesianHMEGuide.init_from_data` gives a data-driven random start (random gates,
 weighted least-squares experts); :meth:`BayesianHMEGuide.load_vb_state` copies a
 closed-form solution into the guide.
+
+Random restarts as a batch dimension: ``BayesianHMEGuide(model, num_restarts=R)`` holds
+``R`` independent copies of ``q`` and :class:`RestartPlate` runs the model inside the
+matching ``"restarts"`` plate, so plain :class:`~pyro.infer.SVI` trains all of them at
+once (:func:`pyro_trees.infer.fit_svi_restarts` wraps this);
+:meth:`BayesianHMEGuide.restart` and :meth:`BayesianHMEGuide.subset` take copies out.
 """
 
 from __future__ import annotations
