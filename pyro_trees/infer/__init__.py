@@ -9,6 +9,7 @@ from pyro_trees.infer.bayesian_hme_vb import (
     ModelSelection,
     VBData,
     VBState,
+    grow_selection,
     select_topology,
 )
 from pyro_trees.infer.collapsed_elbo import (
@@ -52,6 +53,7 @@ __all__ = [
     "dgp_predict",
     "fit",
     "fit_svi_restarts",
+    "grow_selection",
     "isolated_params",
     "layer_samples",
     "learn_tree_structure",
