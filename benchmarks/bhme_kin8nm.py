@@ -10,9 +10,18 @@ chosen by the best bounds it reached on the training data (``benchmarks/results/
 bhme_kin8nm_schedules.md``), never by the test set. At the end of the annealing the best
 starts of each topology go on (``--prune-after 200``, ``--keep 5``); a start stops once
 its bound moves by at most ``1e-6 N`` in a cycle. The search runs in
-float32 and the best start of every topology is polished in float64. The model with the
+float32 and the best start of every topology is polished in float64. Then, sizes in
+increasing order, every topology is searched again from starts grown out of the best
+solution of each topology with one expert fewer that it extends (a leaf split into a gate
+and two copies of its expert, ``--grow 3`` gate directions per split, 400 cycles; see
+:func:`~pyro_trees.infer.bayesian_hme_vb.grow_selection`), keeping the higher bound. As a
+diagnostic, the selected model is extended by a switched-off spare expert (a new gate
+whose bias sends every point to one copy, then VB to convergence): the bound it loses is
+the price the priors put on an unused expert and gate. The model with the
 highest bound is kept; both its most probable expert's mean (the paper's prediction) and
-its predictive mixture mean are scored.
+its predictive mixture mean are scored, and so are the same two predictors of the
+Bayesian model average over every topology with the weights ``exp(bound)`` (training
+bounds only; ``BayesianHMERegressor.predict(..., average=True)``).
 
 Paper: best bound at 4 experts, standardised test MSE 0.249 (Waterhouse's HMEs
 0.262-0.378, best MLP 0.094, linear 0.569). Targets: MSE <= 0.24, search <= 5 minutes on 2
@@ -34,6 +43,7 @@ import torch
 
 from benchmarks._common import markdown_table, write_results
 from pyro_trees.estimators import BayesianHMERegressor
+from pyro_trees.infer import bayesian_hme_vb as vb
 from pyro_trees.topology import enumerate_topologies
 
 PAPER = {"bhme": 0.249, "waterhouse_hme": (0.262, 0.378), "mlp": 0.094, "linear": 0.569}
@@ -77,6 +87,26 @@ def reference_seconds() -> float:
     return time.perf_counter() - t0
 
 
+def spare_expert_cost(est, x, y, bias: float = 6.0, iters: int = 1500):
+    """Bound of the selected model extended at its best leaf by a switched-off expert: a
+    new gate with weights ``(0, ..., 0, bias)`` sends every point to the right copy of the
+    split expert, then VB runs to convergence (float64). Returns ``(bound, topology)``."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    y = torch.as_tensor(y, dtype=torch.float64)
+    top, st = est.topology_, est.state_
+    data = vb.VBData.build(x, y, top)
+    gate = torch.zeros(1, data.x.shape[-1], dtype=torch.float64)
+    gate[0, -1] = bias
+    one = vb.VBState(**{k: v.unsqueeze(0) for k, v in vars(st).items()})
+    best = (-np.inf, None)
+    for leaf in top.experts:
+        child, grown = vb.grow_state(data, one, top, leaf, gate)
+        res = vb.run_vb(vb.VBData.build(x, y, child), grown, num_iters=iters, tol=1e-8)
+        if float(res.bound[0]) > best[0]:
+            best = (float(res.bound[0]), child)
+    return best
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--restarts", type=int, default=50)
@@ -91,6 +121,9 @@ def main(argv=None):
         help="comma-separated annealing schedules the restarts are split between",
     )
     parser.add_argument("--keep", type=int, default=5)
+    parser.add_argument(
+        "--grow", type=int, default=3, help="grown starts per split of a smaller solution"
+    )
     parser.add_argument("--tag", default="", help="suffix of the result files' name")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
@@ -119,6 +152,7 @@ def main(argv=None):
         anneal=args.anneal.split(","),
         prune_after=args.prune_after,
         keep=args.keep,
+        grow=args.grow,
         standardize=False,
         random_state=0,
     )
@@ -127,11 +161,19 @@ def main(argv=None):
     est.fit(xtr, ytr)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     ref_after = reference_seconds()
+    spare_bound, spare_top = spare_expert_cost(est, xtr, ytr)
     mse_expert = float(np.mean((est.predict(xte) - yte) ** 2))
     mse_mixture = float(np.mean((est.predict(xte, mode="mixture") - yte) ** 2))
-    best_per_e = {}
-    for top, b in zip(est.topologies_, est.bounds_, strict=True):
+    # Bayesian model average over all 47 topologies, weights exp(bound) (training data)
+    mse_bma = float(np.mean((est.predict(xte, mode="mixture", average=True) - yte) ** 2))
+    mse_bma_expert = float(np.mean((est.predict(xte, average=True) - yte) ** 2))
+    top_w = sorted(zip(est.weights_, [str(t) for t in est.topologies_], strict=True), reverse=True)[
+        :4
+    ]
+    best_per_e, random_per_e = {}, {}
+    for top, b, b0 in zip(est.topologies_, est.bounds_, est.random_bounds_, strict=True):
         best_per_e[top.num_experts] = max(best_per_e.get(top.num_experts, -np.inf), float(b))
+        random_per_e[top.num_experts] = max(random_per_e.get(top.num_experts, -np.inf), float(b0))
 
     # diagnostics, not used for any choice: the test MSE of the best topology of each size
     per_e = {}
@@ -147,6 +189,8 @@ def main(argv=None):
         per_e[e] = {
             "topology": str(top),
             "bound": best_per_e[e],
+            "bound (random starts only)": random_per_e[e],
+            "grown": bool(est.grown_[k]),
             "test MSE (most probable expert)": float(np.mean((one - yte) ** 2)),
             "test MSE (mixture mean)": float(np.mean((mix - yte) ** 2)),
         }
@@ -163,12 +207,25 @@ def main(argv=None):
             "test MSE": mse_mixture,
             "paper": None,
         },
+        {
+            "model": "Bayesian HME (ours), model average with weights exp(bound), mixture mean",
+            "test MSE": mse_bma,
+            "paper": None,
+        },
+        {
+            "model": "Bayesian HME (ours), model average with weights exp(bound), most "
+            "probable expert",
+            "test MSE": mse_bma_expert,
+            "paper": None,
+        },
         {"model": "linear least squares (ours)", "test MSE": linear_mse, "paper": 0.569},
         {"model": "MLP 64-64 (scikit-learn, ours)", "test MSE": mlp_mse, "paper": 0.094},
     ]
     work = est.search_cycles_
     print(markdown_table(rows))
     print(markdown_table(diag))
+    print(f"{int(est.grown_.sum())} of {len(tops)} topologies improved by grown starts")
+    print(f"spare expert: {spare_top} bound {spare_bound:.1f} (selected {est.elbo_:.1f})")
     print(f"selected {est.topology_} ({est.topology_.num_experts} experts; paper: 4)")
     print(
         f"search: {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU ({torch.get_num_threads()} "
@@ -176,11 +233,19 @@ def main(argv=None):
         f"starts (target <= 300 s); reference {ref_before:.2f} s / {ref_after:.2f} s "
         f"before / after; MLP fit {mlp_seconds:.1f} s"
     )
+    weights_md = ", ".join(f"{name}: {w:.3f}" for w, name in top_w)
     md = markdown_table(rows)
     md += (
+        f"\nModel-average weights exp(bound) / sum (training bounds only), the largest four: "
+        f"{weights_md}.\n"
         f"\nSelected topology {est.topology_} with {est.topology_.num_experts} experts "
-        "(paper: 4). The best topology of every size (test MSE shown as a diagnostic "
-        "only; nothing was chosen on it):\n\n"
+        f"(paper: 4), bound {est.elbo_:.1f}. Extended by a spare expert that starts switched "
+        "off (a new gate whose bias sends every point to one copy of the split expert, then VB to "
+        f"convergence), its best bound is {spare_bound:.1f} ({spare_top}): "
+        f"{est.elbo_ - spare_bound:.1f} nats lower, the prior price of an unused expert "
+        "and its gate, which larger topologies must win back by fitting better. The best "
+        "topology of every size (test MSE shown as a diagnostic only; nothing was chosen on "
+        "it):\n\n"
         + markdown_table(diag)
         + f"\nSearch: {seconds:.1f} s wall ({cpu_seconds:.1f} s CPU, "
         f"{torch.get_num_threads()} torch threads) for {len(tops)} topologies with "
@@ -190,7 +255,12 @@ def main(argv=None):
         f"{args.keep} starts per topology (rounded up per schedule) continue after "
         f"{args.prune_after} cycles; a "
         "start stops once its bound moves by <= 1e-6 N per cycle at temperature 1; float32 "
-        f"search, float64 polish of each topology's best start): {work} restart-cycles in "
+        f"search, float64 polish of each topology's best start; then, sizes in increasing "
+        f"order, {args.grow} starts per way of growing each topology out of the best "
+        "solution with one expert fewer (a leaf split into a gate and two copies of its "
+        f"expert), {args.iters // 2} cycles at temperature 1, keeping the higher bound; "
+        f"{int(est.grown_.sum())} of {len(tops)} topologies improved): {work} "
+        "restart-cycles in "
         f"all. Target <= 300 s on 2 cores. A fixed reference computation (200 float64 "
         f"300x300 products, 1 thread) took {ref_before:.2f} s before and {ref_after:.2f} s "
         "after the search (about 0.2 s on a quiet core, 0.6-3 s while other jobs ran): "
@@ -213,6 +283,10 @@ def main(argv=None):
                 "search_restart_cycles": work,
                 "reference_seconds": [ref_before, ref_after],
                 "per_experts": diag,
+                "spare_expert": {"topology": str(spare_top), "bound": spare_bound},
+                "grown": [bool(g) for g in est.grown_],
+                "random_bounds": [float(b) for b in est.random_bounds_],
+                "model_average_weights_top4": [[name, float(w)] for w, name in top_w],
                 "mlp_seconds": mlp_seconds,
                 "settings": vars(args),
                 "torch_threads": torch.get_num_threads(),

@@ -27,7 +27,7 @@ import torch
 
 from pyro_trees.trees import depth_of, left_child, num_internal, parent, right_child
 
-__all__ = ["Topology", "enumerate_topologies", "num_topologies"]
+__all__ = ["Topology", "enumerate_topologies", "mirror_map", "num_topologies"]
 
 
 class Topology:
@@ -278,6 +278,49 @@ def enumerate_topologies(max_experts: int, min_experts: int = 1) -> list[Topolog
     return [
         Topology.from_nested(t) for n in range(min_experts, max_experts + 1) for t in _shapes(n)
     ]
+
+
+def mirror_map(source: Topology, target: Topology):
+    """How the gates and experts of ``target`` correspond to those of a mirror image
+    ``source`` (the same tree up to swapping the children of some gates).
+
+    :returns: ``(gate_src, gate_flip, expert_src)``: target gate ``k`` is source gate
+        ``gate_src[k]`` with its children swapped when ``gate_flip[k]`` (its logit,
+        the log-odds of going right, changes sign); target expert ``j`` is source expert
+        ``expert_src[j]`` (positions in ``gates`` / ``experts``).
+    :raises ValueError: if the two topologies are not mirror images.
+    """
+    if _canonical_nested(source.to_nested()) != _canonical_nested(target.to_nested()):
+        raise ValueError(f"{source} and {target} are not mirror images of each other")
+    sg = {g: i for i, g in enumerate(source.gates)}
+    se = {e: i for i, e in enumerate(source.experts)}
+    tg = {g: i for i, g in enumerate(target.gates)}
+    te = {e: i for i, e in enumerate(target.experts)}
+    gate_src = [0] * target.num_gates
+    gate_flip = [False] * target.num_gates
+    expert_src = [0] * target.num_experts
+
+    def shape(top, node):
+        return _canonical_nested(top._nested(node))
+
+    def walk(s_node, t_node):
+        if t_node in te:
+            expert_src[te[t_node]] = se[s_node]
+            return
+        k = tg[t_node]
+        gate_src[k] = sg[s_node]
+        sl, sr = left_child(s_node), right_child(s_node)
+        tl, tr = left_child(t_node), right_child(t_node)
+        if shape(source, sl) == shape(target, tl):
+            walk(sl, tl)
+            walk(sr, tr)
+        else:
+            gate_flip[k] = True
+            walk(sr, tl)
+            walk(sl, tr)
+
+    walk(1, 1)
+    return gate_src, gate_flip, expert_src
 
 
 def num_topologies(num_experts: int) -> int:

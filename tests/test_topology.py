@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pyro_trees import trees
-from pyro_trees.topology import Topology, enumerate_topologies, num_topologies
+from pyro_trees.topology import Topology, enumerate_topologies, mirror_map, num_topologies
 
 WEDDERBURN_ETHERINGTON = [1, 1, 1, 2, 3, 6, 11, 23, 46, 98]
 
@@ -98,3 +98,21 @@ def test_hash_pickle_single_expert():
     u = Topology({1, 2, 5})
     assert pickle.loads(pickle.dumps(u)) == u
     assert len({u, Topology([5, 2, 1])}) == 1
+
+
+def test_mirror_map_permutes_the_sign_matrix():
+    def images(tree):
+        if tree is None:
+            return {None}
+        return {p for a in images(tree[0]) for b in images(tree[1]) for p in ((a, b), (b, a))}
+
+    for src in enumerate_topologies(5, 1):
+        for nested in images(src.to_nested()):
+            target = Topology.from_nested(nested)
+            gate_src, flip, expert_src = mirror_map(src, target)
+            s = src.sign_matrix(dtype=torch.float64)
+            sign = 1.0 - 2.0 * torch.tensor(flip, dtype=torch.float64)
+            expected = s[gate_src][:, expert_src] * sign.unsqueeze(-1)
+            assert torch.equal(target.sign_matrix(dtype=torch.float64), expected)
+    with pytest.raises(ValueError, match="mirror images"):
+        mirror_map(Topology.balanced(1), Topology.balanced(2))

@@ -12,6 +12,7 @@ from pyro_trees.estimators._base import TreeEstimatorMixin
 from pyro_trees.infer.bayesian_hme_vb import (
     SCHEDULES,
     VBData,
+    grow_selection,
     merge_selections,
     schedule_by_name,
     select_topology,
@@ -61,6 +62,12 @@ class BayesianHMERegressor(TreeEstimatorMixin):
     :param prune_after: keep only the best ``keep`` starts per topology after this many
         cycles (``None``: run every start to the end).
     :param int keep: see ``prune_after``.
+    :param int grow: after the random restarts, search every topology again from
+        ``grow`` starts per way of growing it out of the best solution of a topology
+        with one expert fewer (split one leaf into a gate and two copies of its expert,
+        then ``n_iter // 2`` cycles at temperature 1; smallest sizes first, see
+        :func:`~pyro_trees.infer.bayesian_hme_vb.grow_selection`); a topology keeps the
+        higher bound. ``0`` turns this off.
     :param str predict_mode: ``"expert"`` (mean of the most probable expert, the paper's
         choice for multi-modal inverse problems) or ``"mixture"`` (the predictive mean).
     :param bool standardize: fit on standardised inputs and targets (predictions and
@@ -78,7 +85,8 @@ class BayesianHMERegressor(TreeEstimatorMixin):
     scale), ``weights_`` (normalised ``exp(bounds_)``), ``state_`` (the selected
     :class:`~pyro_trees.infer.bayesian_hme_vb.VBState`), ``states_`` (the best state per
     topology), ``search_seconds_``, ``search_cycles_`` (coordinate-ascent cycles summed
-    over all restarts).
+    over all restarts), ``grown_`` (per topology: its best state came from a grown start),
+    ``random_bounds_`` (best bound per topology from the random restarts alone).
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         tol: float = 1e-6,
         prune_after: int | None = None,
         keep: int = 5,
+        grow: int = 3,
         predict_mode: str = "expert",
         standardize: bool = True,
         prior_a: float = 1e-3,
@@ -108,6 +117,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.tol = tol
         self.prune_after = prune_after
         self.keep = keep
+        self.grow = grow
         self.predict_mode = predict_mode
         self.standardize = standardize
         self.prior_a = prior_a
@@ -163,6 +173,8 @@ class BayesianHMERegressor(TreeEstimatorMixin):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.grow, bool) or not isinstance(self.grow, int) or self.grow < 0:
+            raise ValueError(f"grow must be an integer >= 0, got {self.grow!r}")
         if len(names) > self.n_restarts:
             raise ValueError(
                 f"n_restarts ({self.n_restarts}) must be at least the number of annealing "
@@ -221,10 +233,25 @@ class BayesianHMERegressor(TreeEstimatorMixin):
                 )
             )
         sel = merge_selections(sels)
+        random_bounds = sel.bounds
+        if self.grow > 0:
+            sel = grow_selection(
+                xs,
+                ts,
+                sel,
+                starts_per_split=self.grow,
+                num_iters=max(1, self.n_iter // 2),
+                tol=self.tol,
+                prior_a=self.prior_a,
+                prior_b=self.prior_b,
+                generator=generator,
+                search_dtype=dtypes[self.search_dtype],
+            )
         # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
         jacobian = X.shape[0] * float(self.y_std_.log().sum())
         self.topologies_ = sel.topologies
         self.bounds_ = (sel.bounds - jacobian).numpy()
+        self.random_bounds_ = (random_bounds - jacobian).numpy()
         self.weights_ = sel.weights.numpy()
         self.states_ = sel.states
         self.best_index_ = sel.best
@@ -233,6 +260,9 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.elbo_ = float(self.bounds_[sel.best])
         self.search_seconds_ = sel.seconds
         self.search_cycles_ = sel.cycles
+        self.grown_ = (
+            sel.grown.numpy() if sel.grown is not None else np.zeros(len(sel.topologies), bool)
+        )
         self.n_features_in_ = X.shape[1]
         self.is_fitted_ = True
         return self
@@ -294,13 +324,18 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         value = value.detach().cpu().numpy()
         return value[..., 0] if self.y_ndim_ == 1 else value
 
-    def predict(self, X, mode: str | None = None) -> np.ndarray:
+    def predict(self, X, mode: str | None = None, average: bool = False) -> np.ndarray:
         """Predictions ``(N,)`` (or ``(N, D)``): the mean of the most probable expert
-        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean."""
+        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean.
+
+        With ``average=True`` the predictive is the Bayesian model average over every
+        searched topology with weights ``weights_`` (``exp(bound)``, normalised; see
+        :meth:`predict_distribution`), and ``"expert"`` picks the most probable expert of
+        that pooled mixture."""
         mode = self.predict_mode if mode is None else mode
         if mode not in ("expert", "mixture"):
             raise ValueError(f"mode must be 'expert' or 'mixture', got {mode!r}")
-        d = self.predict_distribution(X)
+        d = self.predict_distribution(X, average=average)
         if mode == "mixture":
             return self._out(d.mean)
         probs = d.mixture_distribution.probs  # (N, E)

@@ -2,6 +2,7 @@
 
 from pyro_trees.guides.bayesian_hme import (
     BayesianHMEGuide,
+    RestartPlate,
 )
 from pyro_trees.guides.dgp import (
     DGPFactorisedGuide,
@@ -42,6 +43,7 @@ __all__ = [
     "PairNet",
     "RNNTree",
     "RNNTreeGuide",
+    "RestartPlate",
     "TemperatureSchedule",
     "TreeVIGuide",
     "TreeVIMixtureGuide",

@@ -1,9 +1,15 @@
 """Training: the ``fit`` loop, ELBO pieces that Pyro lacks, and tree structures for TreeVI."""
 
+from pyro_trees.infer.bayesian_hme_svi import (
+    SVIRestarts,
+    fit_svi_restarts,
+    restart_elbos,
+)
 from pyro_trees.infer.bayesian_hme_vb import (
     ModelSelection,
     VBData,
     VBState,
+    grow_selection,
     select_topology,
 )
 from pyro_trees.infer.collapsed_elbo import (
@@ -38,6 +44,7 @@ __all__ = [
     "FitResult",
     "LearnedTree",
     "ModelSelection",
+    "SVIRestarts",
     "TreeELBO",
     "VBData",
     "VBState",
@@ -45,6 +52,8 @@ __all__ = [
     "collapse_ratio",
     "dgp_predict",
     "fit",
+    "fit_svi_restarts",
+    "grow_selection",
     "isolated_params",
     "layer_samples",
     "learn_tree_structure",
@@ -52,6 +61,7 @@ __all__ = [
     "maximum_spanning_tree",
     "parents_from_edges",
     "parents_to_adjacency",
+    "restart_elbos",
     "select_topology",
     "similarity_dfs_tree",
 ]

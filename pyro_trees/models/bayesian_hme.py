@@ -115,8 +115,11 @@ class BayesianHME(PyroModule):
     def mixture(self, x: torch.Tensor, v, W, tau) -> dist.MixtureSameFamily:
         """The conditional ``p(y | x, v, W, tau)`` with the assignment summed out.
 
-        :param x: inputs ``(N, L)``; ``v``: ``(G, P)``; ``W``: ``(E, D, P)``; ``tau``: ``(E,)``.
-        :returns: a distribution with batch shape ``(N,)`` and event shape ``(D,)``.
+        Leading batch dims of the globals (restarts, vectorised particles) broadcast.
+
+        :param x: inputs ``(N, L)``; ``v``: ``batch + (G, P)``; ``W``: ``batch + (E, D, P)``;
+            ``tau``: ``batch + (E,)``.
+        :returns: a distribution with batch shape ``batch + (N,)`` and event shape ``(D,)``.
         """
         xb = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)
         if self.num_gates:
@@ -124,8 +127,8 @@ class BayesianHME(PyroModule):
             log_pi = self.topology_log_probs(logits)
         else:
             log_pi = xb.new_zeros(xb.shape[:-1] + (1,))
-        means = torch.einsum("np,jdp->njd", xb, W)
-        scale = tau.rsqrt()[..., None].expand(means.shape)
+        means = torch.einsum("np,...jdp->...njd", xb, W)
+        scale = tau.rsqrt()[..., None, :, None].expand(means.shape)
         comp = dist.Normal(means, scale).to_event(1)
         return dist.MixtureSameFamily(dist.Categorical(logits=log_pi), comp)
 

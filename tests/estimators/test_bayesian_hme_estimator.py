@@ -30,6 +30,10 @@ def test_fit_selects_three_experts_and_reports_bounds(fitted):
     assert est.elbo_ == est.bounds_.max()
     assert math.isclose(est.weights_.sum(), 1.0)
     assert est.weights_.argmax() == est.best_index_
+    # the grown starts only ever raise a topology's bound; the flags mark where they did
+    assert (est.bounds_ >= est.random_bounds_).all()
+    np.testing.assert_array_equal(est.grown_, est.bounds_ > est.random_bounds_)
+    assert not est.grown_[0]  # a single expert has nothing to grow from
 
 
 def test_predictions(fitted):
@@ -56,6 +60,24 @@ def test_predictions(fitted):
     avg = est.predict_distribution(X[:5], average=True)
     assert avg.batch_shape == (5,)
     assert est.score(X, y) > 0.3  # R^2 is low by nature on a multi-valued inverse
+
+
+def test_model_average_is_the_bound_weighted_mean(fitted):
+    est, X, _ = fitted
+    w = est.weights_
+    assert len(w) == len(est.topologies_) > 1 and np.isclose(w.sum(), 1.0)
+    got = est.predict(X[:20], mode="mixture", average=True)
+    want = 0.0
+    keep = est.best_index_
+    try:
+        for k in range(len(w)):
+            est.best_index_ = k
+            want = want + w[k] * est.predict(X[:20], mode="mixture")
+    finally:
+        est.best_index_ = keep
+    assert np.allclose(got, want, atol=1e-10)
+    one = est.predict(X[:20], average=True)
+    assert one.shape == (20,) and np.isfinite(one).all()
 
 
 def test_pickle_is_exact(fitted):
@@ -108,6 +130,7 @@ def test_bound_is_reported_on_the_scale_of_y():
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"predict_mode": "x"}, "predict_mode"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"search_dtype": "half"}, "search_dtype"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": "warm"}, "anneal"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"grow": -1}, "grow"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": ["none", "floor"]}, "n_restarts"),
     ],
 )
@@ -133,3 +156,14 @@ def test_restarts_split_between_annealing_schedules():
     est = BayesianHMERegressor(n_restarts=5, anneal=["none", "floor"], **kw).fit(X, y)
     assert est.search_cycles_ > 0 and np.isfinite(est.bounds_).all()
     assert est.predict(X).shape == (80,)
+
+
+def test_grow_off_reports_the_random_search():
+    X, y = toy(n=80)
+    kw = dict(max_experts=2, n_restarts=3, n_iter=30, random_state=0)
+    off = BayesianHMERegressor(grow=0, **kw).fit(X, y)
+    on = BayesianHMERegressor(**kw).fit(X, y)
+    np.testing.assert_array_equal(off.bounds_, off.random_bounds_)
+    assert not off.grown_.any()
+    np.testing.assert_allclose(on.random_bounds_, off.bounds_)
+    assert (on.bounds_ >= off.bounds_).all() and on.search_cycles_ > off.search_cycles_

@@ -6,7 +6,7 @@ import torch
 import torch.distributions as D
 
 from pyro_trees.infer import bayesian_hme_vb as vb
-from pyro_trees.topology import Topology, enumerate_topologies
+from pyro_trees.topology import Topology, enumerate_topologies, mirror_map
 
 TOPS = [
     Topology.from_nested((None, (None, None))),  # unbalanced, 3 experts
@@ -339,3 +339,121 @@ def test_merge_selections_keeps_the_best_per_topology():
     with pytest.raises(ValueError, match="unknown annealing"):
         vb.schedule_by_name("warm")
     assert vb.schedule_by_name("none", 5) == [1.0] * 5
+
+
+def _mirrors(top):
+    """Every mirror image of ``top`` (children of any subset of gates swapped)."""
+
+    def images(tree):
+        if tree is None:
+            return {None}
+        return {p for a in images(tree[0]) for b in images(tree[1]) for p in ((a, b), (b, a))}
+
+    return sorted((Topology.from_nested(t) for t in images(top.to_nested())), key=lambda t: t.gates)
+
+
+def test_mirror_state_keeps_the_bound_and_the_mixture():
+    x, t = toy(d=2)
+    src = Topology.from_nested((None, ((None, None), None)))
+    data = vb.VBData.build(x, t, src)
+    state = warm_state(data, cycles=4)
+    value = vb.bound(data, state)
+    images = _mirrors(src)
+    assert len(images) == 4
+    for target in images:
+        gate_src, gate_flip, expert_src = mirror_map(src, target)
+        assert sorted(gate_src) == list(range(3)) and sorted(expert_src) == list(range(4))
+        moved = vb.mirror_state(state, src, target)
+        tdata = vb.VBData.build(x, t, target)
+        assert torch.allclose(vb.bound(tdata, moved), value, rtol=1e-12, atol=1e-9)
+        # the gate probabilities of each expert follow it
+        logits_s = (state.v_mean @ data.x.T).transpose(-1, -2)
+        logits_t = (moved.v_mean @ data.x.T).transpose(-1, -2)
+        pi_s = src.expert_log_probs(logits_s)
+        pi_t = target.expert_log_probs(logits_t)
+        assert torch.allclose(pi_t, pi_s[..., expert_src])
+    assert mirror_map(src, src) == ([0, 1, 2], [False] * 3, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="mirror images"):
+        mirror_map(src, Topology.balanced(2))
+
+
+@pytest.mark.parametrize(
+    "top", [Topology(), Topology.from_nested(((None, None), None)), Topology.balanced(2)], ids=str
+)
+def test_grown_start_changes_the_bound_by_the_split_gain(top):
+    # splitting a leaf keeps the fit (same mixture) and costs exactly the new factors'
+    # prior terms and the new gate's Jaakkola-Jordan slack: an exact identity
+    x, t = toy(d=2)
+    data = vb.VBData.build(x, t, top)
+    state = warm_state(data, cycles=4)
+    before = vb.bound(data, state)
+    g = torch.Generator().manual_seed(3)
+    for j, leaf in enumerate(top.experts):
+        dirs = torch.stack(
+            [vb.split_directions(data, state.index(b), j, 1, generator=g)[0] for b in range(3)]
+        )
+        child, grown = vb.grow_state(data, state, top, leaf, dirs)
+        assert child.num_experts == top.num_experts + 1 and leaf in child.gates
+        cdata = vb.VBData.build(x, t, child)
+        k = child.gates.index(leaf)
+        after = vb.bound(cdata, grown)
+        gain = vb.split_gain(cdata, state, grown, k, j)
+        assert torch.allclose(after, before + gain, rtol=0, atol=1e-9 * before.abs().max())
+        assert (gain < 0).all()  # the copy and the gate cost prior terms; the fit is unchanged
+
+        # the gated mixture of expert means is unchanged
+        def mix(tp, st, d):
+            log_pi = tp.expert_log_probs((st.v_mean @ d.x.T).transpose(-1, -2))
+            means = torch.einsum("np,bjdp->bnjd", d.x, st.w_mean)
+            return (log_pi.exp().unsqueeze(-1) * means).sum(-2)
+
+        assert torch.allclose(mix(child, grown, cdata), mix(top, state, data))
+        r = grown.log_r.exp()
+        assert torch.allclose(r.sum(-1), torch.ones_like(r[..., 0]))
+        # VB cycles from the grown start never lower its bound
+        res = vb.run_vb(cdata, grown, num_iters=15, tol=None)
+        assert (res.history[0] >= after - 1e-9 * after.abs()).all()
+        assert (res.history.diff(dim=0) >= -1e-9 * res.history[1:].abs()).all()
+    with pytest.raises(ValueError, match="not an expert"):
+        vb.grow_state(data, state, top, 99, dirs)
+
+
+def test_split_directions_cut_the_leaf_data_through_its_mean():
+    x, t = toy(n=200, d=2)
+    top = Topology.balanced(1)
+    data = vb.VBData.build(x, t, top)
+    state = warm_state(data, batch=(), cycles=5)
+    dirs = vb.split_directions(data, state, 0, 3, sharpness=2.0)
+    assert dirs.shape == (3, 2)
+    w = state.log_r[:, 0].exp()
+    w = w / w.sum()
+    logits = data.x @ dirs.T  # (N, 3)
+    mean = w @ logits
+    sd = (w @ (logits - mean).square()).sqrt()
+    assert torch.allclose(mean, torch.zeros(3, dtype=mean.dtype), atol=1e-9)
+    assert torch.allclose(sd, torch.full((3,), 2.0, dtype=sd.dtype))
+
+
+def test_grow_selection_never_lowers_a_bound():
+    x, t = toy(n=120)
+    tops = enumerate_topologies(4, 1)
+    g = torch.Generator().manual_seed(0)
+    sel = vb.select_topology(x, t, tops, num_restarts=2, num_iters=25, generator=g)
+    grown = vb.grow_selection(x, t, sel, starts_per_split=2, num_iters=60, generator=g)
+    assert (grown.bounds >= sel.bounds).all()
+    assert grown.grown.shape == (len(tops),) and not bool(grown.grown[0])
+    assert bool(grown.grown.any())  # two short random starts leave room to improve
+    assert torch.equal(grown.grown, grown.bounds > sel.bounds)
+    assert grown.cycles > sel.cycles
+    for k, top in enumerate(tops):
+        data = vb.VBData.build(x, t, top)
+        assert torch.allclose(vb.bound(data, grown.states[k]), grown.bounds[k])
+        assert len(grown.all_bounds[k]) >= len(sel.all_bounds[k])
+    # (E E) has one way to grow from E; ((E E) (E E)) one from (E (E E)); 2 starts each
+    assert len(grown.all_bounds[1]) == 2 + 2 and len(grown.all_bounds[4]) == 2 + 2
+    # float32 grown starts, polished in float64
+    g32 = vb.grow_selection(
+        x, t, sel, starts_per_split=1, num_iters=30, generator=g, search_dtype=torch.float32
+    )
+    assert all(s.v_mean.dtype == torch.float64 for s in g32.states)
+    assert (g32.bounds >= sel.bounds).all()
