@@ -268,3 +268,60 @@ def test_group_encoder_maps_a_group_affinely_with_free_scales():
     la, lb, lab = enc(a)[0], enc(b)[0], enc(0.3 * a + 0.7 * b)[0]
     torch.testing.assert_close(lab, 0.3 * la + 0.7 * lb)
     torch.testing.assert_close(scale[0], scale[1])  # scales do not depend on x
+
+
+def test_edge_features_and_code_inputs_reach_the_pair_net():
+    """Per-edge features (row i: the edge to i's parent) are sliced with the batch, so
+    a minibatch sees exactly the full-data correlations of the edges it keeps; the
+    ``"codes"`` pair inputs are the detached encoder outputs; MTreeVI takes one feature
+    array per tree; bad shapes raise."""
+    x, edges, parents = graph_data()
+    ef = (torch.arange(N) % 3 == 0).float().unsqueeze(-1)  # every third edge "must-link"
+    for inputs, width in (("data", F), ("codes", 2 * D)):
+        net = PairNet(width, D, hidden=(8,), edge_features=1)
+        guide = TreeVIGuide(
+            GaussianEncoder(F, D, (8,)), parents, pair_net=net, edge_features=ef, pair_inputs=inputs
+        )
+        rho = guide.distribution(x).rho
+        loc, scale = guide.encoder(x)
+        feats = x if inputs == "data" else torch.cat([loc, scale.log()], -1)
+        expect = net(feats, feats[parents.clamp_min(0)], ef)
+        assert torch.allclose(rho[1:], expect[1:]) and torch.all(rho[0] == 0)
+        with torch.no_grad():  # the features change the correlations
+            assert not torch.allclose(net(feats, feats, ef), net(feats, feats, 1 - ef))
+        idx = torch.tensor([7, 2, 3, 4, 9, 8])
+        rb = guide.distribution(x, idx).rho
+        kept = induced_forest(parents, idx) >= 0
+        assert torch.allclose(rb[kept], rho[idx][kept])
+        model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+        Trace_ELBO().differentiable_loss(model, guide, x, idx=idx).backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+        if inputs == "codes":  # detached: the pair net does not steer the encoder
+            guide.encoder.zero_grad()
+            guide.distribution(x).rho.sum().backward()
+            assert all(
+                p.grad is None or p.grad.abs().sum() == 0 for p in guide.encoder.parameters()
+            )
+    star = torch.tensor([-1] + [0] * (N - 1))
+    mix = TreeVIMixtureGuide(
+        GaussianEncoder(F, D, (8,)),
+        torch.stack([parents, star]),
+        pair_net=PairNet(F, D, hidden=(8,), edge_features=1),
+        edge_features=torch.stack([ef, 1 - ef]),
+    )
+    comps = mix._components(x, None)
+    assert comps[0].rho.shape == comps[1].rho.shape == (N, D)
+    with pytest.raises(ValueError, match="edge_features must have shape"):
+        TreeVIGuide(GaussianEncoder(F, D), parents, pair_net=net, edge_features=ef[:-1])
+    with pytest.raises(ValueError, match="NaN"):
+        TreeVIGuide(GaussianEncoder(F, D), parents, pair_net=net, edge_features=ef / 0)
+    with pytest.raises(ValueError, match="need a tree"):
+        TreeVIGuide(GaussianEncoder(F, D), None, edge_features=ef)
+    with pytest.raises(ValueError, match="pair_inputs"):
+        TreeVIGuide(GaussianEncoder(F, D), parents, pair_net=net, pair_inputs="pixels")
+    with pytest.raises(ValueError, match="edge features of last size 1"):
+        PairNet(F, D, edge_features=1)(x, x)
+    with pytest.raises(ValueError, match="edge_features=0"):
+        PairNet(F, D)(x, x, ef)
+    with pytest.raises(ValueError, match="edge_features must be >= 0"):
+        PairNet(F, D, edge_features=-1)
