@@ -152,8 +152,14 @@ class PairNet(nn.Module):
     ``(x_i, x_j)``, hence nearly the same correlation. It needs every call to see all
     ``N`` nodes in order on dim -2 (a plate over groups; not ``idx`` minibatches).
 
+    With ``zero_init=True`` the last layer starts at zero, so every :math:`\\rho` starts
+    at 0: the guide starts as the mean-field guide and moves away from it only where
+    the ELBO's gradient asks (random initial correlations otherwise perturb the early
+    steps, which matters when a large pairwise prior weight amplifies them).
+
     :param int edge_features: ``E``, size of the per-edge features (0: none).
     :param int num_nodes: ``N`` for per-edge offsets, or ``None`` (default).
+    :param bool zero_init: start with :math:`\\rho = 0` on every edge.
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class PairNet(nn.Module):
         max_rho: float = 0.999,
         num_nodes: int | None = None,
         edge_features: int = 0,
+        zero_init: bool = False,
     ):
         super().__init__()
         if not 0 < max_rho < 1:
@@ -173,6 +180,9 @@ class PairNet(nn.Module):
         if edge_features < 0:
             raise ValueError(f"edge_features must be >= 0, got {edge_features}")
         self.net = _mlp([2 * in_features + edge_features, *hidden, latent_dim])
+        if zero_init:
+            nn.init.zeros_(self.net[-1].weight)
+            nn.init.zeros_(self.net[-1].bias)
         self.max_rho = max_rho
         self.edge_features = edge_features
         self.edge_bias = (

@@ -325,3 +325,19 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
         PairNet(F, D)(x, x, ef)
     with pytest.raises(ValueError, match="edge_features must be >= 0"):
         PairNet(F, D, edge_features=-1)
+
+
+def test_pair_net_zero_init_starts_at_mean_field_and_still_learns():
+    """``zero_init``: every rho is 0 at the start (the guide's density is the mean-field
+    one) and the last layer still gets a gradient."""
+    x, edges, parents = graph_data()
+    net = PairNet(F, D, hidden=(8,), zero_init=True)
+    guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), parents, pair_net=net)
+    q = guide.distribution(x)
+    assert torch.all(q.rho == 0)
+    z = q.rsample()
+    mf = torch.distributions.Normal(q.loc, q.scale).log_prob(z).sum()
+    assert torch.allclose(q.log_prob(z), mf)
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    Trace_ELBO().differentiable_loss(model, guide, x).backward()
+    assert net.net[-1].weight.grad.abs().sum() > 0
