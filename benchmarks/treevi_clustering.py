@@ -180,7 +180,10 @@ def main(argv=None):
     parser.add_argument("--no-edge-features", action="store_true")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--cannot-edges", action="store_true", help="cannot-links in T1")
-    parser.add_argument("--random-rho-init", action="store_true", help="rho starts random")
+    parser.add_argument("--zero-rho-init", action="store_true", help="rho starts at 0")
+    parser.add_argument(
+        "--rng-offset", type=int, default=0, help="training noise seed = seed + offset"
+    )
     parser.add_argument("--part", help="write the raw results of these seeds to this file")
     parser.add_argument("--merge", help="comma-separated --part files to combine")
     args = parser.parse_args(argv)
@@ -196,7 +199,7 @@ def main(argv=None):
     latent, hidden = 10, (256,)
     names = args.methods.split(",")
     ef = not args.no_edge_features
-    zi = not args.random_rho_init
+    zi = args.zero_rho_init
     pair_in = 784 if args.pair_inputs == "data" else 2 * latent
     results = {k: [] for k in names}
     seconds = {k: [] for k in names}
@@ -212,7 +215,7 @@ def main(argv=None):
         e1, e2 = constraint_edges(t1, pairs, must), constraint_edges(t2, pairs, must)
         for name in names:
             pyro.clear_param_store()
-            pyro.set_rng_seed(seed)
+            pyro.set_rng_seed(seed + args.rng_offset)
             model = ConstrainedClusteringVAE(
                 784, 10, latent_dim=latent, hidden=hidden, constraints=pairs, weights=w
             )
