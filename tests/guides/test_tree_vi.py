@@ -341,3 +341,86 @@ def test_pair_net_zero_init_starts_at_mean_field_and_still_learns():
     model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
     Trace_ELBO().differentiable_loss(model, guide, x).backward()
     assert net.net[-1].weight.grad.abs().sum() > 0
+
+
+def _clustering_problem(weights):
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(10, F, generator=g) < 0.4).float()
+    pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9], [4, 8]])
+    model = ConstrainedClusteringVAE(
+        F, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=weights
+    )
+    parents = torch.tensor([-1, 0, -1, 2, -1, 1, -1, -1, 4, 7])  # must-links, forest
+    guide = TreeVIGuide(GaussianEncoder(F, 2, (6,)), parents, pair_net=PairNet(F, 2, (6,)))
+    return x, model, guide
+
+
+def test_pairwise_elbo_is_unbiased_for_the_trace_elbo():
+    from pyro_trees.guides import PairwiseELBO
+
+    x, model, guide = _clustering_problem(torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5]))
+    with torch.no_grad():  # rho far from 0, so that the joint matters
+        guide.pair_net.net[-1].bias.fill_(2.0)
+        assert guide.distribution(x).rho[guide.parents >= 0].min() > 0.7
+    est = PairwiseELBO(num_pair_particles=4)
+    with torch.no_grad():
+        a = torch.tensor([est.loss(model, guide, x) for _ in range(200)])
+        b = torch.tensor([Trace_ELBO().loss(model, guide, x) for _ in range(200)])
+    se = (a.var() / len(a) + b.var() / len(b)).sqrt()
+    assert abs(a.mean() - b.mean()) < 4 * se
+    assert a.std() < b.std()  # exact entropy, several draws of the pairwise term
+    # the pairwise term alone: its average over draws of q equals the Monte Carlo mean
+    q = guide.distribution(x)
+    with torch.no_grad():
+        f = model.pairwise_log_factor(q.rsample((20000,)))
+        u = model.pairwise_log_factor(q.mean + q.stddev * torch.randn(20000, 10, 2))
+    assert f.shape == (20000,)
+    # the joint raises the must-link agreement above that of independent marginals
+    assert f.mean() - u.mean() > 4 * (f.var() / 2e4 + u.var() / 2e4).sqrt()
+
+
+def test_pairwise_elbo_rho_gradient_is_exact_without_pairwise_terms():
+    from pyro_trees.guides import PairwiseELBO
+
+    x, model, guide = _clustering_problem(torch.zeros(5))  # no coupling: E[...] ∌ rho
+    est = PairwiseELBO(num_pair_particles=2)
+    grads = []
+    for estimator in (est, est, Trace_ELBO(), Trace_ELBO()):
+        guide.zero_grad()
+        estimator.differentiable_loss(model, guide, x).backward()
+        grads.append(guide.pair_net.net[-1].bias.grad.clone())
+    q = guide.distribution(x)
+    (exact,) = torch.autograd.grad(-q.entropy(), guide.pair_net.net[-1].bias)
+    assert torch.allclose(grads[0], exact, atol=1e-5)  # no Monte Carlo noise at all
+    assert torch.allclose(grads[1], exact, atol=1e-5)
+    assert not torch.allclose(grads[2], grads[3])  # Trace_ELBO: noise from every pixel
+
+
+def test_pairwise_elbo_trains_with_svi_and_rejects_bad_input():
+    from pyro_trees.guides import PairwiseELBO
+
+    x, model, guide = _clustering_problem(torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5]))
+    mf = TreeVIGuide(GaussianEncoder(F, 2, (6,)), None)
+    for g in (guide, mf):
+        pyro.clear_param_store()
+        before = {
+            k: v.detach().clone() for k, v in [*model.named_parameters(), *g.named_parameters()]
+        }
+        svi = SVI(model, g, pyro.optim.Adam({"lr": 0.01}), PairwiseELBO(3))
+        losses = [svi.step(x) for _ in range(3)] + [svi.step(x, idx=torch.tensor([0, 1, 5, 7]))]
+        assert torch.isfinite(torch.tensor(losses)).all()
+        params = dict([*model.named_parameters(), *g.named_parameters()])
+        assert all(not torch.equal(before[k], params[k].detach()) for k in before)
+    with pytest.raises(ValueError, match="num_pair_particles"):
+        PairwiseELBO(0)
+    with pytest.raises(ValueError, match="pairwise_log_factor"):
+        PairwiseELBO().loss(lambda x: None, guide, x)
+    mix = TreeVIMixtureGuide(
+        GaussianEncoder(F, 2, (6,)),
+        torch.stack([guide.parents, torch.tensor([-1] + [0] * 9)]),
+        pair_net=PairNet(F, 2, (6,)),
+    )
+    with pytest.raises(ValueError, match="TreeVIGuide"):
+        PairwiseELBO().loss(model, mix, x)
