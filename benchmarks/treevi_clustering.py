@@ -18,6 +18,13 @@ sees the two ends' encoder outputs ``[loc, log scale]`` (``--pair-inputs codes``
 paper's eq. 12 uses the images, ``data``) and the edge's constraint flags (must-link,
 cannot-link; ``--no-edge-features`` drops them). Both guides share every other setting.
 
+Estimator (``--estimator``): ``trace`` trains mean-field and TreeVI with
+``Trace_ELBO`` (MTreeVI with ``MixtureTreeELBO``) and writes ``treevi_clustering``;
+``pairwise`` trains mean-field and TreeVI with :class:`~pyro_trees.guides.PairwiseELBO`
+(the same ELBO with lower variance: per-instance terms on one independent draw of the
+marginals, the constraint term averaged over ``--pair-particles`` draws of ``q``, exact
+entropy; identical settings for both guides) and writes ``treevi_clustering_pairwise``.
+
 Metrics: ACC (Hungarian matching), NMI, ARI; mean ± std over seeds, and per method the
 seeds it wins against mean-field with the mean paired difference. ``--part FILE`` runs
 a subset of seeds (``--first-seed``, ``--seeds``) and ``--merge A,B`` combines parts.
