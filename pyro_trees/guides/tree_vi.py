@@ -36,7 +36,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution
-from pyro.infer import Trace_ELBO
+from pyro.infer import ELBO, Trace_ELBO
 from pyro.nn import PyroModule, PyroParam
 from torch import nn
 from torch.distributions import constraints
@@ -77,6 +77,7 @@ __all__ = [
     "GroupEncoder",
     "MixtureTreeELBO",
     "PairNet",
+    "PairwiseELBO",
     "TreeVIGuide",
     "TreeVIMixtureGuide",
     "induced_forest",
@@ -138,6 +139,11 @@ class PairNet(nn.Module):
     its arguments: an MLP of ``[x_i + x_j, x_i * x_j]`` followed by ``max_rho * tanh``.
     ``(..., F), (..., F) -> (..., D)``.
 
+    With ``edge_features=E`` it also takes per-edge side information ``e_ij`` of shape
+    ``(..., E)`` (for instance whether the edge is a must-link constraint), appended to
+    the MLP's input: :math:`\\rho_{ij} = f(x_i, x_j, e_{ij})`. The data of two instances
+    rarely tell which edges the model's prior couples; the edge's own features do.
+
     With ``num_nodes=N`` it adds a learnt per-edge offset before the ``tanh``,
     :math:`\\rho_{ij} = \\rho_{\\max}\\tanh(f(x_i, x_j) + b_i)`, indexed by the child
     ``i`` of the edge (in a tree each non-root node has exactly one parent edge), ``b`` of
@@ -147,7 +153,14 @@ class PairNet(nn.Module):
     ``(x_i, x_j)``, hence nearly the same correlation. It needs every call to see all
     ``N`` nodes in order on dim -2 (a plate over groups; not ``idx`` minibatches).
 
+    With ``zero_init=True`` the last layer starts at zero, so every :math:`\\rho` starts
+    at 0: the guide starts as the mean-field guide and moves away from it only where
+    the ELBO's gradient asks (random initial correlations otherwise perturb the early
+    steps, which matters when a large pairwise prior weight amplifies them).
+
+    :param int edge_features: ``E``, size of the per-edge features (0: none).
     :param int num_nodes: ``N`` for per-edge offsets, or ``None`` (default).
+    :param bool zero_init: start with :math:`\\rho = 0` on every edge.
     """
 
     def __init__(
@@ -157,20 +170,39 @@ class PairNet(nn.Module):
         hidden=(64,),
         max_rho: float = 0.999,
         num_nodes: int | None = None,
+        edge_features: int = 0,
+        zero_init: bool = False,
     ):
         super().__init__()
         if not 0 < max_rho < 1:
             raise ValueError(f"max_rho must lie in (0, 1), got {max_rho}")
         if num_nodes is not None and num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive int, got {num_nodes}")
-        self.net = _mlp([2 * in_features, *hidden, latent_dim])
+        if edge_features < 0:
+            raise ValueError(f"edge_features must be >= 0, got {edge_features}")
+        self.net = _mlp([2 * in_features + edge_features, *hidden, latent_dim])
+        if zero_init:
+            nn.init.zeros_(self.net[-1].weight)
+            nn.init.zeros_(self.net[-1].bias)
         self.max_rho = max_rho
+        self.edge_features = edge_features
         self.edge_bias = (
             None if num_nodes is None else nn.Parameter(torch.zeros(num_nodes, latent_dim))
         )
 
-    def forward(self, xi, xj):
-        h = self.net(torch.cat([xi + xj, xi * xj], dim=-1))
+    def forward(self, xi, xj, edge=None):
+        h = torch.cat([xi + xj, xi * xj], dim=-1)
+        if self.edge_features:
+            if edge is None or edge.shape[-1] != self.edge_features:
+                got = None if edge is None else tuple(edge.shape)
+                raise ValueError(
+                    f"PairNet(edge_features={self.edge_features}) needs edge features of "
+                    f"last size {self.edge_features}, got {got}"
+                )
+            h = torch.cat([h, edge.to(h.dtype).expand(h.shape[:-1] + edge.shape[-1:])], -1)
+        elif edge is not None:
+            raise ValueError("edge features given to a PairNet built with edge_features=0")
+        h = self.net(h)
         if self.edge_bias is not None:
             if xi.dim() < 2 or xi.shape[-2] != self.edge_bias.shape[0]:
                 raise ValueError(
@@ -239,7 +271,16 @@ class TreeVIGuide(PyroModule):
         (e.g. :class:`GaussianEncoder`).
     :param parents: parent array ``(N,)`` of the tree (``-1`` at roots); ``None`` for
         the mean-field guide (no correlation, ``Normal(loc, scale)``).
-    :param pair_net: module ``(x_child, x_parent) -> rho`` (e.g. :class:`PairNet`).
+    :param pair_net: module ``(x_child, x_parent) -> rho`` (e.g. :class:`PairNet`), or
+        ``(x_child, x_parent, e) -> rho`` with ``edge_features``.
+    :param edge_features: optional ``(N, E)`` side information on each node's parent
+        edge (row ``i``: the edge ``(i, parents[i])``; roots' rows are ignored), passed
+        to ``pair_net`` as its third argument, e.g. a must-link indicator.
+    :param str pair_inputs: what ``pair_net`` sees of the two instances: ``"data"``
+        (their rows of ``x``, eq. 12) or ``"codes"`` (the encoder's outputs
+        ``[loc, log scale]``, ``2 D`` features, detached so that the correlations do not
+        steer the encoder): where the two posteriors sit in latent space, which decides
+        how much the model's pairwise terms couple them.
     :param str site: name of the latent site of the model.
     :param str plate: name of the model's group plate (dim -1), if any.
     :param subsample_size: minibatch size of the group plate.
@@ -254,18 +295,46 @@ class TreeVIGuide(PyroModule):
         site: str = "z",
         plate: str | None = None,
         subsample_size: int | None = None,
+        edge_features=None,
+        pair_inputs: str = "data",
     ):
         super().__init__()
+        if pair_inputs not in ("data", "codes"):
+            raise ValueError(f"pair_inputs must be 'data' or 'codes', got {pair_inputs!r}")
+        self.pair_inputs = pair_inputs
         self.encoder = encoder
         if parents is not None:
             if pair_net is None:
                 raise ValueError("a tree-structured guide needs a pair_net for the correlations")
             parents = validate_parents(parents)
         self.register_buffer("parents", parents)
+        self.register_buffer("edge_features", self._check_edges(edge_features, parents))
         self.pair_net = pair_net
         self.site = site
         self.plate = plate
         self.subsample_size = subsample_size
+
+    @staticmethod
+    def _check_edges(edge_features, parents):
+        if edge_features is None:
+            return None
+        if parents is None:
+            raise ValueError("edge_features need a tree (parents)")
+        e = torch.as_tensor(edge_features)
+        if not e.is_floating_point():
+            e = e.float()
+        if e.dim() != parents.dim() + 1 or e.shape[:-1] != parents.shape:
+            raise ValueError(
+                f"edge_features must have shape {tuple(parents.shape)} + (E,), got {tuple(e.shape)}"
+            )
+        if not torch.isfinite(e).all():
+            raise ValueError("edge_features contain NaN or infinite values")
+        return e
+
+    def _pair_features(self, xb, loc, scale):
+        if self.pair_inputs == "data":
+            return xb
+        return torch.cat([loc, scale.log()], -1).detach()
 
     def _select(self, x, idx):
         """The batch's inputs and its tree as a cached plan (``None`` for mean-field)."""
@@ -275,9 +344,14 @@ class TreeVIGuide(PyroModule):
         plan = None if self.parents is None else _batch_plan(self, self.parents, 0, idx)
         return x, plan
 
-    def _rho(self, xb, parents, pair_net):
+    def _rho(self, xb, parents, pair_net, edges=None, idx=None):
         safe = torch.where(parents < 0, torch.arange(parents.numel(), device=xb.device), parents)
-        rho = pair_net(xb, xb.index_select(-2, safe))
+        args = (xb, xb.index_select(-2, safe))
+        if edges is not None:
+            if idx is not None:
+                edges = edges.index_select(0, torch.as_tensor(idx, device=edges.device).long())
+            args += (edges.to(xb.device),)
+        rho = pair_net(*args)
         return torch.where((parents < 0).unsqueeze(-1), torch.zeros_like(rho), rho)
 
     def distribution(self, x, idx=None):
@@ -286,7 +360,9 @@ class TreeVIGuide(PyroModule):
         loc, scale = self.encoder(xb)
         if plan is None:
             return dist.Normal(loc, scale).to_event(2)
-        return TreeNormal(loc, scale, plan, self._rho(xb, plan.parents, self.pair_net))
+        feats = self._pair_features(xb, loc, scale)
+        rho = self._rho(feats, plan.parents, self.pair_net, self.edge_features, idx)
+        return TreeNormal(loc, scale, plan, rho)
 
     @contextlib.contextmanager
     def _plate(self, x, subsample_size=None):
@@ -356,6 +432,8 @@ class TreeVIMixtureGuide(TreeVIGuide):
 
     :param parents: ``(M, N)`` parent arrays.
     :param pair_net: one module shared by the trees, or a list of ``M`` modules.
+    :param edge_features: optional ``(M, N, E)`` features of each tree's parent edges
+        (see :class:`TreeVIGuide`); ``pair_inputs`` as there.
     :param str entropy: ``"exact"`` or ``"bound"``.
     :param int component_dim: the plate dim of the tree components (``-1`` for
         instance-level models without plates, ``-2`` below a group plate).
@@ -372,14 +450,24 @@ class TreeVIMixtureGuide(TreeVIGuide):
         subsample_size=None,
         entropy: str = "exact",
         component_dim: int | None = None,
+        edge_features=None,
+        pair_inputs: str = "data",
     ):
         parents = torch.as_tensor(parents)
         if parents.dim() != 2:
             raise ValueError(f"parents must have shape (M, N), got {tuple(parents.shape)}")
         if entropy not in ("exact", "bound"):
             raise ValueError(f"entropy must be 'exact' or 'bound', got {entropy!r}")
-        super().__init__(encoder, None, site=site, plate=plate, subsample_size=subsample_size)
+        super().__init__(
+            encoder,
+            None,
+            site=site,
+            plate=plate,
+            subsample_size=subsample_size,
+            pair_inputs=pair_inputs,
+        )
         self.register_buffer("parents", torch.stack([validate_parents(p) for p in parents]))
+        self.register_buffer("edge_features", self._check_edges(edge_features, self.parents))
         nets = list(pair_net) if isinstance(pair_net, list | tuple | nn.ModuleList) else None
         if nets is not None and len(nets) != parents.shape[0]:
             raise ValueError(f"got {len(nets)} pair networks for {parents.shape[0]} trees")
@@ -405,11 +493,14 @@ class TreeVIMixtureGuide(TreeVIGuide):
             idx = torch.as_tensor(idx, device=x.device).long()
             xb = x.index_select(-2, idx)
         loc, scale = self.encoder(xb)
+        feats = self._pair_features(xb, loc, scale)
         comps = []
         for m in range(self.num_trees):
             plan = _batch_plan(self, self.parents[m], m, idx)
             net = self.pair_nets[m] if self.pair_nets is not None else self.pair_net
-            comps.append(TreeNormal(loc, scale, plan, self._rho(xb, plan.parents, net)))
+            edges = None if self.edge_features is None else self.edge_features[m]
+            rho = self._rho(feats, plan.parents, net, edges, idx)
+            comps.append(TreeNormal(loc, scale, plan, rho))
         return comps
 
     def distribution(self, x, idx=None):
@@ -476,3 +567,73 @@ class MixtureTreeELBO(Trace_ELBO):
         return super().loss_and_grads(
             self._wrap(model, guide), self._wrap(guide, guide), *args, **kwargs
         )
+
+
+class PairwiseELBO(ELBO):
+    """Rao-Blackwellised ELBO estimator for models whose instances interact only through
+    one pairwise factor (e.g. the constraints of
+    :class:`~pyro_trees.models.ConstrainedClusteringVAE`), for :class:`TreeVIGuide`
+    (tree or mean-field). With ``q`` the guide's posterior over the latent site and
+    ``q_i`` its marginals,
+
+    .. math::
+
+        \\mathcal L = \\mathbb E_{\\prod_i q_i}\\Big[\\sum_i \\log p(x_i, z_i)\\Big]
+        + \\mathbb E_q\\big[\\log f(z)\\big] + H[q],
+
+    which is the ELBO of ``q`` exactly: the per-instance terms only see the marginals,
+    which a tree shares with its mean-field counterpart, so they are estimated with
+    *independent* draws ``z_i = loc_i + scale_i eps_i`` (one draw, as for mean-field);
+    the pairwise log-factor ``log f`` (the model's ``pairwise_log_factor(z, idx=None)``,
+    site ``pair_site``) is averaged over ``num_pair_particles`` draws of ``q``; the
+    entropy is exact. The edge correlations then receive gradient only from the terms
+    they change in expectation (the pairwise factor and the entropy): with
+    :class:`~pyro.infer.Trace_ELBO`, every per-instance term (e.g. a 784-pixel
+    likelihood) adds zero-mean noise to it through ``dz / drho``. For a mean-field guide
+    the estimator differs from ``Trace_ELBO`` only by the exact entropy and the
+    ``num_pair_particles`` draws of the pairwise term.
+
+    :param int num_pair_particles: draws of ``q`` for the pairwise term.
+    :param str site: the latent site; :param str pair_site: the model's pairwise factor.
+    """
+
+    def __init__(self, num_pair_particles: int = 8, *, site: str = "z", pair_site="constraints"):
+        if int(num_pair_particles) < 1:
+            raise ValueError(f"num_pair_particles must be >= 1, got {num_pair_particles}")
+        super().__init__()
+        self.num_pair_particles = int(num_pair_particles)
+        self.site, self.pair_site = site, pair_site
+
+    def _posterior(self, guide, *args, **kwargs):
+        if isinstance(guide, TreeVIMixtureGuide) or not isinstance(guide, TreeVIGuide):
+            raise ValueError("PairwiseELBO needs a TreeVIGuide (tree or mean-field)")
+        if guide.plate is not None:
+            raise ValueError("PairwiseELBO does not support a guide with a group plate")
+        # run the guide under a trace so that its parameters register with SVI
+        return poutine.trace(guide).get_trace(*args, **kwargs).nodes[self.site]["fn"]
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        """``-L`` (one estimate), differentiable in the parameters of both."""
+        if not callable(getattr(model, "pairwise_log_factor", None)):
+            raise ValueError("PairwiseELBO needs a model with a pairwise_log_factor(z, idx)")
+        q = self._posterior(guide, *args, **kwargs)
+        loc, scale = q.mean, q.stddev
+        z = loc + scale * torch.randn_like(loc)  # independent draws of the marginals
+        unary = poutine.block(poutine.condition(model, data={self.site: z}), hide=[self.pair_site])
+        log_unary = poutine.trace(unary).get_trace(*args, **kwargs).log_prob_sum()
+        zk = q.rsample((self.num_pair_particles,))
+        log_pair = model.pairwise_log_factor(zk, idx=kwargs.get("idx")).mean(0)
+        return -(log_unary + log_pair + q.entropy())
+
+    def _get_trace(self, model, guide, args, kwargs):  # abstract in ELBO; not used
+        raise NotImplementedError
+
+    def loss(self, model, guide, *args, **kwargs):
+        with torch.no_grad():
+            return float(self.differentiable_loss(model, guide, *args, **kwargs))
+
+    def loss_and_grads(self, model, guide, *args, **kwargs):
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        if loss.requires_grad:
+            loss.backward()
+        return float(loss.detach())

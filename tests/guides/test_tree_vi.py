@@ -268,3 +268,159 @@ def test_group_encoder_maps_a_group_affinely_with_free_scales():
     la, lb, lab = enc(a)[0], enc(b)[0], enc(0.3 * a + 0.7 * b)[0]
     torch.testing.assert_close(lab, 0.3 * la + 0.7 * lb)
     torch.testing.assert_close(scale[0], scale[1])  # scales do not depend on x
+
+
+def test_edge_features_and_code_inputs_reach_the_pair_net():
+    """Per-edge features (row i: the edge to i's parent) are sliced with the batch, so
+    a minibatch sees exactly the full-data correlations of the edges it keeps; the
+    ``"codes"`` pair inputs are the detached encoder outputs; MTreeVI takes one feature
+    array per tree; bad shapes raise."""
+    x, edges, parents = graph_data()
+    ef = (torch.arange(N) % 3 == 0).float().unsqueeze(-1)  # every third edge "must-link"
+    for inputs, width in (("data", F), ("codes", 2 * D)):
+        net = PairNet(width, D, hidden=(8,), edge_features=1)
+        guide = TreeVIGuide(
+            GaussianEncoder(F, D, (8,)), parents, pair_net=net, edge_features=ef, pair_inputs=inputs
+        )
+        rho = guide.distribution(x).rho
+        loc, scale = guide.encoder(x)
+        feats = x if inputs == "data" else torch.cat([loc, scale.log()], -1)
+        expect = net(feats, feats[parents.clamp_min(0)], ef)
+        assert torch.allclose(rho[1:], expect[1:]) and torch.all(rho[0] == 0)
+        with torch.no_grad():  # the features change the correlations
+            assert not torch.allclose(net(feats, feats, ef), net(feats, feats, 1 - ef))
+        idx = torch.tensor([7, 2, 3, 4, 9, 8])
+        rb = guide.distribution(x, idx).rho
+        kept = induced_forest(parents, idx) >= 0
+        assert torch.allclose(rb[kept], rho[idx][kept])
+        model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+        Trace_ELBO().differentiable_loss(model, guide, x, idx=idx).backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+        if inputs == "codes":  # detached: the pair net does not steer the encoder
+            guide.encoder.zero_grad()
+            guide.distribution(x).rho.sum().backward()
+            assert all(
+                p.grad is None or p.grad.abs().sum() == 0 for p in guide.encoder.parameters()
+            )
+    star = torch.tensor([-1] + [0] * (N - 1))
+    mix = TreeVIMixtureGuide(
+        GaussianEncoder(F, D, (8,)),
+        torch.stack([parents, star]),
+        pair_net=PairNet(F, D, hidden=(8,), edge_features=1),
+        edge_features=torch.stack([ef, 1 - ef]),
+    )
+    comps = mix._components(x, None)
+    assert comps[0].rho.shape == comps[1].rho.shape == (N, D)
+    with pytest.raises(ValueError, match="edge_features must have shape"):
+        TreeVIGuide(GaussianEncoder(F, D), parents, pair_net=net, edge_features=ef[:-1])
+    with pytest.raises(ValueError, match="NaN"):
+        TreeVIGuide(GaussianEncoder(F, D), parents, pair_net=net, edge_features=ef / 0)
+    with pytest.raises(ValueError, match="need a tree"):
+        TreeVIGuide(GaussianEncoder(F, D), None, edge_features=ef)
+    with pytest.raises(ValueError, match="pair_inputs"):
+        TreeVIGuide(GaussianEncoder(F, D), parents, pair_net=net, pair_inputs="pixels")
+    with pytest.raises(ValueError, match="edge features of last size 1"):
+        PairNet(F, D, edge_features=1)(x, x)
+    with pytest.raises(ValueError, match="edge_features=0"):
+        PairNet(F, D)(x, x, ef)
+    with pytest.raises(ValueError, match="edge_features must be >= 0"):
+        PairNet(F, D, edge_features=-1)
+
+
+def test_pair_net_zero_init_starts_at_mean_field_and_still_learns():
+    """``zero_init``: every rho is 0 at the start (the guide's density is the mean-field
+    one) and the last layer still gets a gradient."""
+    x, edges, parents = graph_data()
+    net = PairNet(F, D, hidden=(8,), zero_init=True)
+    guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), parents, pair_net=net)
+    q = guide.distribution(x)
+    assert torch.all(q.rho == 0)
+    z = q.rsample()
+    mf = torch.distributions.Normal(q.loc, q.scale).log_prob(z).sum()
+    assert torch.allclose(q.log_prob(z), mf)
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    Trace_ELBO().differentiable_loss(model, guide, x).backward()
+    assert net.net[-1].weight.grad.abs().sum() > 0
+
+
+def _clustering_problem(weights):
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(10, F, generator=g) < 0.4).float()
+    pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9], [4, 8]])
+    model = ConstrainedClusteringVAE(
+        F, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=weights
+    )
+    parents = torch.tensor([-1, 0, -1, 2, -1, 1, -1, -1, 4, 7])  # must-links, forest
+    guide = TreeVIGuide(GaussianEncoder(F, 2, (6,)), parents, pair_net=PairNet(F, 2, (6,)))
+    return x, model, guide
+
+
+def test_pairwise_elbo_is_unbiased_for_the_trace_elbo():
+    from pyro_trees.guides import PairwiseELBO
+
+    x, model, guide = _clustering_problem(torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5]))
+    with torch.no_grad():  # rho far from 0, so that the joint matters
+        guide.pair_net.net[-1].bias.fill_(2.0)
+        assert guide.distribution(x).rho[guide.parents >= 0].min() > 0.7
+    est = PairwiseELBO(num_pair_particles=4)
+    with torch.no_grad():
+        a = torch.tensor([est.loss(model, guide, x) for _ in range(200)])
+        b = torch.tensor([Trace_ELBO().loss(model, guide, x) for _ in range(200)])
+    se = (a.var() / len(a) + b.var() / len(b)).sqrt()
+    assert abs(a.mean() - b.mean()) < 4 * se
+    assert a.std() < b.std()  # exact entropy, several draws of the pairwise term
+    # the pairwise term alone: its average over draws of q equals the Monte Carlo mean
+    q = guide.distribution(x)
+    with torch.no_grad():
+        f = model.pairwise_log_factor(q.rsample((20000,)))
+        u = model.pairwise_log_factor(q.mean + q.stddev * torch.randn(20000, 10, 2))
+    assert f.shape == (20000,)
+    # the joint raises the must-link agreement above that of independent marginals
+    assert f.mean() - u.mean() > 4 * (f.var() / 2e4 + u.var() / 2e4).sqrt()
+
+
+def test_pairwise_elbo_rho_gradient_is_exact_without_pairwise_terms():
+    from pyro_trees.guides import PairwiseELBO
+
+    x, model, guide = _clustering_problem(torch.zeros(5))  # no coupling: E[...] ∌ rho
+    est = PairwiseELBO(num_pair_particles=2)
+    grads = []
+    for estimator in (est, est, Trace_ELBO(), Trace_ELBO()):
+        guide.zero_grad()
+        estimator.differentiable_loss(model, guide, x).backward()
+        grads.append(guide.pair_net.net[-1].bias.grad.clone())
+    q = guide.distribution(x)
+    (exact,) = torch.autograd.grad(-q.entropy(), guide.pair_net.net[-1].bias)
+    assert torch.allclose(grads[0], exact, atol=1e-5)  # no Monte Carlo noise at all
+    assert torch.allclose(grads[1], exact, atol=1e-5)
+    assert not torch.allclose(grads[2], grads[3])  # Trace_ELBO: noise from every pixel
+
+
+def test_pairwise_elbo_trains_with_svi_and_rejects_bad_input():
+    from pyro_trees.guides import PairwiseELBO
+
+    x, model, guide = _clustering_problem(torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5]))
+    mf = TreeVIGuide(GaussianEncoder(F, 2, (6,)), None)
+    for g in (guide, mf):
+        pyro.clear_param_store()
+        before = {
+            k: v.detach().clone() for k, v in [*model.named_parameters(), *g.named_parameters()]
+        }
+        svi = SVI(model, g, pyro.optim.Adam({"lr": 0.01}), PairwiseELBO(3))
+        losses = [svi.step(x) for _ in range(3)] + [svi.step(x, idx=torch.tensor([0, 1, 5, 7]))]
+        assert torch.isfinite(torch.tensor(losses)).all()
+        params = dict([*model.named_parameters(), *g.named_parameters()])
+        assert all(not torch.equal(before[k], params[k].detach()) for k in before)
+    with pytest.raises(ValueError, match="num_pair_particles"):
+        PairwiseELBO(0)
+    with pytest.raises(ValueError, match="pairwise_log_factor"):
+        PairwiseELBO().loss(lambda x: None, guide, x)
+    mix = TreeVIMixtureGuide(
+        GaussianEncoder(F, 2, (6,)),
+        torch.stack([guide.parents, torch.tensor([-1] + [0] * 9)]),
+        pair_net=PairNet(F, 2, (6,)),
+    )
+    with pytest.raises(ValueError, match="TreeVIGuide"):
+        PairwiseELBO().loss(model, mix, x)
