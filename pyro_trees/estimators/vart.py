@@ -28,6 +28,22 @@ _PREDICT_BYTES = 256 * 2**20  # memory for one prediction batch
 _CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
 
 
+def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
+    """The noise factor rule of :class:`VaRTRegressor` (``calibrate_noise``): the
+    maximiser :math:`\\hat c` of the held-out log density when it is at least one, else
+    :math:`\\min(1, c_+)`, with :math:`c_+` the largest grid value with
+    :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (the one-sided 95 % profile likelihood
+    bound).
+
+    :param grid: increasing candidate factors ``(K,)``; :param log_density: ``(K,)``.
+    """
+    best = int(log_density.argmax())
+    if grid[best] >= 1.0:
+        return float(grid[best])
+    inside = (2.0 * (log_density[best] - log_density) <= 2.71) & (grid >= grid[best])
+    return min(1.0, float(grid[inside].max()))
+
+
 def _stack_trees(samples: dict, depth: int) -> dict:
     """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
     ``log_sigma_d``, leading dimension ``S``) in the format of
@@ -88,15 +104,20 @@ class VaRTRegressor(TreeEstimatorMixin):
         keeps the best.
     :param int eval_every: steps between held-out evaluations.
     :param bool calibrate_noise: with held-out rows, multiply every leaf's noise scale
-        by the factor :math:`c` that maximises the held-out log posterior predictive
-        density (eq. 32, over the ``num_samples`` posterior trees; a grid over
-        :math:`[1, 64]`), stored as ``noise_factor_``. The noise is never shrunk below
-        what the ELBO fitted: with a few held-out rows a factor below one mostly
-        follows their sampling noise. At most 512 held-out rows enter the calibration.
-        At small :math:`\\lambda` the KL term hardly constrains the leaf noise, which
-        then shrinks to the training residuals of a tree that can nearly interpolate a
-        small data set; the held-out rows measure the residual scale on data the tree
-        has not seen.
+        by a factor :math:`c` read off the held-out log posterior predictive density
+        :math:`\\ell(c)` (eq. 32 over the ``num_samples`` posterior trees, on a log grid
+        over :math:`[1/8, 64]`), stored as ``noise_factor_``:
+        :math:`c = \\hat c` when the maximiser :math:`\\hat c \\ge 1`; otherwise the
+        noise is shrunk only as far as the held-out rows make certain,
+        :math:`c = \\min(1, c_+)` with :math:`c_+` the upper end of the profile
+        likelihood interval :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (one-sided
+        95 %). A few held-out rows thus seldom shrink the noise (their :math:`c_+`
+        mostly exceeds one), and many can (e.g. a fit stopped before its noise
+        converged). At most 512 held-out rows enter the calibration; the curve is kept
+        in ``noise_calibration_``. At small :math:`\\lambda` the KL term hardly
+        constrains the leaf noise, which then shrinks to the training residuals of a
+        tree that can nearly interpolate a small data set; the held-out rows measure
+        the residual scale on data the tree has not seen.
     :param str init: ``"data"`` (default) starts the split rules through random
         training points (:meth:`VaRTGuide.init_splits_from_data`); ``"random"`` uses
         random hyperplanes through the origin of the standardised inputs.
@@ -274,11 +295,12 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     @torch.no_grad()
     def _calibrate_noise(self, Xva: torch.Tensor, yva: torch.Tensor) -> float:
-        """The factor :math:`c` on every leaf's noise scale that maximises the held-out
-        log posterior predictive density :math:`\\sum_j \\log \\frac1S \\sum_s
-        p(y_j \\mid x_j, T_s, \\Theta_s, c)` over a log-spaced grid."""
+        """The noise factor :math:`c` of ``calibrate_noise`` from the held-out log
+        posterior predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S \\sum_s
+        p(y_j \\mid x_j, T_s, \\Theta_s, c)` over a log-spaced grid; the grid and
+        :math:`\\ell` are stored in ``noise_calibration_``."""
         samples = self._posterior_trees()
-        grid = torch.logspace(0.0, math.log10(64.0), 73, dtype=torch.float64)
+        grid = torch.logspace(math.log10(0.125), math.log10(64.0), 109, dtype=torch.float64)
         total = torch.zeros_like(grid)
         rows = 512
         log_s = math.log(int(self.num_samples))
@@ -294,7 +316,8 @@ class VaRTRegressor(TreeEstimatorMixin):
             for k, c in enumerate(grid.tolist()):
                 per_tree = (base - half_z2 / (c * c)).logsumexp(-1) - math.log(c)  # (S, n)
                 total[k] += float((per_tree.logsumexp(0) - log_s).sum())
-        return float(grid[int(total.argmax())])
+        self.noise_calibration_ = {"grid": grid.numpy(), "log_density": total.numpy()}
+        return noise_factor_from_curve(grid, total)
 
     # --------------------------------------------------------------- prediction
     def _prepare(self, X) -> torch.Tensor:

@@ -26,7 +26,7 @@ from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
-from pyro_trees.models.vart import VaRT, mixture_params, with_bias
+from pyro_trees.models.vart import VaRT, with_bias
 
 __all__ = ["VaRTELBO", "vart_elbo"]
 
@@ -48,18 +48,25 @@ def _level_depths(num_nodes: int, device) -> torch.Tensor:
     return (heap.float().log2().floor()).long()
 
 
-def sample_guide(guide, x: torch.Tensor) -> dict:
+def _guide_params(guide, x: torch.Tensor) -> dict:
+    """Every (constrained) parameter of the guide, read once, in ``x``'s dtype and device."""
+    opts = {"dtype": x.dtype, "device": x.device}
+    names = ("split_logits", "beta_loc", "beta_scale", "theta_loc", "theta_scale")
+    out = {k: getattr(guide, k).to(**opts) for k in names}
+    out["ls_loc"] = guide.log_sigma_loc.to(**opts)
+    out["ls_scale"] = guide.log_sigma_scale.to(**opts)
+    return out
+
+
+def sample_guide(guide, x: torch.Tensor, params: dict | None = None) -> dict:
     """One draw of the guide's latent sites, keyed like its Pyro sample sites
     (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d``), by reparameterisation."""
-    opts = {"dtype": x.dtype, "device": x.device}
+    q = _guide_params(guide, x) if params is None else params
     depth = guide.depth
-    split = RelaxedSplitIndicator(guide.split_logits.to(**opts), guide.temperature).rsample()
-    beta_loc, beta_scale = guide.beta_loc.to(**opts), guide.beta_scale.to(**opts)
-    theta_loc, theta_scale = guide.theta_loc.to(**opts), guide.theta_scale.to(**opts)
-    ls_loc, ls_scale = guide.log_sigma_loc.to(**opts), guide.log_sigma_scale.to(**opts)
-    beta = beta_loc + beta_scale * torch.randn_like(beta_loc)
-    theta = theta_loc + theta_scale * torch.randn_like(theta_loc)
-    log_sigma = ls_loc + ls_scale * torch.randn_like(ls_loc)
+    split = RelaxedSplitIndicator(q["split_logits"], guide.temperature).rsample()
+    beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
+    theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
+    log_sigma = q["ls_loc"] + q["ls_scale"] * torch.randn_like(q["ls_loc"])
     out = {}
     for d in range(depth + 1):
         n = 1 << d
@@ -68,7 +75,7 @@ def sample_guide(guide, x: torch.Tensor) -> dict:
             out[f"split_{d}"] = split[sl]
             out[f"beta_{d}"] = beta[sl]
         else:
-            out[f"split_{d}"] = torch.zeros(n, **opts)
+            out[f"split_{d}"] = split.new_zeros(n)
         out[f"theta_{d}"] = theta[sl]
         out[f"log_sigma_{d}"] = log_sigma[sl]
     return out
@@ -102,8 +109,9 @@ def vart_elbo(
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
     depth = guide.depth
+    q = _guide_params(guide, x)
     if values is None:
-        values = sample_guide(guide, x)
+        values = sample_guide(guide, x, q)
     opts = {"dtype": x.dtype, "device": x.device}
     lam = model.lam
     split = torch.cat([values[f"split_{d}"] for d in range(depth + 1)])  # (M,)
@@ -124,12 +132,12 @@ def vart_elbo(
     kappa = exist * (1 - split)
 
     # guide log q (the depth-D Delta sites score zero)
-    logits = guide.split_logits.to(**opts)
+    logits = q["split_logits"]
     s_int = split[:n_int]
     lq_split = s_int * F.logsigmoid(logits) + (1 - s_int) * F.logsigmoid(-logits)
-    lq_beta = _normal_lp(beta, guide.beta_loc.to(**opts), guide.beta_scale.to(**opts)).sum(-1)
-    lq_theta = _normal_lp(theta, guide.theta_loc.to(**opts), guide.theta_scale.to(**opts)).sum(-1)
-    lq_ls = _normal_lp(log_sigma, guide.log_sigma_loc.to(**opts), guide.log_sigma_scale.to(**opts))
+    lq_beta = _normal_lp(beta, q["beta_loc"], q["beta_scale"]).sum(-1)
+    lq_theta = _normal_lp(theta, q["theta_loc"], q["theta_scale"]).sum(-1)
+    lq_ls = _normal_lp(log_sigma, q["ls_loc"], q["ls_scale"])
     log_q = (
         (exist[:n_int] * lq_split).sum()
         + (psi * lq_beta).sum()
@@ -154,16 +162,19 @@ def vart_elbo(
         xb, yb, scale = x[subsample], y[subsample], n / subsample.shape[0]
     else:
         xb, yb, scale = x, y, 1.0
-    tree = {
-        "split": split,
-        "log_exist": log_exist,
-        "beta": beta,
-        "theta": theta,
-        "log_sigma": log_sigma,
-    }
-    mix_logits, means, sigma = mixture_params(tree, with_bias(xb))
-    mix_logits = mix_logits - mix_logits.logsumexp(-1, keepdim=True)
-    obs_ll = (mix_logits + _normal_lp(yb.unsqueeze(-1), means, sigma)).logsumexp(-1).sum()
+    # eq. 27 (as mixture_params computes it): log P(x -> i) level by level, in one pass
+    x1 = with_bias(xb)
+    z = x1 @ beta.T  # (B, 2**D - 1): beta^T x, the log-odds of going left
+    reach = [x1.new_zeros(x1.shape[0], 1)]
+    for d in range(depth):
+        zd = z[:, (1 << d) - 1 : (1 << (d + 1)) - 1]
+        pair = torch.stack([reach[-1] + F.logsigmoid(zd), reach[-1] + F.logsigmoid(-zd)], -1)
+        reach.append(pair.reshape(x1.shape[0], 1 << (d + 1)))
+    log_kappa = log_exist + torch.log1p(-split)
+    mix_logits = log_kappa + torch.cat(reach, -1)
+    means = x1 @ theta.T
+    comp = _normal_lp(yb.unsqueeze(-1), means, log_sigma.exp())
+    obs_ll = ((mix_logits + comp).logsumexp(-1) - mix_logits.logsumexp(-1)).sum()
     return scale * obs_ll + lam * (log_p - log_q)
 
 
