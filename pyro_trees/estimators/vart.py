@@ -126,6 +126,10 @@ class VaRTRegressor(TreeEstimatorMixin):
         :math:`\\lambda`-weighted ELBO as ``Trace_ELBO`` computed without Pyro's per-site
         tracing (several times faster per step on small data); ``"trace"`` uses
         :class:`pyro.infer.Trace_ELBO` on the model and guide.
+    :param bool clip_inputs: at prediction time, clip every input to the range it
+        had in the rows given to ``fit`` (per feature). Linear leaves extrapolate
+        without bound, so one far outlying input (a data-entry error, say) would
+        otherwise give an arbitrarily large prediction; training is unaffected.
     :param random_state: seed of initialisation, training and prediction sampling.
     :param device: torch device for training and prediction (default CPU).
     :param bool progress: show a progress bar.
@@ -150,6 +154,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         calibrate_noise: bool = True,
         init: str = "data",
         elbo: str = "vectorised",
+        clip_inputs: bool = True,
         split_alpha: float = 0.95,
         split_beta: float = 2.0,
         split_scale: float = 1.0,
@@ -172,6 +177,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.calibrate_noise = calibrate_noise
         self.init = init
         self.elbo = elbo
+        self.clip_inputs = clip_inputs
         self.split_alpha = split_alpha
         self.split_beta = split_beta
         self.split_scale = split_scale
@@ -228,6 +234,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.y_mean_ = yt.mean()
         self.y_scale_ = yt.std().clamp_min(1e-12)
         Xs = (X - self.x_mean_) / self.x_scale_
+        self.x_min_, self.x_max_ = Xs.min(0).values, Xs.max(0).values  # every row given
         ys = (y - self.y_mean_) / self.y_scale_
         Xtr, ytr, Xva, yva = Xs[train_idx], ys[train_idx], Xs[val_idx], ys[val_idx]
         # inputs are checked above; Pyro's per-site validation only costs time here
@@ -323,7 +330,10 @@ class VaRTRegressor(TreeEstimatorMixin):
     def _prepare(self, X) -> torch.Tensor:
         self._check_is_fitted()
         X = check_X(X, n_features=self.n_features_in_, dtype=torch.float32, device=self.device)
-        return (X - self.x_mean_) / self.x_scale_
+        Xs = (X - self.x_mean_) / self.x_scale_
+        if self.clip_inputs and getattr(self, "x_min_", None) is not None:
+            Xs = torch.minimum(torch.maximum(Xs, self.x_min_), self.x_max_)
+        return Xs
 
     def _posterior_trees(self) -> dict:
         """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""

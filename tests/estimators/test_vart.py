@@ -176,3 +176,17 @@ def test_noise_factor_rule_widens_freely_and_shrinks_only_when_certain():
     # many rows: shrink, but only to the upper end of the profile interval (above c0)
     many = noise_factor_from_curve(grid, curve(500, 0.5))
     assert 0.5 < many < 0.6
+
+
+def test_inputs_beyond_the_training_range_are_clipped(fitted, data):
+    X, _ = data
+    far = X[:5].copy()
+    far[:, 1] = 1e6  # a data-entry outlier, far beyond the training range of feature 1
+    edge = far.copy()
+    edge[:, 1] = X[:, 1].max()
+    np.testing.assert_array_equal(fitted.predict(far), fitted.predict(edge))
+    fitted.clip_inputs = False
+    try:
+        assert np.abs(fitted.predict(far)).max() > 1e3  # linear leaves extrapolate
+    finally:
+        fitted.clip_inputs = True
