@@ -126,10 +126,12 @@ class VaRTRegressor(TreeEstimatorMixin):
         :math:`\\lambda`-weighted ELBO as ``Trace_ELBO`` computed without Pyro's per-site
         tracing (several times faster per step on small data); ``"trace"`` uses
         :class:`pyro.infer.Trace_ELBO` on the model and guide.
-    :param bool clip_inputs: at prediction time, clip every input to the range it
-        had in the rows given to ``fit`` (per feature). Linear leaves extrapolate
-        without bound, so one far outlying input (a data-entry error, say) would
-        otherwise give an arbitrarily large prediction; training is unaffected.
+    :param clip_margin: at prediction time, clip every input to the range it had in
+        the rows given to ``fit`` (per feature), widened by ``clip_margin`` times its
+        width on each side; ``None`` never clips. Linear leaves extrapolate without
+        bound, so one far outlying input (a data-entry error, say) would otherwise give
+        an arbitrarily large prediction, while a mild extrapolation of a linear trend
+        is often right; training is unaffected.
     :param random_state: seed of initialisation, training and prediction sampling.
     :param device: torch device for training and prediction (default CPU).
     :param bool progress: show a progress bar.
@@ -154,7 +156,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         calibrate_noise: bool = True,
         init: str = "data",
         elbo: str = "vectorised",
-        clip_inputs: bool = True,
+        clip_margin: float | None = 0.5,
         split_alpha: float = 0.95,
         split_beta: float = 2.0,
         split_scale: float = 1.0,
@@ -177,7 +179,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.calibrate_noise = calibrate_noise
         self.init = init
         self.elbo = elbo
-        self.clip_inputs = clip_inputs
+        self.clip_margin = clip_margin
         self.split_alpha = split_alpha
         self.split_beta = split_beta
         self.split_scale = split_scale
@@ -202,6 +204,8 @@ class VaRTRegressor(TreeEstimatorMixin):
             raise ValueError(
                 f"validation_fraction must lie in [0, 1), got {self.validation_fraction}"
             )
+        if self.clip_margin is not None and not float(self.clip_margin) >= 0:
+            raise ValueError(f"clip_margin must be >= 0 or None, got {self.clip_margin}")
         if self.init not in ("data", "random"):
             raise ValueError(f"init must be 'data' or 'random', got {self.init!r}")
         if self.elbo not in ("vectorised", "trace"):
@@ -331,8 +335,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         self._check_is_fitted()
         X = check_X(X, n_features=self.n_features_in_, dtype=torch.float32, device=self.device)
         Xs = (X - self.x_mean_) / self.x_scale_
-        if self.clip_inputs and getattr(self, "x_min_", None) is not None:
-            Xs = torch.minimum(torch.maximum(Xs, self.x_min_), self.x_max_)
+        if self.clip_margin is not None and getattr(self, "x_min_", None) is not None:
+            pad = float(self.clip_margin) * (self.x_max_ - self.x_min_)
+            Xs = torch.minimum(torch.maximum(Xs, self.x_min_ - pad), self.x_max_ + pad)
         return Xs
 
     def _posterior_trees(self) -> dict:

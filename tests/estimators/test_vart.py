@@ -178,15 +178,24 @@ def test_noise_factor_rule_widens_freely_and_shrinks_only_when_certain():
     assert 0.5 < many < 0.6
 
 
-def test_inputs_beyond_the_training_range_are_clipped(fitted, data):
+def test_inputs_far_beyond_the_training_range_are_clipped(fitted, data):
     X, _ = data
+    lo, hi = X[:, 1].min(), X[:, 1].max()
     far = X[:5].copy()
     far[:, 1] = 1e6  # a data-entry outlier, far beyond the training range of feature 1
     edge = far.copy()
-    edge[:, 1] = X[:, 1].max()
-    np.testing.assert_array_equal(fitted.predict(far), fitted.predict(edge))
-    fitted.clip_inputs = False
+    edge[:, 1] = hi + 0.5 * (hi - lo)  # the default margin: half the range
+    np.testing.assert_allclose(fitted.predict(far), fitted.predict(edge), rtol=1e-5)
+    mild = far.copy()
+    mild[:, 1] = hi + 0.1 * (hi - lo)  # inside the margin: extrapolated, not clipped
+    assert not np.allclose(fitted.predict(mild), fitted.predict(far))
+    fitted.clip_margin = 0.0
     try:
+        edge[:, 1] = hi
+        np.testing.assert_allclose(fitted.predict(far), fitted.predict(edge), rtol=1e-5)
+        fitted.clip_margin = None
         assert np.abs(fitted.predict(far)).max() > 1e3  # linear leaves extrapolate
     finally:
-        fitted.clip_inputs = True
+        fitted.clip_margin = 0.5
+    with pytest.raises(ValueError, match="clip_margin"):
+        VaRTRegressor(depth=2, num_steps=1, clip_margin=-1.0).fit(X, data[1])
