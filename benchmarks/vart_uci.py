@@ -20,7 +20,9 @@ the estimator's defaults hold 10 % of the training rows out for early stopping (
 paper suggests it) and for one leaf-noise calibration factor (the held-out density's
 maximiser when >= 1, else shrunk only to the one-sided 95 % profile-likelihood bound;
 the earlier rule max(maximiser, 1) is reported beside it as ``(c>=1)``), and start the split rules
-through training points (``--validation-fraction 0 --init random`` trains on every row
+through training points, and clip test inputs to the training range widened by half
+its width (``--clip-margin``; linear leaves would otherwise extrapolate a far outlier
+without bound) (``--validation-fraction 0 --init random`` trains on every row
 from random hyperplanes, as the first runs in ``results/vart_uci.md`` did).
 Peers in the same run, fifty trees each: XGBoost, RandomForest, CatBoost, and BART
 (stochtree, 50 trees, 200 burn-in and 200 kept draws). Coverage: share of test targets
