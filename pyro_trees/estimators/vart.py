@@ -12,12 +12,13 @@ import math
 import numpy as np
 import pyro
 import torch
-from pyro.infer import Predictive
+from pyro.infer import Predictive, Trace_ELBO
 
 from pyro_trees import trees
 from pyro_trees.estimators._base import TreeEstimatorMixin
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import fit
+from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.models.vart import VaRT, mixture_params, with_bias
 from pyro_trees.validation import check_level, check_X, check_X_y
 
@@ -25,6 +26,45 @@ __all__ = ["VaRTRegressor"]
 
 _PREDICT_BYTES = 256 * 2**20  # memory for one prediction batch
 _CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
+
+
+def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
+    """The noise factor rule of :class:`VaRTRegressor` (``calibrate_noise``): the
+    maximiser :math:`\\hat c` of the held-out log density when it is at least one, else
+    :math:`\\min(1, c_+)`, with :math:`c_+` the largest grid value with
+    :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (the one-sided 95 % profile likelihood
+    bound).
+
+    :param grid: increasing candidate factors ``(K,)``; :param log_density: ``(K,)``.
+    """
+    best = int(log_density.argmax())
+    if grid[best] >= 1.0:
+        return float(grid[best])
+    inside = (2.0 * (log_density[best] - log_density) <= 2.71) & (grid >= grid[best])
+    return min(1.0, float(grid[inside].max()))
+
+
+def _stack_trees(samples: dict, depth: int) -> dict:
+    """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
+    ``log_sigma_d``, leading dimension ``S``) in the format of
+    :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``(S,)``."""
+    num = samples["split_0"].shape[0]
+    width = samples["theta_0"].shape[-1]
+    split = [samples[f"split_{d}"].reshape(num, -1) for d in range(depth + 1)]
+    log_exist = [split[0].new_zeros(num, 1)]
+    for d in range(depth):
+        log_exist.append((log_exist[-1] + split[d].log()).repeat_interleave(2, dim=-1))
+    return {
+        "split": torch.cat(split, -1),
+        "log_exist": torch.cat(log_exist, -1),
+        "beta": torch.cat([samples[f"beta_{d}"].reshape(num, -1, width) for d in range(depth)], -2),
+        "theta": torch.cat(
+            [samples[f"theta_{d}"].reshape(num, -1, width) for d in range(depth + 1)], -2
+        ),
+        "log_sigma": torch.cat(
+            [samples[f"log_sigma_{d}"].reshape(num, -1) for d in range(depth + 1)], -1
+        ),
+    }
 
 
 class VaRTRegressor(TreeEstimatorMixin):
@@ -64,18 +104,34 @@ class VaRTRegressor(TreeEstimatorMixin):
         keeps the best.
     :param int eval_every: steps between held-out evaluations.
     :param bool calibrate_noise: with held-out rows, multiply every leaf's noise scale
-        by the factor :math:`c` that maximises the held-out log posterior predictive
-        density (eq. 32, over the ``num_samples`` posterior trees; a grid over
-        :math:`[1, 64]`), stored as ``noise_factor_``. The noise is never shrunk below
-        what the ELBO fitted: with a few held-out rows a factor below one mostly
-        follows their sampling noise. At most 512 held-out rows enter the calibration.
-        At small :math:`\\lambda` the KL term hardly constrains the leaf noise, which
-        then shrinks to the training residuals of a tree that can nearly interpolate a
-        small data set; the held-out rows measure the residual scale on data the tree
-        has not seen.
+        by a factor :math:`c` read off the held-out log posterior predictive density
+        :math:`\\ell(c)` (eq. 32 over the ``num_samples`` posterior trees, on a log grid
+        over :math:`[1/8, 64]`), stored as ``noise_factor_``:
+        :math:`c = \\hat c` when the maximiser :math:`\\hat c \\ge 1`; otherwise the
+        noise is shrunk only as far as the held-out rows make certain,
+        :math:`c = \\min(1, c_+)` with :math:`c_+` the upper end of the profile
+        likelihood interval :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (one-sided
+        95 %). A few held-out rows thus seldom shrink the noise (their :math:`c_+`
+        mostly exceeds one), and many can (e.g. a fit stopped before its noise
+        converged). At most 512 held-out rows enter the calibration; the curve is kept
+        in ``noise_calibration_``. At small :math:`\\lambda` the KL term hardly
+        constrains the leaf noise, which then shrinks to the training residuals of a
+        tree that can nearly interpolate a small data set; the held-out rows measure
+        the residual scale on data the tree has not seen.
     :param str init: ``"data"`` (default) starts the split rules through random
         training points (:meth:`VaRTGuide.init_splits_from_data`); ``"random"`` uses
         random hyperplanes through the origin of the standardised inputs.
+    :param str elbo: ``"vectorised"`` (default) trains with
+        :class:`~pyro_trees.infer.VaRTELBO`, the same estimator of the
+        :math:`\\lambda`-weighted ELBO as ``Trace_ELBO`` computed without Pyro's per-site
+        tracing (several times faster per step on small data); ``"trace"`` uses
+        :class:`pyro.infer.Trace_ELBO` on the model and guide.
+    :param clip_margin: at prediction time, clip every input to the range it had in
+        the rows given to ``fit`` (per feature), widened by ``clip_margin`` times its
+        width on each side; ``None`` never clips. Linear leaves extrapolate without
+        bound, so one far outlying input (a data-entry error, say) would otherwise give
+        an arbitrarily large prediction, while a mild extrapolation of a linear trend
+        is often right; training is unaffected.
     :param random_state: seed of initialisation, training and prediction sampling.
     :param device: torch device for training and prediction (default CPU).
     :param bool progress: show a progress bar.
@@ -99,6 +155,8 @@ class VaRTRegressor(TreeEstimatorMixin):
         eval_every: int = 20,
         calibrate_noise: bool = True,
         init: str = "data",
+        elbo: str = "vectorised",
+        clip_margin: float | None = 0.5,
         split_alpha: float = 0.95,
         split_beta: float = 2.0,
         split_scale: float = 1.0,
@@ -120,6 +178,8 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.eval_every = eval_every
         self.calibrate_noise = calibrate_noise
         self.init = init
+        self.elbo = elbo
+        self.clip_margin = clip_margin
         self.split_alpha = split_alpha
         self.split_beta = split_beta
         self.split_scale = split_scale
@@ -144,8 +204,12 @@ class VaRTRegressor(TreeEstimatorMixin):
             raise ValueError(
                 f"validation_fraction must lie in [0, 1), got {self.validation_fraction}"
             )
+        if self.clip_margin is not None and not float(self.clip_margin) >= 0:
+            raise ValueError(f"clip_margin must be >= 0 or None, got {self.clip_margin}")
         if self.init not in ("data", "random"):
             raise ValueError(f"init must be 'data' or 'random', got {self.init!r}")
+        if self.elbo not in ("vectorised", "trace"):
+            raise ValueError(f"elbo must be 'vectorised' or 'trace', got {self.elbo!r}")
         if int(self.eval_every) < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
         gen = torch.Generator().manual_seed(self._seed())
@@ -174,6 +238,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.y_mean_ = yt.mean()
         self.y_scale_ = yt.std().clamp_min(1e-12)
         Xs = (X - self.x_mean_) / self.x_scale_
+        self.x_min_, self.x_max_ = Xs.min(0).values, Xs.max(0).values  # every row given
         ys = (y - self.y_mean_) / self.y_scale_
         Xtr, ytr, Xva, yva = Xs[train_idx], ys[train_idx], Xs[val_idx], ys[val_idx]
         # inputs are checked above; Pyro's per-site validation only costs time here
@@ -217,6 +282,7 @@ class VaRTRegressor(TreeEstimatorMixin):
                 Xtr,
                 ytr,
                 num_steps=int(self.num_steps),
+                loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
                 optim="clipped_adam",
                 lr=self.lr,
                 seed=self._seed(),
@@ -240,43 +306,39 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     @torch.no_grad()
     def _calibrate_noise(self, Xva: torch.Tensor, yva: torch.Tensor) -> float:
-        """The factor :math:`c` on every leaf's noise scale that maximises the held-out
-        log posterior predictive density :math:`\\sum_j \\log \\frac1S \\sum_s
-        p(y_j \\mid x_j, T_s, \\Theta_s, c)` over a log-spaced grid."""
+        """The noise factor :math:`c` of ``calibrate_noise`` from the held-out log
+        posterior predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S \\sum_s
+        p(y_j \\mid x_j, T_s, \\Theta_s, c)` over a log-spaced grid; the grid and
+        :math:`\\ell` are stored in ``noise_calibration_``."""
         samples = self._posterior_trees()
-        grid = torch.logspace(0.0, math.log10(64.0), 73, dtype=torch.float64)
+        grid = torch.logspace(math.log10(0.125), math.log10(64.0), 109, dtype=torch.float64)
         total = torch.zeros_like(grid)
         rows = 512
         log_s = math.log(int(self.num_samples))
-        with (
-            pyro.settings.context(module_local_params=True),
-            pyro.validation_enabled(False),
-        ):
-            pred = Predictive(
-                self.model_, posterior_samples=samples, return_sites=["obs"], parallel=True
-            )
-            for start in range(0, Xva.shape[0], rows):
-                xb, yb = Xva[start : start + rows], yva[start : start + rows]
-                tr = pred.get_vectorized_trace(xb)
-                mix = tr.nodes["obs"]["fn"]
-                logits = mix.mixture_distribution.logits.double()  # (S, 1?, n, M)
-                comp = mix.component_distribution
-                loc, scale = comp.loc.double(), comp.scale.double()
-                logits = logits - logits.logsumexp(-1, keepdim=True)
-                # log N(y; loc, (c scale)^2) = base - 0.5 z^2 / c^2 - log c
-                base = logits - scale.log() - 0.5 * math.log(2 * math.pi)
-                half_z2 = 0.5 * ((yb.double().unsqueeze(-1) - loc) / scale) ** 2
-                for k, c in enumerate(grid.tolist()):
-                    per_tree = (base - half_z2 / (c * c)).logsumexp(-1) - math.log(c)
-                    per_tree = per_tree.reshape(per_tree.shape[0], -1)  # (S, n)
-                    total[k] += float((per_tree.logsumexp(0) - log_s).sum())
-        return float(grid[int(total.argmax())])
+        tree = _stack_trees(samples, self.guide_.depth)
+        for start in range(0, Xva.shape[0], rows):
+            xb, yb = Xva[start : start + rows], yva[start : start + rows]
+            logits, loc, scale = mixture_params(tree, with_bias(xb))  # (S, n, M)
+            logits, loc, scale = logits.double(), loc.double(), scale.double()
+            logits = logits - logits.logsumexp(-1, keepdim=True)
+            # log N(y; loc, (c scale)^2) = base - 0.5 z^2 / c^2 - log c
+            base = logits - scale.log() - 0.5 * math.log(2 * math.pi)
+            half_z2 = 0.5 * ((yb.double().unsqueeze(-1) - loc) / scale) ** 2
+            for k, c in enumerate(grid.tolist()):
+                per_tree = (base - half_z2 / (c * c)).logsumexp(-1) - math.log(c)  # (S, n)
+                total[k] += float((per_tree.logsumexp(0) - log_s).sum())
+        self.noise_calibration_ = {"grid": grid.numpy(), "log_density": total.numpy()}
+        return noise_factor_from_curve(grid, total)
 
     # --------------------------------------------------------------- prediction
     def _prepare(self, X) -> torch.Tensor:
         self._check_is_fitted()
         X = check_X(X, n_features=self.n_features_in_, dtype=torch.float32, device=self.device)
-        return (X - self.x_mean_) / self.x_scale_
+        Xs = (X - self.x_mean_) / self.x_scale_
+        if self.clip_margin is not None and getattr(self, "x_min_", None) is not None:
+            pad = float(self.clip_margin) * (self.x_max_ - self.x_min_)
+            Xs = torch.minimum(torch.maximum(Xs, self.x_min_ - pad), self.x_max_ + pad)
+        return Xs
 
     def _posterior_trees(self) -> dict:
         """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""

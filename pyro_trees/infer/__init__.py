@@ -38,6 +38,9 @@ from pyro_trees.infer.tree_structure import (
     parents_to_adjacency,
     similarity_dfs_tree,
 )
+from pyro_trees.infer.vart_elbo import (
+    VaRTELBO,
+)
 
 __all__ = [
     "CollapsedELBO",
@@ -48,6 +51,7 @@ __all__ = [
     "TreeELBO",
     "VBData",
     "VBState",
+    "VaRTELBO",
     "acyclicity",
     "collapse_ratio",
     "dgp_predict",

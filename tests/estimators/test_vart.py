@@ -9,6 +9,7 @@ import torch
 
 from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
+from pyro_trees.estimators.vart import noise_factor_from_curve
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,10 @@ def test_early_stopping_and_noise_calibration(fitted, data):
     res = fitted.fit_result_
     assert res.best_step is not None and res.best_step <= res.num_steps
     assert res.val_losses and res.best_val == min(v for _, v in res.val_losses)
-    assert fitted.noise_factor_ >= 1.0
+    cal = fitted.noise_calibration_
+    assert fitted.noise_factor_ == noise_factor_from_curve(
+        torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
+    )
     trees_ = fitted._posterior_trees()
     with torch.random.fork_rng():
         fitted.noise_factor_, c = 1.0, fitted.noise_factor_
@@ -156,3 +160,42 @@ def test_cuda_estimator(data):
     est.fit(X, y)
     assert est.predict(X).shape == (120,)
     assert est.predict_interval(X)[0].shape == (120,)
+
+
+def test_noise_factor_rule_widens_freely_and_shrinks_only_when_certain():
+    grid = torch.logspace(-1, 1, 41, dtype=torch.float64)
+    c = grid.log()
+
+    # a Gaussian-scale log likelihood of n rows peaked at c0: n * (-log c - c0^2 / (2 c^2))
+    def curve(n, c0):
+        return n * (-c - c0**2 / (2 * grid**2))
+
+    assert noise_factor_from_curve(grid, curve(10, 2.0)) == pytest.approx(2.0, rel=0.06)
+    # few rows preferring a smaller noise: the upper bound exceeds one, keep the fitted noise
+    assert noise_factor_from_curve(grid, curve(5, 0.7)) == 1.0
+    # many rows: shrink, but only to the upper end of the profile interval (above c0)
+    many = noise_factor_from_curve(grid, curve(500, 0.5))
+    assert 0.5 < many < 0.6
+
+
+def test_inputs_far_beyond_the_training_range_are_clipped(fitted, data):
+    X, _ = data
+    lo, hi = X[:, 1].min(), X[:, 1].max()
+    far = X[:5].copy()
+    far[:, 1] = 1e6  # a data-entry outlier, far beyond the training range of feature 1
+    edge = far.copy()
+    edge[:, 1] = hi + 0.5 * (hi - lo)  # the default margin: half the range
+    np.testing.assert_allclose(fitted.predict(far), fitted.predict(edge), rtol=1e-5)
+    mild = far.copy()
+    mild[:, 1] = hi + 0.1 * (hi - lo)  # inside the margin: extrapolated, not clipped
+    assert not np.allclose(fitted.predict(mild), fitted.predict(far))
+    fitted.clip_margin = 0.0
+    try:
+        edge[:, 1] = hi
+        np.testing.assert_allclose(fitted.predict(far), fitted.predict(edge), rtol=1e-5)
+        fitted.clip_margin = None
+        assert np.abs(fitted.predict(far)).max() > 1e3  # linear leaves extrapolate
+    finally:
+        fitted.clip_margin = 0.5
+    with pytest.raises(ValueError, match="clip_margin"):
+        VaRTRegressor(depth=2, num_steps=1, clip_margin=-1.0).fit(X, data[1])
