@@ -182,18 +182,6 @@ class GraphPriorVAE(PyroModule):
         tril = torch.linalg.cholesky(eye + self.strength * a.double()).to(a.dtype)
         return KroneckerNormal(tril, self.latent_dim)
 
-    def pairwise_log_factor(self, z, idx=None):
-        """The pairwise term of eq. 19, ``sum_ij W_ij sum_k q(c_i = k | z_i) q(c_j = k |
-        z_j)`` over the constraints inside the batch ``idx``: ``z`` of shape
-        ``(..., |B|, D)`` gives ``(...)``. It is the model's only term that couples
-        instances (the site ``"constraints"``; see :class:`~pyro_trees.guides.PairwiseELBO`)."""
-        pairs, w = self._batch_constraints(idx, z.shape[-2])
-        if not pairs.numel():
-            return z.new_zeros(z.shape[:-2])
-        r = self.responsibilities(z)
-        same = (r.index_select(-2, pairs[:, 0]) * r.index_select(-2, pairs[:, 1])).sum(-1)
-        return (w * same).sum(-1)
-
     def forward(self, x, *args, idx=None, **kwargs):
         xb = x if idx is None else x.index_select(-2, torch.as_tensor(idx, device=x.device))
         z = pyro.sample("z", self.prior(idx))

@@ -417,6 +417,8 @@ def test_pairwise_elbo_trains_with_svi_and_rejects_bad_input():
         PairwiseELBO(0)
     with pytest.raises(ValueError, match="pairwise_log_factor"):
         PairwiseELBO().loss(lambda x: None, guide, x)
+    with pytest.raises(ValueError, match="pairwise_log_factor"):  # its coupling is the prior
+        PairwiseELBO().loss(GraphPriorVAE(torch.zeros(10, 10), F, latent_dim=2), guide, x)
     mix = TreeVIMixtureGuide(
         GaussianEncoder(F, 2, (6,)),
         torch.stack([guide.parents, torch.tensor([-1] + [0] * 9)]),
