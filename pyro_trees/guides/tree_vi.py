@@ -485,6 +485,7 @@ class TreeVIMixtureGuide(TreeVIGuide):
         return self.parents.shape[0]
 
     def tree_probs(self):
+        """The mixture weights over the trees, ``(T,)``."""
         return torch.softmax(self.tree_logits, -1)
 
     def _components(self, x, idx):
@@ -629,10 +630,12 @@ class PairwiseELBO(ELBO):
         raise NotImplementedError
 
     def loss(self, model, guide, *args, **kwargs):
+        """The negative ELBO estimate as a float, without gradients."""
         with torch.no_grad():
             return float(self.differentiable_loss(model, guide, *args, **kwargs))
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
+        """The negative ELBO estimate as a float; its gradients are accumulated."""
         loss = self.differentiable_loss(model, guide, *args, **kwargs)
         if loss.requires_grad:
             loss.backward()

@@ -206,6 +206,7 @@ class VBState:
         return VBState(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     def to(self, *args, **kwargs) -> VBState:
+        """A copy with every factor moved by ``Tensor.to(*args, **kwargs)``."""
         return VBState(**{f.name: getattr(self, f.name).to(*args, **kwargs) for f in fields(self)})
 
 

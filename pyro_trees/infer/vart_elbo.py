@@ -201,10 +201,12 @@ class VaRTELBO(ELBO):
         return -vart_elbo(model, guide, x, y, subsample_size)
 
     def loss(self, model, guide, *args, **kwargs) -> float:
+        """The negative lambda-weighted ELBO estimate as a float, without gradients."""
         with torch.no_grad():
             return float(self.differentiable_loss(model, guide, *args, **kwargs))
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        """The negative lambda-weighted ELBO estimate; its gradients are accumulated."""
         loss = self.differentiable_loss(model, guide, *args, **kwargs)
         loss.backward()
         return float(loss.detach())
