@@ -36,7 +36,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution
-from pyro.infer import ELBO, Trace_ELBO
+from pyro.infer import Trace_ELBO
 from pyro.nn import PyroModule, PyroParam
 from torch import nn
 from torch.distributions import constraints
@@ -47,6 +47,7 @@ from pyro_trees.distributions.tree_normal import (
     _validate_parents,
     validate_parents,
 )
+from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 
 # Per guide: the validated parent array and sampling plan of the forest each batch
 # induces, so that repeated batches (every epoch) skip validation and planning. Kept
@@ -570,7 +571,7 @@ class MixtureTreeELBO(Trace_ELBO):
         )
 
 
-class PairwiseELBO(ELBO):
+class PairwiseELBO(DifferentiableLossELBO):
     """Rao-Blackwellised ELBO estimator for models whose instances interact only through
     one pairwise factor (e.g. the constraints of
     :class:`~pyro_trees.models.ConstrainedClusteringVAE`), for :class:`TreeVIGuide`
@@ -628,15 +629,3 @@ class PairwiseELBO(ELBO):
 
     def _get_trace(self, model, guide, args, kwargs):  # abstract in ELBO; not used
         raise NotImplementedError
-
-    def loss(self, model, guide, *args, **kwargs):
-        """The negative ELBO estimate as a float, without gradients."""
-        with torch.no_grad():
-            return float(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs):
-        """The negative ELBO estimate as a float; its gradients are accumulated."""
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        if loss.requires_grad:
-            loss.backward()
-        return float(loss.detach())

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import torch
 from pyro import poutine
-from pyro.infer import ELBO
 from pyro.util import warn_if_nan
+
+from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 
 __all__ = ["CollapsedELBO"]
 
 
-class CollapsedELBO(ELBO):
+class CollapsedELBO(DifferentiableLossELBO):
     """Minus the model's ``collapsed_bound`` at the guide's leaf logits.
 
     :param str site: name of the guide's routing site (``"leaf"``).
@@ -69,14 +70,3 @@ class CollapsedELBO(ELBO):
         loss = -bound
         warn_if_nan(loss, "loss")
         return loss
-
-    def loss(self, model, guide, *args, **kwargs) -> float:
-        """Minus the collapsed bound as a float."""
-        with torch.no_grad():
-            return float(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        """Minus the collapsed bound; also backpropagates it."""
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return float(loss.detach())

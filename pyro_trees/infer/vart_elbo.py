@@ -21,11 +21,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pyro.infer import ELBO
 from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
+from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.models.vart import VaRT, with_bias
 
 __all__ = ["VaRTELBO", "vart_elbo"]
@@ -178,7 +178,7 @@ def vart_elbo(
     return scale * obs_ll + lam * (log_p - log_q)
 
 
-class VaRTELBO(ELBO):
+class VaRTELBO(DifferentiableLossELBO):
     """Drop-in replacement of :class:`pyro.infer.Trace_ELBO` for
     :class:`~pyro_trees.models.VaRT` with :class:`~pyro_trees.guides.VaRTGuide`:
     the same estimator (:func:`vart_elbo`), without Pyro's per-site tracing.
@@ -199,14 +199,3 @@ class VaRTELBO(ELBO):
             raise ValueError("VaRTELBO needs the targets y")
         model._check_x(x, y)
         return -vart_elbo(model, guide, x, y, subsample_size)
-
-    def loss(self, model, guide, *args, **kwargs) -> float:
-        """The negative lambda-weighted ELBO estimate as a float, without gradients."""
-        with torch.no_grad():
-            return float(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        """The negative lambda-weighted ELBO estimate; its gradients are accumulated."""
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return float(loss.detach())
