@@ -225,7 +225,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
         The experts are trained under soft routing, in which the points near a cut pull
         each leaf towards its neighbour's value; the hard tree predicts best with the
         values its own partition of the training points gives (leaf means, or class
-        frequencies with one pseudo-count per class, as :meth:`HME.init_experts`).
+        frequencies with one pseudo-count per class: :meth:`HME.expert_m_step`).
         Leaves that receive no training point keep the trained expert. Sets
         ``hard_leaf_loc_`` ``(2**D, width)``; posterior routing keeps the trained
         experts.
@@ -237,18 +237,9 @@ class _RNNTreeBase(TreeEstimatorMixin):
             self._rules = None
             leaf = self.guide_.tree.hard_leaf(Xs)
         onehot = torch.nn.functional.one_hot(leaf, loc.shape[0]).to(loc.dtype)
-        mass = onehot.sum(0)
-        if self._likelihood_is_categorical():
-            counts = onehot.T @ torch.nn.functional.one_hot(y.long(), loc.shape[-1]).to(loc.dtype)
-            new = torch.log(counts + 1.0) - torch.log(mass + loc.shape[-1]).unsqueeze(-1)
-        else:
-            y2 = y.reshape(y.shape[0], -1).to(loc.dtype)
-            new = (onehot.T @ y2) / mass.clamp_min(1.0).unsqueeze(-1)
+        new, mass = self.model_.expert_m_step(Xs.to(loc.dtype), y, onehot)
         self.hard_leaf_loc_ = torch.where((mass > 0).unsqueeze(-1), new, loc)
         self._rules = None
-
-    def _likelihood_is_categorical(self) -> bool:
-        return getattr(self, "n_classes_", None) is not None
 
     # -- routing -----------------------------------------------------------------------------
     @property

@@ -129,26 +129,43 @@ class HME(PyroModule):
         return dist.Normal(out, scale).to_event(1)
 
     @torch.no_grad()
-    def init_experts(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor) -> None:
-        """One M-step from a routing: experts fit the points each leaf receives.
+    def expert_m_step(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor):
+        """The constant experts' M-step for a routing, without setting anything.
 
-        Regression: leaf means are the ``leaf_probs``-weighted means of ``y`` (linear
-        experts start with zero slopes) and a learnt noise scale the weighted residual
-        standard deviation. Classification: leaf logits are the log of the weighted
-        class frequencies, with one pseudo-count per class.
+        Regression: the ``leaf_probs``-weighted means of ``y``. Classification: the log
+        of the weighted class frequencies, with one pseudo-count per class.
 
         :param x: ``(N, L)``; ``y``: targets as in :meth:`forward`;
-        :param leaf_probs: ``(N, 2**D)`` routing probabilities (e.g. from the guide).
+        :param leaf_probs: ``(N, 2**D)`` routing probabilities (or a hard one-hot).
+        :returns: ``(loc, mass)``: leaf values ``(2**D, width)`` and the routed mass of
+            each leaf ``(2**D,)`` (a leaf of mass 0 has no meaningful mean).
         """
         w = leaf_probs.to(x.dtype)
         mass = w.sum(0)  # (2**D,)
         if self.likelihood == "categorical":
             counts = w.T @ torch.nn.functional.one_hot(y.long(), self.num_classes).to(x.dtype)
             logits = torch.log(counts + 1.0) - torch.log(mass + self.num_classes).unsqueeze(-1)
-            self.leaf_loc = logits
-            return
+            return logits, mass
         y2 = y.reshape(y.shape[0], -1).to(x.dtype)  # (N, out)
-        loc = (w.T @ y2) / mass.clamp_min(1e-12).unsqueeze(-1)
+        return (w.T @ y2) / mass.clamp_min(1e-12).unsqueeze(-1), mass
+
+    @torch.no_grad()
+    def init_experts(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor) -> None:
+        """One M-step from a routing: experts fit the points each leaf receives.
+
+        Leaf values from :meth:`expert_m_step` (linear experts start with zero slopes;
+        an empty regression leaf takes the mean of ``y``) and a learnt noise scale the
+        weighted residual standard deviation.
+
+        :param x: ``(N, L)``; ``y``: targets as in :meth:`forward`;
+        :param leaf_probs: ``(N, 2**D)`` routing probabilities (e.g. from the guide).
+        """
+        loc, mass = self.expert_m_step(x, y, leaf_probs)
+        if self.likelihood == "categorical":
+            self.leaf_loc = loc
+            return
+        w = leaf_probs.to(x.dtype)
+        y2 = y.reshape(y.shape[0], -1).to(x.dtype)  # (N, out)
         empty = mass < 1e-6
         loc[empty] = y2.mean(0)
         self.leaf_loc = loc
