@@ -32,6 +32,24 @@ class TreeEstimatorMixin:
                     out.setdefault(p.name, p.default)
         return out
 
+    def _check_early_stopping_options(self) -> None:
+        """``validation_fraction`` in ``[0, 1)``; ``patience`` only with a validation split."""
+        frac = self.validation_fraction
+        if not (isinstance(frac, int | float) and 0.0 <= frac < 1.0):
+            raise ValueError(f"validation_fraction must lie in [0, 1), got {frac!r}")
+        if self.patience is not None and frac == 0:
+            raise ValueError("patience needs a validation split: set validation_fraction > 0")
+
+    def _held_out_split(self, n: int):
+        """Indices ``(held_out, train)`` of ``n`` points: ``max(1, round(fraction * n))``
+        held out, drawn by ``numpy.random.default_rng(random_state)``; ``None`` when
+        ``validation_fraction`` is 0."""
+        if self.validation_fraction == 0:
+            return None
+        perm = np.random.default_rng(self.random_state).permutation(n)
+        n_val = max(1, int(round(self.validation_fraction * n)))
+        return perm[:n_val], perm[n_val:]
+
     @classmethod
     def _param_names(cls) -> list[str]:
         return list(cls._defaults())

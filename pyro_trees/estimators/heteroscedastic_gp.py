@@ -120,15 +120,7 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-        if not (
-            isinstance(self.validation_fraction, int | float)
-            and 0.0 <= self.validation_fraction < 1.0
-        ):
-            raise ValueError(
-                f"validation_fraction must lie in [0, 1), got {self.validation_fraction!r}"
-            )
-        if self.patience is not None and self.validation_fraction == 0:
-            raise ValueError("patience needs a validation split: set validation_fraction > 0")
+        self._check_early_stopping_options()
         if not isinstance(self.eval_every, int) or self.eval_every < 1:
             raise ValueError(f"eval_every must be an integer >= 1, got {self.eval_every!r}")
         for name in ("lr", "tree_lr"):
@@ -178,16 +170,16 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         if self.random_state is not None:
             pyro.set_rng_seed(int(self.random_state))
         X_val = y_val = None
-        if self.validation_fraction > 0:
-            n_val = max(1, int(round(self.validation_fraction * n)))
-            if n - n_val < 2:
+        split = self._held_out_split(n)
+        if split is not None:
+            val, train = (torch.as_tensor(i) for i in split)
+            if len(train) < 2:
                 raise ValueError(
-                    f"validation_fraction={self.validation_fraction} leaves {n - n_val} "
+                    f"validation_fraction={self.validation_fraction} leaves {len(train)} "
                     "training points; need at least 2"
                 )
-            perm = torch.as_tensor(np.random.default_rng(self.random_state).permutation(n))
-            X_val, y_val = Xs[perm[:n_val]], ys[perm[:n_val]]
-            Xs, ys = Xs[perm[n_val:]], ys[perm[n_val:]]
+            X_val, y_val = Xs[val], ys[val]
+            Xs, ys = Xs[train], ys[train]
             n = Xs.shape[0]
         z = None
         if self.num_inducing is not None:

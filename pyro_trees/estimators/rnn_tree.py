@@ -94,12 +94,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
             )
         if self.routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
-        if not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(
-                f"validation_fraction must lie in [0, 1), got {self.validation_fraction}"
-            )
-        if self.patience is not None and self.validation_fraction == 0.0:
-            raise ValueError("patience needs a validation split: set validation_fraction > 0")
+        self._check_early_stopping_options()
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
 
@@ -147,15 +142,14 @@ class _RNNTreeBase(TreeEstimatorMixin):
         self.x_scale_ = torch.where(scale > 0, scale, torch.ones_like(scale)).cpu().numpy()
         Xs = self._standardize(X)
 
-        gen = np.random.default_rng(self.random_state)
         if self.random_state is not None:
             pyro.set_rng_seed(int(self.random_state))
         X_val = y_val = None
-        if self.validation_fraction > 0:
-            perm = torch.as_tensor(gen.permutation(n), device=X.device)
-            n_val = max(1, int(round(self.validation_fraction * n)))
-            X_val, y_val = Xs[perm[:n_val]], y[perm[:n_val]]
-            Xs, y = Xs[perm[n_val:]], y[perm[n_val:]]
+        split = self._held_out_split(n)
+        if split is not None:
+            val, train = (torch.as_tensor(i, device=X.device) for i in split)
+            X_val, y_val = Xs[val], y[val]
+            Xs, y = Xs[train], y[train]
 
         model = HME(n_features, depth, experts=self.experts, **self._model_kwargs())
         guide = RNNTreeGuide(
