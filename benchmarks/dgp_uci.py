@@ -59,6 +59,11 @@ ALL_METHODS = ("factorised", "joint", "joint-lowrank", "intermediate", "intermed
 METHODS = tuple(os.environ.get("DGP_METHODS", ",".join(ALL_METHODS)).split(","))
 # DGP_TIMING_ONLY=1: only the paired timing (for quiet reruns of the time ratio)
 TIMING_ONLY = os.environ.get("DGP_TIMING_ONLY") == "1"
+PAIRED_METHOD = (
+    "timed in alternating blocks of 10 steps (7 pairs, plain Adam loops, same load for both; "
+    "median of the pairs' ratios; the cpu-time ratio uses this thread's CPU time instead of "
+    "wall time, less sensitive to other load)"
+)
 SETTINGS = {
     # name: (M, steps, batch size or None for full batch)
     "concrete": (64, 30 if SMOKE else 1000, None),
@@ -325,10 +330,7 @@ def main(names):
     if TIMING_ONLY:
         md = (
             "Time per step of the factorised guide against GPyTorch's DeepGP (two-layer deep "
-            f"GPs, hidden width 4, {SAMPLES} Monte Carlo samples) timed in alternating blocks "
-            "of 10 steps (7 pairs, plain Adam loops, same load for both; median of the pairs' "
-            "ratios; the cpu-time ratio uses this thread's CPU time instead of wall time, "
-            "less sensitive to other load)."
+            f"GPs, hidden width 4, {SAMPLES} Monte Carlo samples) {PAIRED_METHOD}."
             + _load_note()
             + "\n\n"
             + markdown_table(paired, list(paired[0]))
@@ -346,10 +348,8 @@ def main(names):
     )
     if paired:
         md += (
-            "\nTime per step of the factorised guide against GPyTorch's DeepGP timed in "
-            "alternating blocks of 10 steps (7 pairs, plain Adam loops, same load for both; "
-            "median of the pairs' ratios; the cpu-time ratio uses this thread's CPU time, less "
-            "sensitive to other load). The sequential column above compares runs "
+            "\nTime per step of the factorised guide against GPyTorch's DeepGP "
+            f"{PAIRED_METHOD}. The sequential column above compares runs "
             "minutes apart on a shared machine."
             + _load_note()
             + "\n\n"
