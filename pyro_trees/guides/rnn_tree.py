@@ -40,6 +40,66 @@ from pyro_trees import trees
 
 __all__ = ["RNNTree", "RNNTreeGuide"]
 
+# Elements of one ``(rows, nodes, features)`` block of :class:`_NodeSplitLogProbs`:
+# about a megabyte in float32, so each block's passes run from cache.
+_BLOCK_ELEMENTS = 2**18
+
+
+class _NodeSplitLogProbs(torch.autograd.Function):
+    r"""Eq. 13 at every node for every input: ``log q(m=1)``, ``log q(m=0)``, ``(N, K)``.
+
+    ``x`` is ``(N, L)``; ``log_dim``, ``w0``, ``w1`` are ``(K, L)``. The same values as
+    ``logsumexp(log_dim + logsigmoid(+-(w0 + w1 x)), -1)`` computed blockwise over the
+    rows: the ``(N, K, L)`` intermediates never exist whole, and the backward pass
+    recomputes each block instead of storing it. Gradients:
+    :math:`\partial \log q_R / \partial z_l = r_l \sigma(-z_l)` and
+    :math:`\partial \log q_L / \partial z_l = -p_l \sigma(z_l)`, where :math:`r, p` are
+    the softmax weights of the two log-sum-exps.
+    """
+
+    @staticmethod
+    def forward(ctx, x, log_dim, w0, w1):
+        n = x.shape[0]
+        rows = max(1, _BLOCK_ELEMENTS // max(1, w0.numel()))
+        log_right = x.new_empty(n, w0.shape[0])
+        log_left = torch.empty_like(log_right)
+        for s in range(0, n, rows):
+            z = torch.addcmul(w0, w1, x[s : s + rows].unsqueeze(-2))  # (B, K, L)
+            a = F.logsigmoid(z).add_(log_dim)  # log pi + log sigma(z)
+            log_right[s : s + rows] = torch.logsumexp(a, -1)
+            log_left[s : s + rows] = torch.logsumexp(a.sub_(z), -1)  # log pi + log sigma(-z)
+        ctx.save_for_backward(x, log_dim, w0, w1, log_right, log_left)
+        ctx.rows = rows
+        return log_right, log_left
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_right, grad_left):
+        x, log_dim, w0, w1, log_right, log_left = ctx.saved_tensors
+        rows = ctx.rows
+        grad_log_dim = torch.zeros_like(log_dim)
+        grad_w0 = torch.zeros_like(w0)
+        grad_w1 = torch.zeros_like(w1)
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        for s in range(0, x.shape[0], rows):
+            xs = x[s : s + rows]
+            z = torch.addcmul(w0, w1, xs.unsqueeze(-2))
+            log_sig = F.logsigmoid(z)
+            a = log_sig + log_dim
+            r = (a - log_right[s : s + rows].unsqueeze(-1)).exp_()
+            r.mul_(grad_right[s : s + rows].unsqueeze(-1))
+            p = a.sub_(z).sub_(log_left[s : s + rows].unsqueeze(-1)).exp_()
+            p.mul_(grad_left[s : s + rows].unsqueeze(-1))
+            rp = r + p
+            grad_log_dim += rp.sum(0)
+            # dz = r sigma(-z) - p sigma(z) = r - (r + p) sigma(z)
+            dz = r.sub_(log_sig.exp_().mul_(rp))
+            grad_w0 += dz.sum(0)
+            grad_w1 += torch.einsum("bkl,bl->kl", dz, xs)
+            if grad_x is not None:
+                grad_x[s : s + rows] = torch.einsum("bkl,kl->bl", dz, w1)
+        return grad_x, grad_log_dim, grad_w0, grad_w1
+
 
 def _balanced_cuts(pts: torch.Tensor, like: torch.Tensor):
     """Per dimension: the cut between distinct values nearest the median, and the spread.
@@ -359,10 +419,9 @@ class RNNTree(PyroModule):
             return trees.depth_logits_to_node_logits(log_right - log_left)
         if feedback == "hard":
             log_dim, w0, w1 = self._node_heads(x.dtype)
-            log_right, log_left = self._log_right_left(
-                x.unsqueeze(-2), log_dim, w0, w1
-            )  # (N, 2**D - 1)
-            return log_right - log_left
+            flat = x.reshape(-1, x.shape[-1])
+            log_right, log_left = _NodeSplitLogProbs.apply(flat, log_dim, w0, w1)
+            return (log_right - log_left).reshape(*x.shape[:-1], -1)  # (N, 2**D - 1)
         raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
 
     def forward(self, x: torch.Tensor, *, feedback: str | None = None, noise=None):
