@@ -45,59 +45,101 @@ __all__ = ["RNNTree", "RNNTreeGuide"]
 _BLOCK_ELEMENTS = 2**18
 
 
+def _sigmoid_pair(z: torch.Tensor):
+    """``sigmoid(z)`` and ``sigmoid(-z)``, each accurate to relative precision (neither
+    is formed as ``1 - sigmoid``)."""
+    return torch.sigmoid(z), torch.sigmoid(-z)
+
+
+def _log_space_forward(x, log_dim, w0, w1):
+    """Eq. 13 through log-sum-exps, ``(B, K)`` each: the reference for rows whose
+    sums underflow in probability space."""
+    z = torch.addcmul(w0, w1, x.unsqueeze(-2))
+    log_right = torch.logsumexp(F.logsigmoid(z) + log_dim, -1)
+    return log_right, torch.logsumexp(F.logsigmoid(-z) + log_dim, -1)
+
+
 class _NodeSplitLogProbs(torch.autograd.Function):
     r"""Eq. 13 at every node for every input: ``log q(m=1)``, ``log q(m=0)``, ``(N, K)``.
 
     ``x`` is ``(N, L)``; ``log_dim``, ``w0``, ``w1`` are ``(K, L)``. The same values as
-    ``logsumexp(log_dim + logsigmoid(+-(w0 + w1 x)), -1)`` computed blockwise over the
-    rows: the ``(N, K, L)`` intermediates never exist whole, and the backward pass
-    recomputes each block instead of storing it. Gradients:
-    :math:`\partial \log q_R / \partial z_l = r_l \sigma(-z_l)` and
-    :math:`\partial \log q_L / \partial z_l = -p_l \sigma(z_l)`, where :math:`r, p` are
-    the softmax weights of the two log-sum-exps.
+    ``logsumexp(log_dim + logsigmoid(+-(w0 + w1 x)), -1)``, computed blockwise over the
+    rows (the ``(N, K, L)`` intermediates never exist whole; backward recomputes each
+    block) and in probability space, :math:`q_R = \sum_l \pi_l \sigma(z_l)`, one
+    ``exp`` per element. A row where some :math:`q_R` or :math:`q_L` falls below
+    ``finfo.tiny * 2**mantissa`` (every term underflowing) is redone in log space.
+    Gradients: :math:`\partial \log q_R / \partial z_l =
+    \pi_l \sigma(z_l) \sigma(-z_l) / q_R`, :math:`\partial \log q_L / \partial z_l =
+    -\pi_l \sigma(z_l) \sigma(-z_l) / q_L`, :math:`\partial \log q_R / \partial
+    \log \pi_l = \pi_l \sigma(z_l) / q_R`.
     """
 
     @staticmethod
     def forward(ctx, x, log_dim, w0, w1):
         n = x.shape[0]
         rows = max(1, _BLOCK_ELEMENTS // max(1, w0.numel()))
+        finfo = torch.finfo(x.dtype)
+        floor = finfo.tiny * 2.0 ** (finfo.bits - finfo.bits // 4)  # 2**24 / 2**48 over tiny
+        pi = log_dim.exp()
         log_right = x.new_empty(n, w0.shape[0])
         log_left = torch.empty_like(log_right)
+        underflow = torch.zeros(n, dtype=torch.bool, device=x.device)
         for s in range(0, n, rows):
             z = torch.addcmul(w0, w1, x[s : s + rows].unsqueeze(-2))  # (B, K, L)
-            a = F.logsigmoid(z).add_(log_dim)  # log pi + log sigma(z)
-            log_right[s : s + rows] = torch.logsumexp(a, -1)
-            log_left[s : s + rows] = torch.logsumexp(a.sub_(z), -1)  # log pi + log sigma(-z)
-        ctx.save_for_backward(x, log_dim, w0, w1, log_right, log_left)
+            sig, sig_neg = _sigmoid_pair(z)
+            right, left = sig.mul_(pi).sum(-1), sig_neg.mul_(pi).sum(-1)
+            underflow[s : s + rows] = ((right < floor) | (left < floor)).any(-1)
+            log_right[s : s + rows] = right.clamp_min_(floor).log_()
+            log_left[s : s + rows] = left.clamp_min_(floor).log_()
+        bad = underflow.nonzero().squeeze(-1)  # redo these rows in log space
+        if bad.numel():
+            log_right[bad], log_left[bad] = _log_space_forward(x[bad], log_dim, w0, w1)
+        ctx.save_for_backward(x, log_dim, w0, w1, log_right, log_left, bad)
         ctx.rows = rows
         return log_right, log_left
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_right, grad_left):
-        x, log_dim, w0, w1, log_right, log_left = ctx.saved_tensors
+        x, log_dim, w0, w1, log_right, log_left, bad = ctx.saved_tensors
         rows = ctx.rows
+        pi = log_dim.exp()
         grad_log_dim = torch.zeros_like(log_dim)
         grad_w0 = torch.zeros_like(w0)
         grad_w1 = torch.zeros_like(w1)
         grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        # d/dq of log q: grad / q; zero on the log-space rows, which are added below
+        c_right = grad_right * log_right.neg().exp_()
+        c_left = grad_left * log_left.neg().exp_()
+        if bad.numel():
+            c_right[bad] = 0.0
+            c_left[bad] = 0.0
         for s in range(0, x.shape[0], rows):
             xs = x[s : s + rows]
+            cr, cl = c_right[s : s + rows], c_left[s : s + rows]
             z = torch.addcmul(w0, w1, xs.unsqueeze(-2))
-            log_sig = F.logsigmoid(z)
-            a = log_sig + log_dim
-            r = (a - log_right[s : s + rows].unsqueeze(-1)).exp_()
-            r.mul_(grad_right[s : s + rows].unsqueeze(-1))
-            p = a.sub_(z).sub_(log_left[s : s + rows].unsqueeze(-1)).exp_()
-            p.mul_(grad_left[s : s + rows].unsqueeze(-1))
-            rp = r + p
-            grad_log_dim += rp.sum(0)
-            # dz = r sigma(-z) - p sigma(z) = r - (r + p) sigma(z)
-            dz = r.sub_(log_sig.exp_().mul_(rp))
+            sig, sig_neg = _sigmoid_pair(z)
+            cr, cl = cr.unsqueeze(-1), cl.unsqueeze(-1)
+            grad_log_dim += (sig * cr).add_(sig_neg * cl).sum(0)
+            dz = sig.mul_(sig_neg).mul_(cr - cl)  # (B, K, L), without pi
             grad_w0 += dz.sum(0)
-            grad_w1 += torch.einsum("bkl,bl->kl", dz, xs)
+            grad_w1 += (dz * xs.unsqueeze(-2)).sum(0)
             if grad_x is not None:
-                grad_x[s : s + rows] = torch.einsum("bkl,kl->bl", dz, w1)
+                grad_x[s : s + rows] = (dz * (w1 * pi)).sum(-2)
+        grad_log_dim *= pi
+        grad_w0 *= pi
+        grad_w1 *= pi
+        if bad.numel():  # autograd through the log-space formula on those rows
+            with torch.enable_grad():
+                inputs = [t.detach().requires_grad_() for t in (x[bad], log_dim, w0, w1)]
+                out_r, out_l = _log_space_forward(*inputs)
+                total = (out_r * grad_right[bad]).sum() + (out_l * grad_left[bad]).sum()
+                g_x, g_ld, g_w0, g_w1 = torch.autograd.grad(total, inputs)
+            grad_log_dim += g_ld
+            grad_w0 += g_w0
+            grad_w1 += g_w1
+            if grad_x is not None:
+                grad_x[bad] = g_x
         return grad_x, grad_log_dim, grad_w0, grad_w1
 
 
