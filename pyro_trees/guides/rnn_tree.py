@@ -51,12 +51,13 @@ def _sigmoid_pair(z: torch.Tensor):
     return torch.sigmoid(z), torch.sigmoid(-z)
 
 
-def _log_space_forward(x, log_dim, w0, w1):
-    """Eq. 13 through log-sum-exps, ``(B, K)`` each: the reference for rows whose
-    sums underflow in probability space."""
-    z = torch.addcmul(w0, w1, x.unsqueeze(-2))
-    log_right = torch.logsumexp(F.logsigmoid(z) + log_dim, -1)
-    return log_right, torch.logsumexp(F.logsigmoid(-z) + log_dim, -1)
+def _log_space_pairs(x, log_dim, w0, w1, rows, nodes):
+    """Eq. 13 through log-sum-exps for the ``(row, node)`` pairs given, ``(P,)`` each:
+    the reference where probability-space sums underflow."""
+    z = torch.addcmul(w0[nodes], w1[nodes], x[rows])  # (P, L)
+    log_pi = log_dim[nodes]
+    log_right = torch.logsumexp(F.logsigmoid(z) + log_pi, -1)
+    return log_right, torch.logsumexp(F.logsigmoid(-z) + log_pi, -1)
 
 
 class _NodeSplitLogProbs(torch.autograd.Function):
@@ -66,8 +67,10 @@ class _NodeSplitLogProbs(torch.autograd.Function):
     ``logsumexp(log_dim + logsigmoid(+-(w0 + w1 x)), -1)``, computed blockwise over the
     rows (the ``(N, K, L)`` intermediates never exist whole; backward recomputes each
     block) and in probability space, :math:`q_R = \sum_l \pi_l \sigma(z_l)`, one
-    ``exp`` per element. A row where some :math:`q_R` or :math:`q_L` falls below
-    ``finfo.tiny * 2**mantissa`` (every term underflowing) is redone in log space.
+    pair of sigmoids per element. A ``(row, node)`` pair whose :math:`q_R` or
+    :math:`q_L` falls below ``finfo.tiny * 2**(3 * finfo.bits / 4)`` (its terms
+    underflowing, as with sharp splits far from every threshold) is redone in log
+    space, forward and backward.
     Gradients: :math:`\partial \log q_R / \partial z_l =
     \pi_l \sigma(z_l) \sigma(-z_l) / q_R`, :math:`\partial \log q_L / \partial z_l =
     -\pi_l \sigma(z_l) \sigma(-z_l) / q_L`, :math:`\partial \log q_R / \partial
@@ -83,25 +86,27 @@ class _NodeSplitLogProbs(torch.autograd.Function):
         pi = log_dim.exp()
         log_right = x.new_empty(n, w0.shape[0])
         log_left = torch.empty_like(log_right)
-        underflow = torch.zeros(n, dtype=torch.bool, device=x.device)
+        underflow = torch.empty(n, w0.shape[0], dtype=torch.bool, device=x.device)
         for s in range(0, n, rows):
             z = torch.addcmul(w0, w1, x[s : s + rows].unsqueeze(-2))  # (B, K, L)
             sig, sig_neg = _sigmoid_pair(z)
             right, left = sig.mul_(pi).sum(-1), sig_neg.mul_(pi).sum(-1)
-            underflow[s : s + rows] = ((right < floor) | (left < floor)).any(-1)
+            underflow[s : s + rows] = (right < floor) | (left < floor)
             log_right[s : s + rows] = right.clamp_min_(floor).log_()
             log_left[s : s + rows] = left.clamp_min_(floor).log_()
-        bad = underflow.nonzero().squeeze(-1)  # redo these rows in log space
-        if bad.numel():
-            log_right[bad], log_left[bad] = _log_space_forward(x[bad], log_dim, w0, w1)
-        ctx.save_for_backward(x, log_dim, w0, w1, log_right, log_left, bad)
+        bad_rows, bad_nodes = underflow.nonzero(as_tuple=True)  # redo these in log space
+        if bad_rows.numel():
+            log_right[bad_rows, bad_nodes], log_left[bad_rows, bad_nodes] = _log_space_pairs(
+                x, log_dim, w0, w1, bad_rows, bad_nodes
+            )
+        ctx.save_for_backward(x, log_dim, w0, w1, log_right, log_left, bad_rows, bad_nodes)
         ctx.rows = rows
         return log_right, log_left
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_right, grad_left):
-        x, log_dim, w0, w1, log_right, log_left, bad = ctx.saved_tensors
+        x, log_dim, w0, w1, log_right, log_left, bad_rows, bad_nodes = ctx.saved_tensors
         rows = ctx.rows
         pi = log_dim.exp()
         grad_log_dim = torch.zeros_like(log_dim)
@@ -111,9 +116,9 @@ class _NodeSplitLogProbs(torch.autograd.Function):
         # d/dq of log q: grad / q; zero on the log-space rows, which are added below
         c_right = grad_right * log_right.neg().exp_()
         c_left = grad_left * log_left.neg().exp_()
-        if bad.numel():
-            c_right[bad] = 0.0
-            c_left[bad] = 0.0
+        if bad_rows.numel():
+            c_right[bad_rows, bad_nodes] = 0.0
+            c_left[bad_rows, bad_nodes] = 0.0
         for s in range(0, x.shape[0], rows):
             xs = x[s : s + rows]
             cr, cl = c_right[s : s + rows], c_left[s : s + rows]
@@ -129,17 +134,18 @@ class _NodeSplitLogProbs(torch.autograd.Function):
         grad_log_dim *= pi
         grad_w0 *= pi
         grad_w1 *= pi
-        if bad.numel():  # autograd through the log-space formula on those rows
+        if bad_rows.numel():  # autograd through the log-space formula on those pairs
             with torch.enable_grad():
-                inputs = [t.detach().requires_grad_() for t in (x[bad], log_dim, w0, w1)]
-                out_r, out_l = _log_space_forward(*inputs)
-                total = (out_r * grad_right[bad]).sum() + (out_l * grad_left[bad]).sum()
+                inputs = [t.detach().requires_grad_() for t in (x, log_dim, w0, w1)]
+                out_r, out_l = _log_space_pairs(*inputs, bad_rows, bad_nodes)
+                total = (out_r * grad_right[bad_rows, bad_nodes]).sum()
+                total = total + (out_l * grad_left[bad_rows, bad_nodes]).sum()
                 g_x, g_ld, g_w0, g_w1 = torch.autograd.grad(total, inputs)
             grad_log_dim += g_ld
             grad_w0 += g_w0
             grad_w1 += g_w1
             if grad_x is not None:
-                grad_x[bad] = g_x
+                grad_x += g_x
         return grad_x, grad_log_dim, grad_w0, grad_w1
 
 

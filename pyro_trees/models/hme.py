@@ -120,13 +120,19 @@ class HME(PyroModule):
     def expert(self, x: torch.Tensor, leaf: torch.Tensor) -> dist.Distribution:
         """Distribution of ``y`` given the leaf; ``leaf`` broadcasts against ``(N,)``
         (a sampled ``(N,)`` or an enumerated ``(2**D, 1)`` value)."""
-        out = Vindex(self.leaf_outputs(x))[torch.arange(x.shape[0], device=x.device), leaf]
+        batch_shape = torch.broadcast_shapes(leaf.shape, x.shape[:1])
+        if self.experts == "constant":
+            # index the (2**D, width) leaf values by the leaf alone, then expand (no
+            # copy): an enumerated leaf normalises 2**D logits, not 2**D x N
+            out = self.leaf_loc.to(x.dtype)[leaf]
+        else:
+            out = Vindex(self.leaf_outputs(x))[torch.arange(x.shape[0], device=x.device), leaf]
         if self.likelihood == "categorical":
-            return dist.Categorical(logits=out)
+            return dist.Categorical(logits=out).expand(batch_shape)
         scale = self.scale().to(x.dtype)
         if self.num_outputs == 1:
-            return dist.Normal(out[..., 0], scale[0])
-        return dist.Normal(out, scale).to_event(1)
+            return dist.Normal(out[..., 0], scale[0]).expand(batch_shape)
+        return dist.Normal(out, scale).to_event(1).expand(batch_shape)
 
     @torch.no_grad()
     def expert_m_step(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor):
