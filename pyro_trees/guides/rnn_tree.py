@@ -41,8 +41,10 @@ from pyro_trees import trees
 __all__ = ["RNNTree", "RNNTreeGuide"]
 
 # Elements of one ``(rows, nodes, features)`` block of :class:`_NodeSplitLogProbs`:
-# about a megabyte in float32, so each block's passes run from cache.
+# on CPU about a megabyte in float32, so each block's passes run from cache; on an
+# accelerator, blocks large enough to fill it (64 MB in float32).
 _BLOCK_ELEMENTS = 2**18
+_BLOCK_ELEMENTS_ACCELERATOR = 2**24
 
 
 def _sigmoid_pair(z: torch.Tensor):
@@ -80,7 +82,8 @@ class _NodeSplitLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, log_dim, w0, w1):
         n = x.shape[0]
-        rows = max(1, _BLOCK_ELEMENTS // max(1, w0.numel()))
+        block = _BLOCK_ELEMENTS if x.device.type == "cpu" else _BLOCK_ELEMENTS_ACCELERATOR
+        rows = max(1, block // max(1, w0.numel()))
         finfo = torch.finfo(x.dtype)
         floor = finfo.tiny * 2.0 ** (finfo.bits - finfo.bits // 4)  # 2**24 / 2**48 over tiny
         pi = log_dim.exp()
