@@ -17,9 +17,12 @@ Table A may have used another scaling),
 inputs left as they are (VaRT standardises them internally, the tree ensembles do not
 need it). VaRT: one tree per depth, lambda = 1e-3, ClippedAdam, no per-data-set tuning;
 the estimator's defaults hold 10 % of the training rows out for early stopping (the
-paper suggests it) and for one leaf-noise calibration factor (the held-out density's
-maximiser when >= 1, else shrunk only to the one-sided 95 % profile-likelihood bound;
-the earlier rule max(maximiser, 1) is reported beside it as ``(c>=1)``), and start the split rules
+paper suggests it) and for one leaf-noise calibration factor (``--calibrate-noise``:
+``coverage``, the default, sets it so that the held-out rows are covered by the 90 %
+interval at the nominal rate, a split conformal quantile; ``likelihood``, the previous
+default, maximises the held-out density, shrinking below one only to the one-sided 95 %
+profile-likelihood bound; both, and the earliest rule max(maximiser, 1) as ``(c>=1)``,
+are read off the same fits and reported side by side), and start the split rules
 through training points, and clip test inputs to the training range widened by half
 its width (``--clip-margin``; linear leaves would otherwise extrapolate a far outlier
 without bound) (``--validation-fraction 0 --init random`` trains on every row
