@@ -142,6 +142,41 @@ def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> tor
     return scores
 
 
+def _mixture_quantiles(
+    weight: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, probs, iters: int = 60
+) -> torch.Tensor:
+    """Quantiles of per-row Gaussian mixtures.
+
+    :param weight: ``(S, n, M)`` weights summing to one over the first and last dims.
+    :param loc: ``(S, n, M)`` component means; :param scale: ``(S, n, M)`` their scales.
+    :param probs: probabilities in ``(0, 1)``.
+    :returns: ``(len(probs), n)``: the :math:`q` with :math:`\\sum w \\Phi((q - \\mu) /
+        \\sigma) = p`, by Newton steps kept inside a bracket that bisection shrinks
+        (starting at the components' :math:`\\mu \\pm 40 \\sigma`).
+    """
+    used = weight > 0
+    inf = torch.full_like(loc, math.inf)
+    low = torch.where(used, loc - 40 * scale, inf).amin((0, -1))
+    high = torch.where(used, loc + 40 * scale, -inf).amax((0, -1))
+    out = []
+    for p in probs:
+        a, b = low.clone(), high.clone()
+        q = (a + b) / 2
+        for _ in range(iters):
+            z = (q.unsqueeze(-1) - loc) / scale
+            cdf = (weight * torch.special.ndtr(z)).sum((0, -1))
+            pdf = (weight * torch.exp(-0.5 * z * z) / scale).sum((0, -1)) / math.sqrt(2 * math.pi)
+            below = cdf < p
+            a, b = torch.where(below, q, a), torch.where(below, b, q)
+            if bool(((cdf - p).abs() <= 1e-13).all()):
+                break
+            step = q - (cdf - p) / pdf
+            inside = (step > a) & (step < b)
+            q = torch.where(inside, step, (a + b) / 2)
+        out.append(q)
+    return torch.stack(out)
+
+
 def _stack_trees(samples: dict, depth: int) -> dict:
     """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
     ``log_sigma_d``, leading dimension ``S``) in the format of
@@ -614,15 +649,42 @@ class VaRTRegressor(TreeEstimatorMixin):
             draws = draws[:num_samples]
         return draws.cpu().numpy()
 
-    def predict_interval(self, X, level: float = 0.9):
+    def predict_interval(self, X, level: float = 0.9, *, method: str = "exact"):
         """Equal-tailed Bayesian predictive interval of probability ``level``.
 
+        :param str method: ``"exact"`` (default): the quantiles
+            :math:`(1 \\mp \\mathrm{level})/2` of the posterior predictive itself, the
+            Gaussian mixture over the ``num_samples`` posterior trees and their leaves
+            (eq. 32), solved per row by safeguarded Newton steps on its CDF (so a
+            row is inside iff its :meth:`coverage_scores` at ``level`` is at most
+            ``noise_factor_``, wherever the CDF at ``y`` moves monotonically toward
+            1/2 as the noise grows). ``"draws"``: empirical quantiles of the
+            ``num_samples`` draws of :meth:`sample_predictive` (one per tree; a Monte
+            Carlo estimate of the same interval, slightly narrow on average).
         :returns: ``(lower, upper)``, each ``(N,)``.
         """
         level = check_level(level)
-        draws = self.sample_predictive(X)
-        lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2], axis=0)
-        return lo, hi
+        if method == "draws":
+            draws = self.sample_predictive(X)
+            lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2], axis=0)
+            return lo, hi
+        if method != "exact":
+            raise ValueError(f"method must be 'exact' or 'draws', got {method!r}")
+        Xs = self._prepare(X)
+        tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
+        out = []
+        with torch.no_grad():
+            for xb, _ in self._calibration_batches(Xs, Xs[:, 0]):
+                logits, loc, scale = mixture_params(tree, with_bias(xb))
+                weight = logits.double().softmax(-1) / logits.shape[0]
+                out.append(
+                    _mixture_quantiles(
+                        weight, loc.double(), scale.double(), ((1 - level) / 2, (1 + level) / 2)
+                    )
+                )
+        q = torch.cat(out, -1) * self.y_scale_.double() + self.y_mean_.double()
+        q = q.cpu().numpy()
+        return q[0], q[1]
 
     # ------------------------------------------------------------ interpretation
     @torch.no_grad()

@@ -11,6 +11,7 @@ from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
 from pyro_trees.estimators.vart import (
     _coverage_scores,
+    _mixture_quantiles,
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
@@ -340,3 +341,47 @@ def test_inputs_far_beyond_the_training_range_are_clipped(fitted, data):
         fitted.clip_margin = 0.5
     with pytest.raises(ValueError, match="clip_margin"):
         VaRTRegressor(depth=2, num_steps=1, clip_margin=-1.0).fit(X, data[1])
+
+
+def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, data):
+    X, y = data
+    lo, hi = fitted.predict_interval(X, 0.9)
+    assert lo.shape == hi.shape == (120,) and (lo < hi).all()
+    # the predictive CDF at the bounds is 0.05 and 0.95
+    tree = fitted._raw_tree()
+    logits, loc, scale = mixture_params(tree, with_bias(fitted._prepare(X)))
+    w = logits.double().softmax(-1) / logits.shape[0]
+    c = fitted.noise_factor_
+    for bound, p in ((lo, 0.05), (hi, 0.95)):
+        q = (torch.as_tensor(bound) - fitted.y_mean_.double()) / fitted.y_scale_.double()
+        z = (q.unsqueeze(-1) - loc.double()) / (c * scale.double())
+        cdf = (w * torch.special.ndtr(z)).sum((0, -1))
+        torch.testing.assert_close(cdf, torch.full_like(cdf, p), atol=1e-9, rtol=0)
+    # inside iff the row's coverage score is at most the noise factor (here everywhere)
+    inside = (y >= lo) & (y <= hi)
+    assert np.array_equal(inside, fitted.coverage_scores(X, y) <= c)
+    # the Monte Carlo interval estimates the same bounds (50 draws per row)
+    lo_d, hi_d = fitted.predict_interval(X, 0.9, method="draws")
+    width = float(np.mean(hi - lo))
+    assert abs(float(np.mean(hi_d - lo_d)) - width) < 0.1 * width
+    assert np.array_equal(pickle.loads(pickle.dumps(fitted)).predict_interval(X)[0], lo)
+    with pytest.raises(ValueError, match="method"):
+        fitted.predict_interval(X, method="mc")
+
+
+def test_mixture_quantiles_of_known_mixtures():
+    probs = (0.05, 0.5, 0.95)
+    loc = torch.tensor([[[0.3]], [[-2.0]]], dtype=torch.float64).view(1, 2, 1)
+    scale = torch.tensor([0.5, 3.0], dtype=torch.float64).view(1, 2, 1)
+    q = _mixture_quantiles(torch.ones(1, 2, 1, dtype=torch.float64), loc, scale, probs)
+    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)
+    z = normal.icdf(torch.tensor(probs, dtype=torch.float64)).view(3, 1)
+    torch.testing.assert_close(q, loc.view(1, 2) + scale.view(1, 2) * z, atol=1e-10, rtol=0)
+    # a symmetric two-component mixture over two "trees" (weights 1/4 each, one zero)
+    w = torch.tensor([[[0.25, 0.25, 0.0]], [[0.5, 0.0, 0.0]]], dtype=torch.float64)
+    loc = torch.tensor([[[-3.0, 3.0, 99.0]], [[0.0, 0.0, 0.0]]], dtype=torch.float64)
+    q = _mixture_quantiles(w, loc, torch.ones_like(loc), probs)[:, 0]
+    assert float(q[1]) == pytest.approx(0.0, abs=1e-10)
+    assert float(q[0]) == pytest.approx(-float(q[2]), abs=1e-10)
+    cdf = (w * torch.special.ndtr(q[2] - loc)).sum()
+    assert float(cdf) == pytest.approx(0.95, abs=1e-12)
