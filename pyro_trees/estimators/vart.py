@@ -258,7 +258,10 @@ class VaRTRegressor(TreeEstimatorMixin):
           the score quantile (not at all with fewer than 29 rows at 0.9). With
           fewer than :math:`\\mathrm{level}/(1-\\mathrm{level})` held-out rows (9 at
           0.9) the likelihood rule is used (``noise_calibration_["rule"]`` says
-          which). Intervals of other levels keep the predictive's shape.
+          which). Intervals of other levels keep the predictive's shape. The
+          held-out rows also pick the early-stopping step, so with very few of them
+          (about 10) their scores run slightly small and new rows are covered a little
+          less often than the level.
         * ``"likelihood"`` (``True``): :math:`c` read off the held-out log posterior
           predictive density :math:`\\ell(c)` (log grid over :math:`[1/8, 64]`,
           :func:`noise_factor_from_curve`): :math:`c = \\hat c` when the maximiser
