@@ -96,7 +96,7 @@ def noise_factor_from_scores(
     return 1.0 if u > n else min(1.0, float(s[u - 1]))
 
 
-_SCORE_GRID = (-6.0, 8.0, 57)  # log2 of the smallest and largest factor, grid points
+_SCORE_GRID = (-6.0, 8.0, 29)  # log2 of the smallest and largest factor, grid points
 
 
 def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
@@ -140,6 +140,20 @@ def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> tor
             a, b = torch.where(ok, a, m), torch.where(ok, m, b)
         scores[mid] = b.exp()
     return scores
+
+
+def _leading_components(weight: torch.Tensor, *others: torch.Tensor, tol: float = 1e-12):
+    """Per-row Gaussian mixtures ``(S, n, M)`` cut to the ``K`` heaviest components that
+    carry all but ``tol`` of every row's weight, laid out as ``(1, n, K)`` (the sums over
+    the first and last dims are unchanged up to ``tol``); ``others`` are gathered alike.
+    """
+    num, n, m = weight.shape
+    flat = weight.permute(1, 0, 2).reshape(n, num * m)
+    top, idx = flat.sort(-1, descending=True)
+    need = int(((top.cumsum(-1) < 1.0 - tol).sum(-1) + 1).max().clamp_max(num * m))
+    top, idx = top[:, :need], idx[:, :need]
+    out = [o.permute(1, 0, 2).reshape(n, num * m).gather(-1, idx).unsqueeze(0) for o in others]
+    return (top.unsqueeze(0), *out)
 
 
 def _mixture_quantiles(
@@ -491,7 +505,7 @@ class VaRTRegressor(TreeEstimatorMixin):
                 per_tree = (base - half_z2 / (c * c)).logsumexp(-1) - math.log(c)  # (S, n)
                 total[k] += float((per_tree.logsumexp(0) - log_s).sum())
             weight = logits.exp() / logits.shape[0]  # mixture weights over trees and leaves
-            scores.append(_coverage_scores(weight, z, level))
+            scores.append(_coverage_scores(*_leading_components(weight, z), level))
         scores = torch.cat(scores)
         c_lik = noise_factor_from_curve(grid, total)
         c_cov = noise_factor_from_scores(scores, level)
@@ -542,7 +556,8 @@ class VaRTRegressor(TreeEstimatorMixin):
         for xb, yb in self._calibration_batches(Xs, ys):
             logits, loc, scale = mixture_params(tree, with_bias(xb))
             weight = logits.double().softmax(-1) / logits.shape[0]
-            out.append(_coverage_scores(weight, (yb.double().unsqueeze(-1) - loc) / scale, level))
+            z = (yb.double().unsqueeze(-1) - loc) / scale
+            out.append(_coverage_scores(*_leading_components(weight, z), level))
         return torch.cat(out).cpu().numpy()
 
     def _calibration_batches(self, Xva: torch.Tensor, yva: torch.Tensor):
@@ -680,11 +695,8 @@ class VaRTRegressor(TreeEstimatorMixin):
             for xb, _ in self._calibration_batches(Xs, Xs[:, 0]):
                 logits, loc, scale = mixture_params(tree, with_bias(xb))
                 weight = logits.double().softmax(-1) / logits.shape[0]
-                out.append(
-                    _mixture_quantiles(
-                        weight, loc.double(), scale.double(), ((1 - level) / 2, (1 + level) / 2)
-                    )
-                )
+                parts = _leading_components(weight, loc.double(), scale.double())
+                out.append(_mixture_quantiles(*parts, ((1 - level) / 2, (1 + level) / 2)))
         q = torch.cat(out, -1) * self.y_scale_.double() + self.y_mean_.double()
         q = q.cpu().numpy()
         return q[0], q[1]

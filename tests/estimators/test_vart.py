@@ -11,6 +11,7 @@ from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
 from pyro_trees.estimators.vart import (
     _coverage_scores,
+    _leading_components,
     _mixture_quantiles,
     noise_factor_from_curve,
     noise_factor_from_scores,
@@ -385,3 +386,27 @@ def test_mixture_quantiles_of_known_mixtures():
     assert float(q[0]) == pytest.approx(-float(q[2]), abs=1e-10)
     cdf = (w * torch.special.ndtr(q[2] - loc)).sum()
     assert float(cdf) == pytest.approx(0.95, abs=1e-12)
+
+
+def test_leading_components_keep_the_quantiles_and_scores():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(6, 5, 7, generator=gen, dtype=torch.float64) ** 30  # a few heavy ones
+    w[:, :, 3] = 0.0  # absent nodes
+    w = w / w.sum((0, -1), keepdim=True)
+    loc = torch.randn(6, 5, 7, generator=gen, dtype=torch.float64)
+    scale = 0.1 + torch.rand(6, 5, 7, generator=gen, dtype=torch.float64)
+    cw, cloc, cscale = _leading_components(w, loc, scale, tol=1e-12)
+    assert cw.shape[0] == 1 and cw.shape[1] == 5 and cw.shape[2] < 6 * 7
+    assert ((1.0 - cw.sum((0, -1))).abs() <= 1e-12).all()
+    probs = (0.05, 0.95)
+    torch.testing.assert_close(
+        _mixture_quantiles(cw, cloc, cscale, probs),
+        _mixture_quantiles(w, loc, scale, probs),
+        atol=1e-9,
+        rtol=0,
+    )
+    z = (0.3 - loc) / scale
+    cz = _leading_components(w, z)[1]
+    torch.testing.assert_close(
+        _coverage_scores(cw, cz, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
+    )
