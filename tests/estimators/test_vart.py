@@ -9,7 +9,14 @@ import torch
 
 from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
-from pyro_trees.estimators.vart import noise_factor_from_curve
+from pyro_trees.estimators.vart import (
+    _coverage_scores,
+    _leading_components,
+    _mixture_quantiles,
+    noise_factor_from_curve,
+    noise_factor_from_scores,
+)
+from pyro_trees.models.vart import mixture_params, with_bias
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +119,8 @@ def test_early_stopping_and_noise_calibration(fitted, data):
     assert res.best_step is not None and res.best_step <= res.num_steps
     assert res.val_losses and res.best_val == min(v for _, v in res.val_losses)
     cal = fitted.noise_calibration_
-    assert fitted.noise_factor_ == noise_factor_from_curve(
-        torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
-    )
+    assert cal["rule"] == "coverage" and cal["level"] == 0.9 and cal["scores"].shape == (12,)
+    assert fitted.noise_factor_ == noise_factor_from_scores(torch.as_tensor(cal["scores"]), 0.9)
     trees_ = fitted._posterior_trees()
     with torch.random.fork_rng():
         fitted.noise_factor_, c = 1.0, fitted.noise_factor_
@@ -131,11 +137,138 @@ def test_early_stopping_and_noise_calibration(fitted, data):
         (fitted.predict(X[:60]) - float(fitted.y_mean_)) / float(fitted.y_scale_)
     )
     noisy = mean + 3.0 * torch.randn(60, generator=torch.Generator().manual_seed(0))
-    assert fitted._calibrate_noise(Xs, noisy.float()) > 5.0
-    # ... and targets drawn from the calibrated predictive itself about none (c ~ 1)
-    draws = fitted.sample_predictive(X[:60])  # (50, 60)
-    own = torch.as_tensor((draws[7] - float(fitted.y_mean_)) / float(fitted.y_scale_))
-    assert fitted._calibrate_noise(Xs, own.float()) < 1.5
+    c_fit = fitted.noise_factor_
+    try:
+        for rule in ("coverage", "likelihood"):
+            fitted.calibrate_noise = rule
+            assert fitted._calibrate_noise(Xs, noisy.float()) > 5.0
+        # ... and targets drawn from the calibrated predictive itself about the fitted
+        # factor (the factor is relative to the uncalibrated noise)
+        draws = fitted.sample_predictive(X[:60])  # (50, 60): one draw per posterior tree
+        pick = np.random.default_rng(0).integers(0, 50, size=60)  # a random tree per row
+        own = draws[pick, np.arange(60)]
+        own = torch.as_tensor((own - float(fitted.y_mean_)) / float(fitted.y_scale_))
+        for rule in ("coverage", "likelihood"):
+            fitted.calibrate_noise = rule
+            assert 1 / 1.5 < fitted._calibrate_noise(Xs, own.float()) / c_fit < 1.5
+    finally:
+        fitted.calibrate_noise = "coverage"
+        fitted._calibrate_noise(*_held_out(fitted, data))  # restore noise_calibration_
+    assert fitted.noise_factor_ == c_fit
+    assert np.array_equal(fitted.noise_calibration_["scores"], cal["scores"])
+
+
+def _held_out(est, data):
+    """The estimator's held-out rows, standardised, as ``fit`` drew them."""
+    X, y = data
+    n_val = max(round(0.1 * len(y)), min(10, len(y) // 5))
+    idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(est._seed()))[:n_val]
+    Xs = (torch.as_tensor(X[idx.numpy()], dtype=torch.float32) - est.x_mean_) / est.x_scale_
+    ys = (torch.as_tensor(y[idx.numpy()], dtype=torch.float32) - est.y_mean_) / est.y_scale_
+    return Xs, ys
+
+
+def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, data):
+    X, y = data
+    Xs, ys = _held_out(fitted, data)
+    idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:12].numpy()
+    scores = fitted.coverage_scores(X[idx], y[idx])
+    # the stored scores are the held-out rows' (float32 vs float64 residuals aside)
+    np.testing.assert_allclose(scores, fitted.noise_calibration_["scores"], rtol=1e-4)
+    c, covered = fitted.noise_factor_, int((scores <= fitted.noise_factor_).sum())
+    # 12 rows at 0.9: position 11.7, between the 11th and 12th score; no shrinking
+    # below one with 12 rows (the 95 % bound of the 0.9 quantile needs 29)
+    srt = np.sort(scores)
+    if srt[10] ** 0.3 * srt[11] ** 0.7 >= 1.0:
+        assert c == pytest.approx(srt[10] ** 0.3 * srt[11] ** 0.7, rel=1e-9)
+        assert covered == 11 or srt[10] == srt[11]
+    else:
+        assert c == 1.0
+    # a row is inside the exact central 90 % interval iff its score is at most c:
+    # check on the calibrated mixture with the factor just above / below each score
+    tree = fitted._raw_tree()
+    logits, loc, scale = mixture_params(tree, with_bias(Xs))
+    w = logits.double().softmax(-1) / logits.shape[0]
+    z = (ys.double().unsqueeze(-1) - loc.double()) / scale.double()
+    for j in np.flatnonzero(scores > 2.0**-6):
+        for f, inside in ((1.001, True), (0.999, False)):
+            cdf = float((w[:, j] * torch.special.ndtr(z[:, j] / (scores[j] * f))).sum())
+            assert (0.05 <= cdf <= 0.95) == inside
+    # the likelihood rule is still available, and no calibration gives factor 1
+    est = VaRTRegressor(
+        depth=2, num_steps=30, num_samples=20, calibrate_noise="likelihood", random_state=0
+    ).fit(X, y)
+    cal = est.noise_calibration_
+    assert cal["rule"] == "likelihood"
+    assert est.noise_factor_ == noise_factor_from_curve(
+        torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
+    )
+    for off in (None, False):
+        est = VaRTRegressor(depth=2, num_steps=5, num_samples=4, calibrate_noise=off).fit(X, y)
+        assert est.noise_factor_ == 1.0 and not hasattr(est, "noise_calibration_")
+
+
+def test_coverage_rule_falls_back_to_the_likelihood_with_few_held_out_rows(data):
+    X, y = data
+    # 40 rows: 8 held out, fewer than the 9 a 0.9 conformal quantile needs
+    est = VaRTRegressor(depth=2, num_steps=20, num_samples=10, random_state=0).fit(X[:40], y[:40])
+    cal = est.noise_calibration_
+    assert cal["scores"].shape == (8,) and cal["rule"] == "likelihood"
+    assert est.noise_factor_ == noise_factor_from_curve(
+        torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
+    )
+    # a lower level needs fewer rows: 0.8 * 9 = 7.2 <= 8
+    est = VaRTRegressor(
+        depth=2, num_steps=20, num_samples=10, calibration_level=0.8, random_state=0
+    ).fit(X[:40], y[:40])
+    assert est.noise_calibration_["rule"] == "coverage"
+
+
+def test_noise_factor_from_scores_exact_order_statistics():
+    # 19 scores at 0.9: position 18 exactly, the 18th smallest; 18 of 19 rows covered
+    s = torch.linspace(1.0, 3.0, 19)[torch.randperm(19, generator=torch.Generator().manual_seed(1))]
+    c = noise_factor_from_scores(s, 0.9)
+    assert c == pytest.approx(1.0 + 2.0 * 17 / 18) and int((s <= c + 1e-6).sum()) == 18
+    # 10 scores: position 9.9, log-linear between the 9th and the 10th
+    s = torch.tensor([2.0**k for k in range(1, 11)], dtype=torch.float64)
+    assert noise_factor_from_scores(s, 0.9) == pytest.approx(2.0**9.9)
+    assert noise_factor_from_scores(s, 0.5) == pytest.approx(2.0**5.5)
+    assert noise_factor_from_scores(s[:8], 0.9) is None  # 8 < 0.9 / 0.1 rows
+    assert noise_factor_from_scores(torch.tensor([1.0, math.inf] * 10), 0.9) == math.inf
+    # below one: shrink only to the 95 % upper bound s_(u) of the quantile, with u the
+    # least index with P(Bin(n, 0.9) <= u - 1) >= 0.95 (none below 29 rows: c = 1)
+    small = torch.linspace(0.1, 0.5, 28)
+    assert noise_factor_from_scores(small, 0.9) == 1.0
+    for n in (29, 100, 400):
+        s = torch.linspace(0.1, 0.5, n, dtype=torch.float64)
+        cdf = np.cumsum([math.comb(n, k) * 0.9**k * 0.1 ** (n - k) for k in range(n + 1)])
+        u = int(np.argmax(cdf >= 0.95)) + 1
+        assert u <= n
+        assert noise_factor_from_scores(s, 0.9) == pytest.approx(float(s[u - 1]))
+        assert float(s[u - 1]) > float(s[math.floor(0.9 * (n + 1)) - 1])
+
+
+def test_conformal_factor_covers_new_exchangeable_rows_at_the_level():
+    # scores of held-out and new rows from one distribution (all >= 1, no shrinking):
+    # the chance that a new row is covered, averaged over draws, is about the level
+    gen = torch.Generator().manual_seed(0)
+    for n in (10, 15, 40):
+        scores = 1.0 + torch.rand(4000, n, generator=gen, dtype=torch.float64)  # U(1, 2)
+        cover = [noise_factor_from_scores(row, 0.9) - 1.0 for row in scores]  # P(new <= c)
+        assert np.mean(cover) == pytest.approx(0.9, abs=0.01)
+
+
+def test_coverage_scores_of_a_single_gaussian_are_exact():
+    # one component: inside the central 90 % interval iff |z| / c <= z_0.95
+    z = torch.tensor([0.0, 0.01, 0.5, -1.0, 3.0, -40.0, 1e4], dtype=torch.float64)
+    scores = _coverage_scores(torch.ones(1, 7, 1, dtype=torch.float64), z.view(1, 7, 1), 0.9)
+    q = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.95)))
+    expect = (z.abs() / q).clamp_min(2.0**-6)
+    expect[-1] = math.inf  # not covered at the largest factor, 2**8
+    torch.testing.assert_close(scores, expect, rtol=1e-6, atol=0.0)
+    # two equal-weight components at z = -2 and +2 around the target: covered for any c
+    w = torch.full((1, 1, 2), 0.5, dtype=torch.float64)
+    assert float(_coverage_scores(w, torch.tensor([[[-2.0, 2.0]]]), 0.9)) == 2.0**-6
 
 
 def test_without_validation_every_row_trains(data):
@@ -145,6 +278,16 @@ def test_without_validation_every_row_trains(data):
     ).fit(X, y)
     assert est.fit_result_.num_steps == 15 and est.fit_result_.best_step is None
     assert est.noise_factor_ == 1.0
+    for bad in ("conformal", 1, "Coverage"):
+        with pytest.raises(ValueError, match="calibrate_noise"):
+            VaRTRegressor(calibrate_noise=bad).fit(X, y)
+    for bad in (0.0, 1.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="calibration_level"):
+            VaRTRegressor(calibration_level=bad).fit(X, y)
+    est.set_params(calibrate_noise="likelihood", calibration_level=0.8)
+    assert est.get_params()["calibrate_noise"] == "likelihood"
+    assert est.get_params()["calibration_level"] == 0.8
+    assert "calibration_level=0.8" in repr(est)
     with pytest.raises(ValueError, match="validation_fraction"):
         VaRTRegressor(validation_fraction=1.0).fit(X, y)
     with pytest.raises(ValueError, match="init"):
@@ -199,3 +342,71 @@ def test_inputs_far_beyond_the_training_range_are_clipped(fitted, data):
         fitted.clip_margin = 0.5
     with pytest.raises(ValueError, match="clip_margin"):
         VaRTRegressor(depth=2, num_steps=1, clip_margin=-1.0).fit(X, data[1])
+
+
+def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, data):
+    X, y = data
+    lo, hi = fitted.predict_interval(X, 0.9)
+    assert lo.shape == hi.shape == (120,) and (lo < hi).all()
+    # the predictive CDF at the bounds is 0.05 and 0.95
+    tree = fitted._raw_tree()
+    logits, loc, scale = mixture_params(tree, with_bias(fitted._prepare(X)))
+    w = logits.double().softmax(-1) / logits.shape[0]
+    c = fitted.noise_factor_
+    for bound, p in ((lo, 0.05), (hi, 0.95)):
+        q = (torch.as_tensor(bound) - fitted.y_mean_.double()) / fitted.y_scale_.double()
+        z = (q.unsqueeze(-1) - loc.double()) / (c * scale.double())
+        cdf = (w * torch.special.ndtr(z)).sum((0, -1))
+        torch.testing.assert_close(cdf, torch.full_like(cdf, p), atol=1e-9, rtol=0)
+    # inside iff the row's coverage score is at most the noise factor (here everywhere)
+    inside = (y >= lo) & (y <= hi)
+    assert np.array_equal(inside, fitted.coverage_scores(X, y) <= c)
+    # the Monte Carlo interval estimates the same bounds (50 draws per row)
+    lo_d, hi_d = fitted.predict_interval(X, 0.9, method="draws")
+    width = float(np.mean(hi - lo))
+    assert abs(float(np.mean(hi_d - lo_d)) - width) < 0.1 * width
+    assert np.array_equal(pickle.loads(pickle.dumps(fitted)).predict_interval(X)[0], lo)
+    with pytest.raises(ValueError, match="method"):
+        fitted.predict_interval(X, method="mc")
+
+
+def test_mixture_quantiles_of_known_mixtures():
+    probs = (0.05, 0.5, 0.95)
+    loc = torch.tensor([[[0.3]], [[-2.0]]], dtype=torch.float64).view(1, 2, 1)
+    scale = torch.tensor([0.5, 3.0], dtype=torch.float64).view(1, 2, 1)
+    q = _mixture_quantiles(torch.ones(1, 2, 1, dtype=torch.float64), loc, scale, probs)
+    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)
+    z = normal.icdf(torch.tensor(probs, dtype=torch.float64)).view(3, 1)
+    torch.testing.assert_close(q, loc.view(1, 2) + scale.view(1, 2) * z, atol=1e-10, rtol=0)
+    # a symmetric two-component mixture over two "trees" (weights 1/4 each, one zero)
+    w = torch.tensor([[[0.25, 0.25, 0.0]], [[0.5, 0.0, 0.0]]], dtype=torch.float64)
+    loc = torch.tensor([[[-3.0, 3.0, 99.0]], [[0.0, 0.0, 0.0]]], dtype=torch.float64)
+    q = _mixture_quantiles(w, loc, torch.ones_like(loc), probs)[:, 0]
+    assert float(q[1]) == pytest.approx(0.0, abs=1e-10)
+    assert float(q[0]) == pytest.approx(-float(q[2]), abs=1e-10)
+    cdf = (w * torch.special.ndtr(q[2] - loc)).sum()
+    assert float(cdf) == pytest.approx(0.95, abs=1e-12)
+
+
+def test_leading_components_keep_the_quantiles_and_scores():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(6, 5, 7, generator=gen, dtype=torch.float64) ** 30  # a few heavy ones
+    w[:, :, 3] = 0.0  # absent nodes
+    w = w / w.sum((0, -1), keepdim=True)
+    loc = torch.randn(6, 5, 7, generator=gen, dtype=torch.float64)
+    scale = 0.1 + torch.rand(6, 5, 7, generator=gen, dtype=torch.float64)
+    cw, cloc, cscale = _leading_components(w, loc, scale, tol=1e-12)
+    assert cw.shape[0] == 1 and cw.shape[1] == 5 and cw.shape[2] < 6 * 7
+    assert ((1.0 - cw.sum((0, -1))).abs() <= 1e-12).all()
+    probs = (0.05, 0.95)
+    torch.testing.assert_close(
+        _mixture_quantiles(cw, cloc, cscale, probs),
+        _mixture_quantiles(w, loc, scale, probs),
+        atol=1e-9,
+        rtol=0,
+    )
+    z = (0.3 - loc) / scale
+    cz = _leading_components(w, z)[1]
+    torch.testing.assert_close(
+        _coverage_scores(cw, cz, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
+    )
