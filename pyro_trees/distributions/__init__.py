@@ -3,6 +3,9 @@
 from pyro_trees.distributions.kronecker_normal import (
     KroneckerNormal,
 )
+from pyro_trees.distributions.mixture_quantiles import (
+    gaussian_mixture_quantiles,
+)
 from pyro_trees.distributions.split_indicator import (
     RelaxedSplitIndicator,
     SplitIndicator,
@@ -32,6 +35,7 @@ __all__ = [
     "TreeNormal",
     "TreeRouting",
     "expected_log_coupling",
+    "gaussian_mixture_quantiles",
     "tree_balance_kl",
     "validate_parents",
 ]

@@ -8,6 +8,7 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
+from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TreeEstimatorMixin
 from pyro_trees.infer.bayesian_hme_vb import (
     SCHEDULES,
@@ -351,20 +352,8 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         level = check_level(level)
         d = self.predict_distribution(X, average=average)
         w = d.mixture_distribution.probs.unsqueeze(-1)  # (N, E, 1)
-        loc = d.component_distribution.base_dist.loc
+        loc = d.component_distribution.base_dist.loc  # (N, E, D)
         scale = d.component_distribution.base_dist.scale
-        normal = torch.distributions.Normal(loc, scale)
-
-        def quantile(q: float) -> torch.Tensor:
-            lo = (loc - 10 * scale).min(-2).values
-            hi = (loc + 10 * scale).max(-2).values
-            for _ in range(60):  # bisection on the mixture CDF
-                mid = 0.5 * (lo + hi)
-                cdf = (w * normal.cdf(mid.unsqueeze(-2))).sum(-2)
-                below = cdf < q
-                lo = torch.where(below, mid, lo)
-                hi = torch.where(below, hi, mid)
-            return 0.5 * (lo + hi)
-
         alpha = (1 - level) / 2
-        return self._out(quantile(alpha)), self._out(quantile(1 - alpha))
+        lower, upper = gaussian_mixture_quantiles(w, loc, scale, (alpha, 1 - alpha), dim=-2)
+        return self._out(lower), self._out(upper)

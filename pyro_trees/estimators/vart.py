@@ -15,6 +15,7 @@ import torch
 from pyro.infer import Predictive, Trace_ELBO
 
 from pyro_trees import trees
+from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TreeEstimatorMixin
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import fit
@@ -154,41 +155,6 @@ def _leading_components(weight: torch.Tensor, *others: torch.Tensor, tol: float 
     top, idx = top[:, :need], idx[:, :need]
     out = [o.permute(1, 0, 2).reshape(n, num * m).gather(-1, idx).unsqueeze(0) for o in others]
     return (top.unsqueeze(0), *out)
-
-
-def _mixture_quantiles(
-    weight: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, probs, iters: int = 60
-) -> torch.Tensor:
-    """Quantiles of per-row Gaussian mixtures.
-
-    :param weight: ``(S, n, M)`` weights summing to one over the first and last dims.
-    :param loc: ``(S, n, M)`` component means; :param scale: ``(S, n, M)`` their scales.
-    :param probs: probabilities in ``(0, 1)``.
-    :returns: ``(len(probs), n)``: the :math:`q` with :math:`\\sum w \\Phi((q - \\mu) /
-        \\sigma) = p`, by Newton steps kept inside a bracket that bisection shrinks
-        (starting at the components' :math:`\\mu \\pm 40 \\sigma`).
-    """
-    used = weight > 0
-    inf = torch.full_like(loc, math.inf)
-    low = torch.where(used, loc - 40 * scale, inf).amin((0, -1))
-    high = torch.where(used, loc + 40 * scale, -inf).amax((0, -1))
-    out = []
-    for p in probs:
-        a, b = low.clone(), high.clone()
-        q = (a + b) / 2
-        for _ in range(iters):
-            z = (q.unsqueeze(-1) - loc) / scale
-            cdf = (weight * torch.special.ndtr(z)).sum((0, -1))
-            pdf = (weight * torch.exp(-0.5 * z * z) / scale).sum((0, -1)) / math.sqrt(2 * math.pi)
-            below = cdf < p
-            a, b = torch.where(below, q, a), torch.where(below, b, q)
-            if bool(((cdf - p).abs() <= 1e-13).all()):
-                break
-            step = q - (cdf - p) / pdf
-            inside = (step > a) & (step < b)
-            q = torch.where(inside, step, (a + b) / 2)
-        out.append(q)
-    return torch.stack(out)
 
 
 def _stack_trees(samples: dict, depth: int) -> dict:
@@ -696,7 +662,8 @@ class VaRTRegressor(TreeEstimatorMixin):
                 logits, loc, scale = mixture_params(tree, with_bias(xb))
                 weight = logits.double().softmax(-1) / logits.shape[0]
                 parts = _leading_components(weight, loc.double(), scale.double())
-                out.append(_mixture_quantiles(*parts, ((1 - level) / 2, (1 + level) / 2)))
+                probs = ((1 - level) / 2, (1 + level) / 2)
+                out.append(gaussian_mixture_quantiles(*parts, probs, dim=(0, -1)))
         q = torch.cat(out, -1) * self.y_scale_.double() + self.y_mean_.double()
         q = q.cpu().numpy()
         return q[0], q[1]

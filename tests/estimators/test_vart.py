@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from pyro_trees.distributions import gaussian_mixture_quantiles
 from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
 from pyro_trees.estimators.vart import (
     _coverage_scores,
     _leading_components,
-    _mixture_quantiles,
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
@@ -370,24 +370,6 @@ def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, d
         fitted.predict_interval(X, method="mc")
 
 
-def test_mixture_quantiles_of_known_mixtures():
-    probs = (0.05, 0.5, 0.95)
-    loc = torch.tensor([[[0.3]], [[-2.0]]], dtype=torch.float64).view(1, 2, 1)
-    scale = torch.tensor([0.5, 3.0], dtype=torch.float64).view(1, 2, 1)
-    q = _mixture_quantiles(torch.ones(1, 2, 1, dtype=torch.float64), loc, scale, probs)
-    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)
-    z = normal.icdf(torch.tensor(probs, dtype=torch.float64)).view(3, 1)
-    torch.testing.assert_close(q, loc.view(1, 2) + scale.view(1, 2) * z, atol=1e-10, rtol=0)
-    # a symmetric two-component mixture over two "trees" (weights 1/4 each, one zero)
-    w = torch.tensor([[[0.25, 0.25, 0.0]], [[0.5, 0.0, 0.0]]], dtype=torch.float64)
-    loc = torch.tensor([[[-3.0, 3.0, 99.0]], [[0.0, 0.0, 0.0]]], dtype=torch.float64)
-    q = _mixture_quantiles(w, loc, torch.ones_like(loc), probs)[:, 0]
-    assert float(q[1]) == pytest.approx(0.0, abs=1e-10)
-    assert float(q[0]) == pytest.approx(-float(q[2]), abs=1e-10)
-    cdf = (w * torch.special.ndtr(q[2] - loc)).sum()
-    assert float(cdf) == pytest.approx(0.95, abs=1e-12)
-
-
 def test_leading_components_keep_the_quantiles_and_scores():
     gen = torch.Generator().manual_seed(0)
     w = torch.rand(6, 5, 7, generator=gen, dtype=torch.float64) ** 30  # a few heavy ones
@@ -400,8 +382,8 @@ def test_leading_components_keep_the_quantiles_and_scores():
     assert ((1.0 - cw.sum((0, -1))).abs() <= 1e-12).all()
     probs = (0.05, 0.95)
     torch.testing.assert_close(
-        _mixture_quantiles(cw, cloc, cscale, probs),
-        _mixture_quantiles(w, loc, scale, probs),
+        gaussian_mixture_quantiles(cw, cloc, cscale, probs, dim=(0, -1)),
+        gaussian_mixture_quantiles(w, loc, scale, probs, dim=(0, -1)),
         atol=1e-9,
         rtol=0,
     )

@@ -1,0 +1,46 @@
+"""gaussian_mixture_quantiles: known mixtures, and the same answer whatever the layout."""
+
+import pytest
+import torch
+
+from pyro_trees.distributions import gaussian_mixture_quantiles
+
+
+def test_mixture_quantiles_of_known_mixtures():
+    probs = (0.05, 0.5, 0.95)
+    loc = torch.tensor([[[0.3]], [[-2.0]]], dtype=torch.float64).view(1, 2, 1)
+    scale = torch.tensor([0.5, 3.0], dtype=torch.float64).view(1, 2, 1)
+    q = gaussian_mixture_quantiles(
+        torch.ones(1, 2, 1, dtype=torch.float64), loc, scale, probs, dim=(0, -1)
+    )
+    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)
+    z = normal.icdf(torch.tensor(probs, dtype=torch.float64)).view(3, 1)
+    torch.testing.assert_close(q, loc.view(1, 2) + scale.view(1, 2) * z, atol=1e-10, rtol=0)
+    # a symmetric two-component mixture over two "trees" (weights 1/4 each, one zero)
+    w = torch.tensor([[[0.25, 0.25, 0.0]], [[0.5, 0.0, 0.0]]], dtype=torch.float64)
+    loc = torch.tensor([[[-3.0, 3.0, 99.0]], [[0.0, 0.0, 0.0]]], dtype=torch.float64)
+    q = gaussian_mixture_quantiles(w, loc, torch.ones_like(loc), probs, dim=(0, -1))[:, 0]
+    assert float(q[1]) == pytest.approx(0.0, abs=1e-10)
+    assert float(q[0]) == pytest.approx(-float(q[2]), abs=1e-10)
+    cdf = (w * torch.special.ndtr(q[2] - loc)).sum()
+    assert float(cdf) == pytest.approx(0.95, abs=1e-12)
+
+
+def test_component_dims_may_be_anywhere():
+    """The mixture over dims (0, -1) of ``(S, n, M)`` equals the same mixture laid out
+    ``(n, S * M, 1)`` and summed over dim -2 (the Bayesian HME's layout)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(3, 4, 5, generator=gen, dtype=torch.float64)
+    w = w / w.sum((0, -1), keepdim=True)
+    loc = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)
+    scale = 0.2 + torch.rand(3, 4, 5, generator=gen, dtype=torch.float64)
+    probs = (0.05, 0.95)
+    q = gaussian_mixture_quantiles(w, loc, scale, probs, dim=(0, -1))
+    assert q.shape == (2, 4)
+
+    def layout(t):
+        return t.permute(1, 0, 2).reshape(4, 15, 1)
+
+    q2 = gaussian_mixture_quantiles(layout(w), layout(loc), layout(scale), probs, dim=-2)
+    assert q2.shape == (2, 4, 1)
+    torch.testing.assert_close(q2[..., 0], q, atol=1e-10, rtol=0)
