@@ -84,16 +84,10 @@ def noise_factor_from_scores(
     if c >= 1.0:
         return c
     # least u with P(Bin(n, level) <= u - 1) >= confidence
-    cdf, u = 0.0, 0
-    while u <= n and cdf < confidence:
-        cdf += math.exp(
-            math.lgamma(n + 1)
-            - math.lgamma(u + 1)
-            - math.lgamma(n - u + 1)
-            + u * math.log(level)
-            + (n - u) * math.log1p(-level)
-        )
-        u += 1
+    k = torch.arange(n + 1, dtype=torch.float64)
+    cdf = torch.distributions.Binomial(n, probs=torch.tensor(level, dtype=torch.float64))
+    cdf = cdf.log_prob(k).exp().cumsum(0)
+    u = int((cdf < confidence).sum()) + 1
     return 1.0 if u > n else min(1.0, float(s[u - 1]))
 
 
