@@ -915,6 +915,21 @@ def merge_selections(selections: Sequence[ModelSelection]) -> ModelSelection:
 
 
 # ---------------------------------------------------------------------- growing
+
+
+def _select_experts(state: VBState, index: torch.Tensor) -> dict:
+    """The expert fields of ``state`` (weights, their precisions, noise) at the experts
+    ``index`` (a reordering or repetition), as ``VBState`` keyword arguments."""
+    return {
+        "w_mean": state.w_mean[..., index, :, :],
+        "w_cov": state.w_cov[..., index, :, :],
+        "alpha_a": state.alpha_a[..., index],
+        "alpha_b": state.alpha_b[..., index],
+        "tau_a": state.tau_a[..., index],
+        "tau_b": state.tau_b[..., index],
+    }
+
+
 def mirror_state(state: VBState, source: Topology, target: Topology) -> VBState:
     """A state of ``source`` relabelled for its mirror image ``target`` (gates and experts
     permuted, the gate weights of swapped gates negated): the same distribution, so the
@@ -929,12 +944,7 @@ def mirror_state(state: VBState, source: Topology, target: Topology) -> VBState:
         v_cov=state.v_cov[..., gi, :, :],
         beta_a=state.beta_a[..., gi],
         beta_b=state.beta_b[..., gi],
-        w_mean=state.w_mean[..., ei, :, :],
-        w_cov=state.w_cov[..., ei, :, :],
-        alpha_a=state.alpha_a[..., ei],
-        alpha_b=state.alpha_b[..., ei],
-        tau_a=state.tau_a[..., ei],
-        tau_b=state.tau_b[..., ei],
+        **_select_experts(state, ei),
         xi=state.xi[..., gi, :],
         log_r=state.log_r[..., ei],
     )
@@ -998,12 +1008,7 @@ def grow_state(
         v_cov=ins(state.v_cov, cov.unsqueeze(-3), g),
         beta_a=ins(state.beta_a, beta_a.unsqueeze(-1), g),
         beta_b=ins(state.beta_b, beta_b.unsqueeze(-1), g),
-        w_mean=state.w_mean[..., ei, :, :],
-        w_cov=state.w_cov[..., ei, :, :],
-        alpha_a=state.alpha_a[..., ei],
-        alpha_b=state.alpha_b[..., ei],
-        tau_a=state.tau_a[..., ei],
-        tau_b=state.tau_b[..., ei],
+        **_select_experts(state, ei),
         xi=ins(state.xi, xi.unsqueeze(-2), g),
         log_r=log_r,
     )
