@@ -337,6 +337,21 @@ def test_joint_guide_density_and_kls_match_a_dense_gaussian(whiten):
     assert torch.allclose(U.mean(0), guide.loc.detach(), atol=0.05)
 
 
+def _adam_on_noise(guide, steps=300, hold_diagonal=False):
+    """``steps`` Adam steps (lr 0.01) on pure-noise gradients (a seeded stream); with
+    ``hold_diagonal``, the joint factor's diagonal gets no gradient."""
+    opt = torch.optim.Adam(guide.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    diag = torch.arange(sum(guide.sizes))
+    for _ in range(steps):
+        opt.zero_grad()
+        for p in guide.parameters():
+            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        if hold_diagonal:
+            guide.scale_tril_param_unconstrained.grad[diag, diag] = 0
+        opt.step()
+
+
 def test_joint_factor_cross_entries_do_not_diffuse_with_the_row_length():
     """Under pure-noise gradients Adam moves every free entry by about lr per step, so an
     unscaled (T, T) factor gathers spurious variance in proportion to T in its last rows
@@ -347,13 +362,7 @@ def test_joint_factor_cross_entries_do_not_diffuse_with_the_row_length():
     for cross in (None, 1.0):
         model, _ = _build("joint", L=3, M=8)
         guide = DGPJointGuide(model, cross_scale=cross)
-        opt = torch.optim.Adam(guide.parameters(), lr=0.01)
-        g = torch.Generator().manual_seed(0)
-        for _ in range(300):
-            opt.zero_grad()
-            for p in guide.parameters():
-                p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
-            opt.step()
+        _adam_on_noise(guide)
         with pyro.settings.context(module_local_params=True), torch.no_grad():
             L = guide.scale_tril
         off = torch.tril(L, -1).pow(2).sum(-1)
@@ -400,16 +409,7 @@ def test_joint_factor_relative_cross_part_follows_the_posterior_scale():
         T, n1 = sum(guide.sizes), guide.sizes[0]
         with pyro.settings.context(module_local_params=True), torch.no_grad():
             guide.scale_tril = 0.05 * torch.eye(T, dtype=torch.float64)
-        diag_idx = torch.arange(T)
-        opt = torch.optim.Adam(guide.parameters(), lr=0.01)
-        g = torch.Generator().manual_seed(0)
-        for _ in range(300):
-            opt.zero_grad()
-            for p in guide.parameters():
-                p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
-            # hold the diagonal (the posterior's scale) fixed
-            guide.scale_tril_param_unconstrained.grad[diag_idx, diag_idx] = 0
-            opt.step()
+        _adam_on_noise(guide, hold_diagonal=True)  # the posterior's scale stays fixed
         with pyro.settings.context(module_local_params=True), torch.no_grad():
             L = guide.scale_tril
         cross = L[n1:, :n1].pow(2).sum(-1)
