@@ -53,13 +53,19 @@ def _sigmoid_pair(z: torch.Tensor):
     return torch.sigmoid(z), torch.sigmoid(-z)
 
 
+def _log_right_left(x, log_dim, w0, w1):
+    """``log q(m=1)``, ``log q(m=0)`` of eq. 13 through log-sum-exps over the last dim,
+    broadcasting over ``x``: the soft-feedback roll-out's formula, and the reference
+    where :class:`_NodeSplitLogProbs`' probability-space sums underflow."""
+    z = w0 + w1 * x
+    log_right = torch.logsumexp(log_dim + F.logsigmoid(z), dim=-1)
+    log_left = torch.logsumexp(log_dim + F.logsigmoid(-z), dim=-1)
+    return log_right, log_left
+
+
 def _log_space_pairs(x, log_dim, w0, w1, rows, nodes):
-    """Eq. 13 through log-sum-exps for the ``(row, node)`` pairs given, ``(P,)`` each:
-    the reference where probability-space sums underflow."""
-    z = torch.addcmul(w0[nodes], w1[nodes], x[rows])  # (P, L)
-    log_pi = log_dim[nodes]
-    log_right = torch.logsumexp(F.logsigmoid(z) + log_pi, -1)
-    return log_right, torch.logsumexp(F.logsigmoid(-z) + log_pi, -1)
+    """:func:`_log_right_left` for the ``(row, node)`` pairs given, ``(P,)`` each."""
+    return _log_right_left(x[rows], log_dim[nodes], w0[nodes], w1[nodes])
 
 
 class _NodeSplitLogProbs(torch.autograd.Function):
@@ -407,14 +413,6 @@ class RNNTree(PyroModule):
         w = self.split_head(states)
         return log_dim, w[:, :L] + off[:, L : 2 * L], w[:, L:] + off[:, 2 * L :]
 
-    @staticmethod
-    def _log_right_left(x, log_dim, w0, w1):
-        """``log q(m=1)``, ``log q(m=0)`` of eq. 13, each ``(...)``; broadcasting over x."""
-        z = w0 + w1 * x
-        log_right = torch.logsumexp(log_dim + F.logsigmoid(z), dim=-1)
-        log_left = torch.logsumexp(log_dim + F.logsigmoid(-z), dim=-1)
-        return log_right, log_left
-
     def node_states(self) -> torch.Tensor:
         """Hidden states of every internal node under hard feedback, ``(2**D - 1, H)``.
 
@@ -448,7 +446,7 @@ class RNNTree(PyroModule):
         for _ in range(self.depth):
             h = self.cell(inp, h)
             log_dim, w0, w1 = self._heads(h)
-            log_right, log_left = self._log_right_left(x, log_dim, w0, w1)
+            log_right, log_left = _log_right_left(x, log_dim, w0, w1)
             rights.append(log_right)
             lefts.append(log_left)
             inp = log_right.exp().unsqueeze(-1)
