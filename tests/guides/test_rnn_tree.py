@@ -1,3 +1,4 @@
+import math
 import pickle
 
 import pyro
@@ -258,3 +259,17 @@ def test_greedy_init_needs_targets():
         RNNTree(2, 2, feedback="hard").init_balanced(torch.randn(10, 2), cuts="greedy")
     with pytest.raises(ValueError, match="cuts must be"):
         RNNTree(2, 2, feedback="hard").init_balanced(torch.randn(10, 2), cuts="median")
+
+
+@pytest.mark.parametrize("in_features", [2, 8, 64])
+def test_init_gives_the_chosen_dimension_the_same_weight_for_any_input_width(in_features):
+    # The soft tree that trains starts close to the hard tree: every node's chosen
+    # dimension carries sigmoid(dim_margin) of its dimension distribution, 64 inputs
+    # or 2 (a fixed logit margin of 3 would leave it 24 % among 64).
+    torch.manual_seed(0)
+    x = torch.randn(400, in_features).double()
+    tree = RNNTree(in_features, 3, feedback="hard").double()
+    tree.init_balanced(x, dim_margin=3.0)
+    log_dim, _, _ = tree._node_heads()
+    top = log_dim.exp().max(-1).values  # (I,)
+    assert torch.allclose(top, torch.full_like(top, 1 / (1 + math.exp(-3.0))), atol=1e-9)
