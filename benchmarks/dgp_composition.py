@@ -14,7 +14,9 @@ kept); it reports no numbers. The issue's target: factorised spread near zero, t
 other guides at least 5x larger, training log-likelihood no worse.
 
 Run from the repository root: ``python -m benchmarks.dgp_composition``
-(``PYRO_TREES_SMOKE=1`` for a quick pass). Figures go to benchmarks/results/.
+(``PYRO_TREES_SMOKE=1`` for a quick pass; ``DGP_STEPS``, ``DGP_GUIDES=a,b`` and
+``DGP_TAG=name``, which writes ``dgp_composition_name`` with only the guides run).
+Figures go to benchmarks/results/
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ SEEDS = [0] if SMOKE else [0, 1, 2]
 GUIDES = ["factorised", "joint", "joint_absolute", "intermediate", "intermediate_whitened"]
 # DGP_GUIDES=a,b reruns only those guides and keeps the others' runs from the last results
 RERUN = [g for g in os.environ.get("DGP_GUIDES", ",".join(GUIDES)).split(",") if g]
+# DGP_TAG=name writes dgp_composition_name.{json,md,png} with only the guides run now
+TAG = os.environ.get("DGP_TAG", "")
+NAME = "dgp_composition" + (f"_{TAG}" if TAG else "")
 M = 15
 # eq. (4)'s free-form guide needs a large jitter (see DGPIntermediateGuide); the whitened
 # one works with the model's default
@@ -137,7 +142,7 @@ def main():
     x, y = make_data()
     rows, figures = [], {}
     old = RESULTS / "dgp_composition.json"
-    if set(RERUN) != set(GUIDES) and old.exists():
+    if set(RERUN) != set(GUIDES) and old.exists() and not TAG:
         kept = json.loads(old.read_text())["runs"]
         rows = [r for r in kept if r["guide"] in GUIDES and r["guide"] not in RERUN]
     for L in (2, 3):
@@ -191,8 +196,8 @@ def main():
                 axes[r, 0].set_ylabel(kind)
             fig.tight_layout()
             # a partial rerun draws only its guides, beside the full figure
-            suffix = "" if set(RERUN) == set(GUIDES) else "_" + "_".join(RERUN)
-            fig.savefig(RESULTS / f"dgp_composition_{L}layers{suffix}.png", dpi=90)
+            suffix = "" if set(RERUN) == set(GUIDES) or TAG else "_" + "_".join(RERUN)
+            fig.savefig(RESULTS / f"{NAME}_{L}layers{suffix}.png", dpi=90)
             plt.close(fig)
     except Exception as exc:  # the numbers matter more than the picture
         print("figure failed:", exc)
@@ -221,7 +226,7 @@ def main():
         "one at a training log-likelihood no worse.\n\n"
         + (
             ""
-            if set(RERUN) == set(GUIDES)
+            if set(RERUN) == set(GUIDES) or TAG
             else f"Partial rerun: only {', '.join(RERUN)} ran now; the other guides' runs are "
             "carried over from the previous results file.\n\n"
         )
@@ -231,7 +236,7 @@ def main():
         + markdown_table(rows, _columns(rows))
     )
     if not SMOKE:
-        write_results("dgp_composition", {"summary": summary, "runs": rows}, md)
+        write_results(NAME, {"summary": summary, "runs": rows}, md)
     print(md)
 
 
