@@ -21,8 +21,9 @@ Run from the repository root: ``python -m benchmarks.dgp_uci [concrete|kin40k ..
 (``PYRO_TREES_SMOKE=1`` for a quick pass, ``DGP_STEPS`` to override the step count,
 ``DGP_METHODS=joint`` to run only some of our guides beside GPyTorch's, written to
 ``dgp_uci_<names>_<methods>``; ``DGP_TIMING_ONLY=1`` to run only the paired timing of
-the factorised guide against GPyTorch's DeepGP, written to ``dgp_uci_<names>_timing``).
-Results go to ``benchmarks/results/dgp_uci_<names>.{md,json}``.
+the factorised guide against GPyTorch's DeepGP, written to ``dgp_uci_<names>_timing``;
+``DGP_TAG=name`` appends ``_name`` to the results' name). Results go to
+``benchmarks/results/dgp_uci_<names>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ ALL_METHODS = ("factorised", "joint", "joint-lowrank", "intermediate", "intermed
 METHODS = tuple(os.environ.get("DGP_METHODS", ",".join(ALL_METHODS)).split(","))
 # DGP_TIMING_ONLY=1: only the paired timing (for quiet reruns of the time ratio)
 TIMING_ONLY = os.environ.get("DGP_TIMING_ONLY") == "1"
+# DGP_TAG=name appends _name to the results file's name (e.g. for a run with other DGP_STEPS)
+TAG = os.environ.get("DGP_TAG", "")
 PAIRED_METHOD = (
     "timed in alternating blocks of 10 steps (7 pairs, plain Adam loops, same load for both; "
     "median of the pairs' ratios; the cpu-time ratio uses this thread's CPU time instead of "
@@ -353,6 +356,8 @@ def main(names):
         name = "dgp_uci_" + "_".join(names)
         if METHODS != ALL_METHODS:
             name += "_" + "_".join(METHODS)
+        if TAG:
+            name += "_" + TAG
         write_results(name, {"rows": rows, "paired": paired}, md)
     print(md)
 
