@@ -350,7 +350,7 @@ def _summarise(args, records, depths, peers, splits):
             + "(held-out coverage, conformal), "
             + "`likelihood` (held-out density, shrinking only to the 95 % profile bound), "
             + "`c>=1` (the earliest rule, max(density maximiser, 1))).\n"
-            if compared
+            if compared and depths
             else ""
         )
         + "\nFit time (wall clock; 1-minute load average at the end of the run: "
