@@ -220,6 +220,7 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
         n_iter=args.iters,
         anneal=args.anneal.split(","),
         prune_after=args.prune_after,
+        search_dtype="float32",  # noisy standardised targets: single precision suffices
         keep=args.keep,
         grow=args.grow,
         standardize=False,

@@ -34,7 +34,7 @@ def bimodal(angles: np.ndarray) -> np.ndarray:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--restarts", type=int, default=30)
+    parser.add_argument("--restarts", type=int, default=100)
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--smoke", action="store_true")

@@ -106,8 +106,8 @@ def test_random_state_reproducible_and_multi_output():
 def test_bound_is_reported_on_the_scale_of_y():
     X, y = toy(n=60)
     kw = dict(topologies=[Topology([1])], n_restarts=2, n_iter=20, random_state=0)
-    a = BayesianHMERegressor(**kw).fit(X, y)
-    b = BayesianHMERegressor(**kw).fit(X, 10 * y)
+    a = BayesianHMERegressor(**kw, search_dtype="float32").fit(X, y)
+    b = BayesianHMERegressor(**kw, search_dtype="float32").fit(X, 10 * y)
     # a change of units shifts the log evidence by exactly -N log 10
     assert math.isclose(b.elbo_, a.elbo_ - 60 * math.log(10), rel_tol=1e-9)
     # the float32 search runs the same starts, then polishes the best in float64: its
