@@ -151,6 +151,15 @@ def _leading_components(weight: torch.Tensor, *others: torch.Tensor, tol: float 
     return (top.unsqueeze(0), *out)
 
 
+def _row_mixtures(tree: dict, x: torch.Tensor):
+    """The predictive mixtures of rows ``x`` ``(n, L)`` under the stacked trees, in double
+    precision: log leaf weights normalised within each tree, means and scales, each
+    ``(S, n, M)``. Over trees and leaves together the weights are ``exp(log_w) / S``."""
+    logits, loc, scale = mixture_params(tree, with_bias(x))
+    logits, loc, scale = logits.double(), loc.double(), scale.double()
+    return logits - logits.logsumexp(-1, keepdim=True), loc, scale
+
+
 def _stack_trees(samples: dict, depth: int) -> dict:
     """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
     ``log_sigma_d``, leading dimension ``S``) in the format of
@@ -454,9 +463,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         log_s = math.log(int(self.num_samples))
         scores = []
         for xb, yb in self._calibration_batches(Xva, yva):
-            logits, loc, scale = mixture_params(tree, with_bias(xb))  # (S, n, M)
-            logits, loc, scale = logits.double(), loc.double(), scale.double()
-            logits = logits - logits.logsumexp(-1, keepdim=True)
+            logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
             z = (yb.double().unsqueeze(-1) - loc) / scale
             # log N(y; loc, (c scale)^2) = base - 0.5 z^2 / c^2 - log c
             base = logits - scale.log() - 0.5 * math.log(2 * math.pi)
@@ -514,8 +521,8 @@ class VaRTRegressor(TreeEstimatorMixin):
         tree = self._raw_tree()
         out = []
         for xb, yb in self._calibration_batches(Xs, ys):
-            logits, loc, scale = mixture_params(tree, with_bias(xb))
-            weight = logits.double().softmax(-1) / logits.shape[0]
+            logits, loc, scale = _row_mixtures(tree, xb)
+            weight = logits.exp() / logits.shape[0]
             z = (yb.double().unsqueeze(-1) - loc) / scale
             out.append(_coverage_scores(*_leading_components(weight, z), level))
         return torch.cat(out).cpu().numpy()
@@ -653,9 +660,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         out = []
         with torch.no_grad():
             for xb, _ in self._calibration_batches(Xs, Xs[:, 0]):
-                logits, loc, scale = mixture_params(tree, with_bias(xb))
-                weight = logits.double().softmax(-1) / logits.shape[0]
-                parts = _leading_components(weight, loc.double(), scale.double())
+                logits, loc, scale = _row_mixtures(tree, xb)
+                weight = logits.exp() / logits.shape[0]
+                parts = _leading_components(weight, loc, scale)
                 probs = ((1 - level) / 2, (1 + level) / 2)
                 out.append(gaussian_mixture_quantiles(*parts, probs, dim=(0, -1)))
         q = torch.cat(out, -1) * self.y_scale_.double() + self.y_mean_.double()
