@@ -168,18 +168,25 @@ def main(argv=None):
 
 def splits_summary(records: list[dict], args) -> str:
     """Markdown: one row per split, then the mean and standard deviation of each column."""
-    keys = [
-        ("bound-selected, most probable expert", 0),
-        ("bound-selected, mixture mean", 1),
-        ("exp(bound) average, mixture mean", 2),
-        ("linear", 4),
-        ("MLP 64-64", 5),
+    keys = [  # column: the model of run_split's rows
+        (
+            "bound-selected, most probable expert",
+            "Bayesian HME (ours, bound-selected), most probable expert",
+        ),
+        ("bound-selected, mixture mean", "Bayesian HME (ours, bound-selected), mixture mean"),
+        (
+            "exp(bound) average, mixture mean",
+            "Bayesian HME (ours), model average with weights exp(bound), mixture mean",
+        ),
+        ("linear", "linear least squares (ours)"),
+        ("MLP 64-64", "MLP 64-64 (scikit-learn, ours)"),
     ]
     rows = []
     for r in records:
         row = {"split seed": r["split_seed"], "experts selected": r["selected_experts"]}
-        for name, i in keys:
-            row[name] = r["rows"][i]["test MSE"]
+        mse = {m["model"]: m["test MSE"] for m in r["rows"]}
+        for name, model in keys:
+            row[name] = mse[model]
         row["search s"] = r["search_seconds"]
         rows.append(row)
     summary = {"split seed": "mean ± sd", "experts selected": ""}
