@@ -14,8 +14,9 @@ kept); it reports no numbers. The issue's target: factorised spread near zero, t
 other guides at least 5x larger, training log-likelihood no worse.
 
 Run from the repository root: ``python -m benchmarks.dgp_composition``
-(``PYRO_TREES_SMOKE=1`` for a quick pass; ``DGP_STEPS``, ``DGP_GUIDES=a,b`` and
-``DGP_TAG=name``, which writes ``dgp_composition_name`` with only the guides run).
+(``PYRO_TREES_SMOKE=1`` for a quick pass; ``DGP_STEPS``, ``DGP_PARTICLES`` (default 4),
+``DGP_GUIDES=a,b`` and ``DGP_TAG=name``, which writes ``dgp_composition_name`` with only
+the guides run).
 Figures go to benchmarks/results/
 """
 
@@ -53,6 +54,8 @@ M = 15
 # one works with the model's default
 PROPAGATED_JITTER = 1e-2
 JOINT_CROSS_SCALE = float(os.environ.get("DGP_JOINT_CROSS_SCALE", 0.3))
+# Monte Carlo draws per step, the same for every guide
+PARTICLES = int(os.environ.get("DGP_PARTICLES", 4))
 
 
 def make_data(n=50, noise=0.05, seed=0):
@@ -98,7 +101,9 @@ def build(kind, L, seed):
                     model, cross_scale=JOINT_CROSS_SCALE, cross_relative=kind == "joint"
                 )
     # closed-form KLs for all three (the joint guide's through JointGaussianSlice)
-    elbo = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    elbo = TraceMeanField_ELBO(
+        num_particles=PARTICLES, vectorize_particles=True, max_plate_nesting=1
+    )
     return model, guide, elbo
 
 
@@ -205,9 +210,9 @@ def main():
         "# Deep GP compositional uncertainty (y = sin(7 exp(x)), 50 points)\n\n"
         "Paper (Ustyuzhaninov et al., Figs. 2-5): qualitative only; factorised inner layers "
         "collapse, joint and intermediate-output guides keep a spread.\n\n"
-        f"{STEPS} Adam steps (lr 0.01, 4 particles, closed-form KLs), M = {M}, joint guide "
-        f"with cross_scale={JOINT_CROSS_SCALE} (`joint`: cross entries in units of each row's "
-        "diagonal, the default `cross_relative=True`; `joint_absolute`: "
+        f"{STEPS} Adam steps (lr 0.01, {PARTICLES} particles, closed-form KLs), M = {M}, "
+        f"joint guide with cross_scale={JOINT_CROSS_SCALE} (`joint`: cross entries in units "
+        "of each row's diagonal, the default `cross_relative=True`; `joint_absolute`: "
         "`cross_relative=False`), "
         f"jitter {PROPAGATED_JITTER} for eq. (4)'s "
         "intermediate-output guide (`intermediate`); `intermediate_whitened` is "
