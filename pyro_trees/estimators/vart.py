@@ -527,12 +527,13 @@ class VaRTRegressor(TreeEstimatorMixin):
             out.append(_coverage_scores(*_leading_components(weight, z), level))
         return torch.cat(out).cpu().numpy()
 
-    def _calibration_batches(self, Xva: torch.Tensor, yva: torch.Tensor):
-        """Row batches whose ``(S, rows, M)`` double tensors fit the prediction budget."""
+    def _calibration_batches(self, *tensors: torch.Tensor):
+        """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
+        their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
         nodes = 2 ** (self.guide_.depth + 1)
         rows = max(1, _PREDICT_BYTES // (6 * 8 * int(self.num_samples) * nodes))
-        for start in range(0, Xva.shape[0], rows):
-            yield Xva[start : start + rows], yva[start : start + rows]
+        for start in range(0, tensors[0].shape[0], rows):
+            yield tuple(t[start : start + rows] for t in tensors)
 
     def _calibration_rule(self) -> str | None:
         """``calibrate_noise`` checked: ``"likelihood"``, ``"coverage"`` or ``None``."""
@@ -659,7 +660,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
         out = []
         with torch.no_grad():
-            for xb, _ in self._calibration_batches(Xs, Xs[:, 0]):
+            for (xb,) in self._calibration_batches(Xs):
                 logits, loc, scale = _row_mixtures(tree, xb)
                 weight = logits.exp() / logits.shape[0]
                 parts = _leading_components(weight, loc, scale)
