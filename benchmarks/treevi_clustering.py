@@ -14,7 +14,7 @@ Minibatches: the model's constraint term counts only pairs with both ends in the
 so the batches are chunks of a depth-first listing of T1 (``tree_batches``), which holds
 the constraint pairs as edges; every method sees the same batches in the same order.
 Each step's objective is the ELBO of the batch's instances alone (its constraints among
-them), as in DC-GMM.
+them), not a rescaled estimate of the full-data ELBO.
 
 TreeVI's tree T1: maximum spanning tree of the 10-nearest-neighbour graph of the
 autoencoder codes (cosine similarity) with must-links added at weight 10 (so they enter
