@@ -15,6 +15,7 @@ other guides at least 5x larger, training log-likelihood no worse.
 
 Run from the repository root: ``python -m benchmarks.dgp_composition``
 (``PYRO_TREES_SMOKE=1`` for a quick pass; ``DGP_STEPS``, ``DGP_PARTICLES`` (default 4),
+``DGP_INIT_SCALE`` (every guide's ``init_scale``, default 0.1),
 ``DGP_GUIDES=a,b`` and ``DGP_TAG=name``, which writes ``dgp_composition_name`` with only
 the guides run).
 Figures go to benchmarks/results/
@@ -54,8 +55,9 @@ M = 15
 # one works with the model's default
 PROPAGATED_JITTER = 1e-2
 JOINT_CROSS_SCALE = float(os.environ.get("DGP_JOINT_CROSS_SCALE", 0.3))
-# Monte Carlo draws per step, the same for every guide
+# Monte Carlo draws per step and the guides' initial scale, the same for every guide
 PARTICLES = int(os.environ.get("DGP_PARTICLES", 4))
+INIT_SCALE = float(os.environ.get("DGP_INIT_SCALE", 0.1))
 
 
 def make_data(n=50, noise=0.05, seed=0):
@@ -83,14 +85,14 @@ def build(kind, L, seed):
             model = DeepGP(
                 make_kernels(L, seed), Z, inducing="propagated", jitter=PROPAGATED_JITTER
             )
-            guide = DGPIntermediateGuide(model)
+            guide = DGPIntermediateGuide(model, init_scale=INIT_SCALE)
         elif kind == "intermediate_whitened":
             model = DeepGP(make_kernels(L, seed), Z, inducing="propagated")
-            guide = DGPIntermediateGuide(model, whiten=True)
+            guide = DGPIntermediateGuide(model, whiten=True, init_scale=INIT_SCALE)
         else:
             model = DeepGP(make_kernels(L, seed), [Z] * L)
             if kind == "factorised":
-                guide = DGPFactorisedGuide(model)
+                guide = DGPFactorisedGuide(model, init_scale=INIT_SCALE)
             else:
                 # cross-layer coupling is the point here, so a larger cross scale than the
                 # default (0.07 / 0.05 for 2 / 3 layers); the plain factor (1.0) fails to
@@ -98,7 +100,10 @@ def build(kind, L, seed):
                 # to the rows' diagonal (the default) or not. joint_absolute: the cross
                 # entries in absolute units (the guide before cross_relative)
                 guide = DGPJointGuide(
-                    model, cross_scale=JOINT_CROSS_SCALE, cross_relative=kind == "joint"
+                    model,
+                    cross_scale=JOINT_CROSS_SCALE,
+                    cross_relative=kind == "joint",
+                    init_scale=INIT_SCALE,
                 )
     # closed-form KLs for all three (the joint guide's through JointGaussianSlice)
     elbo = TraceMeanField_ELBO(
@@ -210,7 +215,8 @@ def main():
         "# Deep GP compositional uncertainty (y = sin(7 exp(x)), 50 points)\n\n"
         "Paper (Ustyuzhaninov et al., Figs. 2-5): qualitative only; factorised inner layers "
         "collapse, joint and intermediate-output guides keep a spread.\n\n"
-        f"{STEPS} Adam steps (lr 0.01, {PARTICLES} particles, closed-form KLs), M = {M}, "
+        f"{STEPS} Adam steps (lr 0.01, {PARTICLES} particles, closed-form KLs), guides' "
+        f"init_scale {INIT_SCALE:g}, M = {M}, "
         f"joint guide with cross_scale={JOINT_CROSS_SCALE} (`joint`: cross entries in units "
         "of each row's diagonal, the default `cross_relative=True`; `joint_absolute`: "
         "`cross_relative=False`), "
