@@ -43,7 +43,9 @@ with warnings.catch_warnings():
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"
 STEPS = int(os.environ.get("DGP_STEPS", 60 if SMOKE else 1200))
-SEEDS = [0] if SMOKE else [0, 1, 2]
+# DGP_SEEDS=n runs seeds 0..n-1 (default 3, the issue's); DGP_LAYERS=2 or 3 runs one depth
+SEEDS = [0] if SMOKE else list(range(int(os.environ.get("DGP_SEEDS", 3))))
+LAYERS = [int(v) for v in os.environ.get("DGP_LAYERS", "2,3").split(",") if v]
 GUIDES = ["factorised", "joint", "joint_absolute", "intermediate", "intermediate_whitened"]
 # DGP_GUIDES=a,b reruns only those guides and keeps the others' runs from the last results
 RERUN = [g for g in os.environ.get("DGP_GUIDES", ",".join(GUIDES)).split(",") if g]
@@ -155,7 +157,7 @@ def main():
     if set(RERUN) != set(GUIDES) and old.exists() and not TAG:
         kept = json.loads(old.read_text())["runs"]
         rows = [r for r in kept if r["guide"] in GUIDES and r["guide"] not in RERUN]
-    for L in (2, 3):
+    for L in LAYERS:
         for kind in RERUN:
             for seed in SEEDS:
                 row, smp = run_one(kind, L, seed, x, y)
@@ -163,7 +165,7 @@ def main():
                 rows.append(row)
                 figures.setdefault((L, kind), []).append(smp)
     summary = []
-    for L in (2, 3):
+    for L in LAYERS:
         for kind in GUIDES:
             rs = [r for r in rows if r["layers"] == L and r["guide"] == kind]
             if not rs:
@@ -178,6 +180,19 @@ def main():
                 for i in range(1, L + 1):
                     key = f"spread_layer{i} (mean)"
                     s[f"layer{i} x factorised"] = s[key] / fact[0][key]
+                # same seed, same kernel initialisation: the paired difference and its
+                # standard error say whether a gap in log-likelihood is more than seed noise
+                base = {
+                    r["seed"]: r["train_loglik"]
+                    for r in rows
+                    if r["layers"] == L and r["guide"] == "factorised"
+                }
+                diffs = [r["train_loglik"] - base[r["seed"]] for r in rs if r["seed"] in base]
+                if len(diffs) > 1:
+                    mean = sum(diffs) / len(diffs)
+                    var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+                    s["loglik - factorised (paired)"] = mean
+                    s["paired s.e."] = (var / len(diffs)) ** 0.5
             s["s/run"] = sum(r["seconds"] for r in rs) / len(rs)
             summary.append(s)
     # figures like the paper's Figs. 2-5: one row per guide, seeds in colours
@@ -191,7 +206,7 @@ def main():
 
         from pyro_trees.plotting import plot_dgp_layers
 
-        for L in (2, 3):
+        for L in LAYERS:
             kinds = [k for k in GUIDES if (L, k) in figures]
             fig, axes = plt.subplots(
                 len(kinds), L + 1, figsize=(3.0 * (L + 1), 2.7 * len(kinds)), squeeze=False
