@@ -72,8 +72,11 @@ class DGPFactorisedGuide(_PerSiteGaussianGuide):
     """Mean-field over layers: :math:`q(U_i) = N(m_i, S_i)` independently per layer.
 
     :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="layer"``.
-    :param float init_scale: initial standard deviation of q (whitened units when the
-        model whitens, else relative to the prior).
+    :param float init_scale: initial standard deviation of q relative to the prior:
+        the means start at zero and the Cholesky factors at ``init_scale`` times the
+        prior's, i.e. ``init_scale * I`` when the model whitens and ``init_scale``
+        times the Cholesky factor of :math:`K_{Z_i Z_i} + \\text{jitter}\\, I` at the
+        initial inducing inputs otherwise.
     """
 
     def __init__(self, model, *, init_scale: float = 0.1):
@@ -82,13 +85,18 @@ class DGPFactorisedGuide(_PerSiteGaussianGuide):
         self.site_names = model.site_names()
         self.site_shapes = model.site_shapes()
         like = _like(model)
-        for name, (P, M) in zip(self.site_names, self.site_shapes, strict=True):
+        for i, (name, (P, M)) in enumerate(zip(self.site_names, self.site_shapes, strict=True)):
             setattr(self, f"{name}_loc", PyroParam(torch.zeros(P, M, **like)))
-            eye = torch.eye(M, **like).expand(P, M, M) * init_scale
+            if model.whiten:
+                tril = torch.eye(M, **like).expand(P, M, M) * init_scale
+            else:
+                with torch.no_grad():
+                    prior = model.inducing_prior(i).base_dist.scale_tril
+                tril = prior.detach().expand(P, M, M) * init_scale
             setattr(
                 self,
                 f"{name}_scale_tril",
-                PyroParam(eye.clone(), constraint=constraints.lower_cholesky),
+                PyroParam(tril.clone(), constraint=constraints.lower_cholesky),
             )
 
 

@@ -37,18 +37,48 @@ def _kernels(L, d=1):
     return ks
 
 
-def _build(kind, L=2, M=6, d=1, whiten=True, local=True):
+def _wide_kernels(L, d=3, width=2):
+    """ARD kernels batched over the ``width`` outputs of each inner layer, then a shared
+    ARD periodic kernel for the last layer."""
+    ks, dims = [], [d] + [width] * (L - 1)
+    for i in range(L - 1):
+        batch = torch.Size([width])
+        rbf = gpytorch.kernels.RBFKernel(ard_num_dims=dims[i], batch_shape=batch)
+        ks.append(gpytorch.kernels.ScaleKernel(rbf, batch_shape=batch).double())
+    per = gpytorch.kernels.PeriodicKernel(ard_num_dims=dims[-1])
+    ks.append(gpytorch.kernels.ScaleKernel(per).double())
+    return ks
+
+
+def _build(kind, L=2, M=6, d=1, whiten=True, local=True, wide=False):
+    """A model and guide of ``kind``; ``wide``: 3-D inputs, inner layers of width 2 with
+    batched ARD kernels, an ``nn.Linear`` mean for the first layer (3 -> 2) and
+    identity means after it."""
     ctx = pyro.settings.context(module_local_params=local)
     with ctx:
-        Z = torch.linspace(-1, 1, M, dtype=torch.float64).unsqueeze(-1).expand(M, d).clone()
+        if wide:
+            d, width = 3, 2
+            g = torch.Generator().manual_seed(7)
+            Z = torch.rand(M, d, generator=g, dtype=torch.float64) * 2 - 1
+            kw = {
+                "output_dims": [width] * (L - 1) + [1],
+                "mean_functions": [torch.nn.Linear(d, width).double()]
+                + ["identity"] * (L - 2)
+                + ["zero"],
+            }
+            kernels = _wide_kernels(L, d, width)
+            zs = [Z] + [Z[:, :width].clone() for _ in range(L - 1)]
+        else:
+            Z = torch.linspace(-1, 1, M, dtype=torch.float64).unsqueeze(-1).expand(M, d).clone()
+            kw, kernels, zs = {}, _kernels(L, d), [Z] * L if d == 1 else None
         if kind == "intermediate":
-            model = DeepGP(_kernels(L, d), Z, inducing="propagated", jitter=1e-5)
+            model = DeepGP(kernels, Z, inducing="propagated", jitter=1e-5, **kw)
             guide = DGPIntermediateGuide(model)
         elif kind == "whitened":
-            model = DeepGP(_kernels(L, d), Z, inducing="propagated")
+            model = DeepGP(kernels, Z, inducing="propagated", **kw)
             guide = DGPIntermediateGuide(model, whiten=True)
         else:
-            model = DeepGP(_kernels(L, d), [Z] * L if d == 1 else None, whiten=whiten)
+            model = DeepGP(kernels, zs, whiten=whiten, **kw)
             if kind == "factorised":
                 guide = DGPFactorisedGuide(model)
             elif kind == "joint":
@@ -63,29 +93,48 @@ def _loss(kind, particles=1, vectorize=False):
     return cls(num_particles=particles, vectorize_particles=vectorize, max_plate_nesting=1)
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["1d", "3d-width2"])
 @pytest.mark.parametrize("kind", GUIDES)
-def test_site_shapes_under_plates_and_particles(kind):
-    x, y = _data()
-    model, guide = _build(kind)
+def test_site_shapes_under_plates_and_particles(kind, wide):
+    x, y = _data(d=3 if wide else 1)
+    P1 = 2 if wide else 1
+    model, guide = _build(kind, wide=wide)
     with pyro.settings.context(module_local_params=True):
         tr = poutine.trace(poutine.replay(model, trace=poutine.trace(guide).get_trace(x, y)))
         tr = tr.get_trace(x, y, subsample_size=7)
         assert tr.nodes["obs"]["value"].shape == (7,)
-        assert tr.nodes["f_1"]["value"].shape == (7, 1)
+        assert tr.nodes["f_1"]["value"].shape == (7, P1)
         assert tr.nodes["data"]["value"].shape == (7,)
         for name, shape in zip(model.site_names(), model.site_shapes(), strict=True):
             assert tr.nodes[name]["value"].shape == shape
+        assert [s[0] for s in model.site_shapes()] == [P1, 1]
         loss = _loss(kind, particles=3, vectorize=True)
         assert torch.isfinite(loss(model, guide)(x, y))
         pred = Predictive(model, guide=guide, num_samples=4, parallel=True)(x)
         assert pred["obs"].shape == (4, 20)
-        assert pred["f_1"].shape == (4, 20, 1)
+        assert pred["f_1"].shape == (4, 20, P1)
+        if wide:
+            # the batched kernels give each output of layer 1 its own conditional: the
+            # same inducing values (relative to the mean) interpolate differently
+            k = model.kernels[0]
+            assert k.base_kernel.lengthscale.shape == (2, 1, 3)
+            with torch.no_grad():
+                k.base_kernel.lengthscale = torch.tensor([[[0.3, 1.0, 2.0]], [[2.0, 0.5, 0.7]]])
+                v = torch.randn(1, 6, dtype=torch.float64).expand(2, 6)
+                z = model.inducing_inputs[0]
+                site = v if model.inducing == "layer" else model.mean(0, z).mT + v
+                loc, var = model.layer(0, x, site)
+                dev = loc - model.mean(0, x)
+            assert loc.shape == var.shape == (20, 2)
+            assert not torch.allclose(dev[:, 0], dev[:, 1])
+            assert not torch.allclose(var[:, 0], var[:, 1])
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["1d", "3d-width2"])
 @pytest.mark.parametrize("kind", GUIDES)
-def test_every_parameter_gets_a_gradient(kind):
-    x, y = _data()
-    model, guide = _build(kind, L=3)
+def test_every_parameter_gets_a_gradient(kind, wide):
+    x, y = _data(d=3 if wide else 1)
+    model, guide = _build(kind, L=3, wide=wide)
     with pyro.settings.context(module_local_params=True):
         elbo = _loss(kind, particles=2, vectorize=True)(model, guide)
         elbo(x, y).backward()
@@ -93,10 +142,47 @@ def test_every_parameter_gets_a_gradient(kind):
             f"guide.{k}": v for k, v in guide.named_parameters()
         }
     assert len(params) > 5
+    if wide:
+        assert {"mean_modules.0.weight", "mean_modules.0.bias"} <= set(params)
     for name, p in params.items():
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
+        if wide and p.dim() and "lengthscale" in name:
+            # ARD: each output's each input dimension is learnt
+            assert (p.grad != 0).all(), name
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["1d", "3d-width2"])
+@pytest.mark.parametrize("whiten", [True, False])
+def test_factorised_guide_starts_at_init_scale_times_the_prior(whiten, wide):
+    """q(U_i) starts at N(0, s^2 K_ZZ) unwhitened (N(0, s^2 I) whitened, as before): its
+    factor is s times the prior's, so each output's KL to the prior is
+    M (s^2 - 1 - 2 log s) / 2 whatever the kernel."""
+    from pyro_trees.gp import cholesky, kernel_matrix
+
+    s = 0.3
+    model, _ = _build("factorised", L=3, M=5, whiten=whiten, wide=wide)
+    with pyro.settings.context(module_local_params=True):
+        guide = DGPFactorisedGuide(model, init_scale=s)
+        with torch.no_grad():
+            for i, (name, (P, M)) in enumerate(
+                zip(guide.site_names, model.site_shapes(), strict=True)
+            ):
+                tril = getattr(guide, f"{name}_scale_tril")
+                assert torch.equal(getattr(guide, f"{name}_loc"), torch.zeros(P, M).double())
+                if whiten:  # unchanged: exactly s I
+                    assert torch.equal(tril, torch.eye(M).double().expand(P, M, M) * s)
+                else:
+                    K = kernel_matrix(model.kernels[i], model.inducing_inputs[i])
+                    Lzz = cholesky(K, model.jitter).expand(P, M, M)
+                    torch.testing.assert_close(tril, s * Lzz, rtol=1e-12, atol=0)
+                    assert not torch.allclose(tril, torch.eye(M).double() * s)
+                kl = torch.distributions.kl_divergence(
+                    guide.distribution(name), model.inducing_prior(i)
+                )
+                expect = P * M * (s**2 - 1 - 2 * math.log(s)) / 2
+                assert float(kl) == pytest.approx(expect, rel=1e-8)
 
 
 @pytest.mark.parametrize("whiten", [True, False])
@@ -217,10 +303,11 @@ def test_plain_svi_trains_every_parameter(kind):
         assert not torch.equal(before[k], v.detach()), k
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["1d", "3d-width2"])
 @pytest.mark.parametrize("kind", GUIDES)
-def test_save_load_is_exact(kind):
-    x, _ = _data()
-    model, guide = _build(kind)
+def test_save_load_is_exact(kind, wide):
+    x, _ = _data(d=3 if wide else 1)
+    model, guide = _build(kind, wide=wide)
     buf = io.BytesIO()
     torch.save({"model": model, "guide": guide}, buf)
     buf.seek(0)
