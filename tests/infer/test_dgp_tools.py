@@ -1,10 +1,12 @@
 """Predictive summaries, per-layer samples and the collapse measure of the deep GP."""
 
+import math
 import warnings
 
 import pyro
 import pytest
 import torch
+from pyro.infer import Predictive
 
 from pyro_trees.gp import conditional
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide
@@ -52,6 +54,51 @@ def test_predictive_matches_the_analytic_sparse_gp():
     assert ((width - 1.96).abs() < 0.15).all()
     with pytest.raises(ValueError, match="level"):
         dgp_predict(model, guide, x, level=1.5)
+
+
+def test_predictive_intervals_are_exact_quantiles_of_the_mixture():
+    """Two layers, a wide guide: the predictive is a non-Gaussian mixture of the per-draw
+    N(f_loc, f_var + noise^2). ``lower``/``upper`` are its exact quantiles (the mixture
+    CDF there is (1 -+ level) / 2 to 1e-9) and agree with the empirical quantiles of
+    10^6 draws of y per point from the same mixture."""
+    Z = torch.linspace(-1, 1, 6, dtype=torch.float64).unsqueeze(-1)
+    with pyro.settings.context(module_local_params=True):
+        model = DeepGP([_rbf(), _rbf()], [Z, Z], noise=0.1)
+        guide = DGPFactorisedGuide(model, init_scale=1.0)
+        with torch.no_grad():
+            guide.u_2_loc = torch.randn(1, 6, dtype=torch.float64)
+    x = torch.linspace(-1, 1, 4, dtype=torch.float64).unsqueeze(-1)
+    S, level = 20, 0.9
+    pyro.set_rng_seed(0)
+    pred = dgp_predict(model, guide, x, num_samples=S, level=level)
+    pyro.set_rng_seed(0)  # the same draws of the inner layers
+    with pyro.settings.context(module_local_params=True), torch.no_grad():
+        draws = Predictive(
+            model, guide=guide, num_samples=S, return_sites=("f_loc", "f_var"), parallel=True
+        )(x)
+        loc = draws["f_loc"]
+        sd = (draws["f_var"] + model.noise**2).sqrt()
+    assert loc.shape == (S, 4)
+    assert float(loc.std(0).min()) > 0.3 * float(sd.mean())  # a real mixture
+    for key, p in (("lower", (1 - level) / 2), ("upper", (1 + level) / 2)):
+        cdf = torch.special.ndtr((pred[key] - loc) / sd).mean(0)
+        torch.testing.assert_close(cdf, torch.full_like(cdf, p), atol=1e-9, rtol=0)
+    g = torch.Generator().manual_seed(1)
+    K = 50_000
+    y = loc + sd * torch.randn(K, S, 4, generator=g, dtype=torch.float64)  # (K, S, N)
+    q = torch.quantile(
+        y.reshape(K * S, 4), torch.tensor([(1 - level) / 2, (1 + level) / 2]).double(), dim=0
+    )
+    # within 5 standard errors of the empirical quantile, sqrt(p (1 - p) / n) / pdf(q)
+    for key, p, emp in (("lower", (1 - level) / 2, q[0]), ("upper", (1 + level) / 2, q[1])):
+        pdf = (torch.exp(-0.5 * ((pred[key] - loc) / sd) ** 2) / sd).mean(0) / (2 * math.pi) ** 0.5
+        se = (p * (1 - p) / (K * S)) ** 0.5 / pdf
+        assert ((pred[key] - emp).abs() <= 5 * se).all(), (key, pred[key], emp, se)
+        # power: on most points the bound is under 2 % of the mixture's sd (one point's
+        # 5 % quantile sits where the mixture's density is low)
+        spread = ((sd**2 + loc**2).mean(0) - loc.mean(0) ** 2).sqrt()
+        assert (5 * se < 0.02 * spread).double().mean() >= 0.75, (se, spread)
+    torch.testing.assert_close(pred["mean"], loc.mean(0))
 
 
 def test_collapse_ratio_separates_point_masses_from_the_prior():
