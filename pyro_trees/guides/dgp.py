@@ -375,8 +375,8 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
     full ``(M, M)`` per output.
 
     :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="propagated"``.
-    :param float init_scale: initial standard deviation (relative to the prior when
-        whitened).
+    :param float init_scale: initial standard deviation relative to the prior, in both
+        forms (see the end of this docstring).
     :param bool whiten: draw each layer relative to its prior at the *sampled* previous
         layer, :math:`F_i^Z = \\mu_i(F_{i-1}^Z) + L_i (a_i + B_i \\epsilon_i)` with
         :math:`L_i L_i^\\top = K_i(F_{i-1}^Z) + \\text{jitter}\\, I` and
