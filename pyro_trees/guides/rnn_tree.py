@@ -294,9 +294,15 @@ class RNNTree(PyroModule):
         # identity there (their states do not depend on x); the residual starts at 0
         # and is what init_balanced() sets, since the GRU states of nearby nodes are
         # too collinear for the shared linear head to place per-node thresholds.
-        self.node_offset = nn.Parameter(
-            torch.zeros(trees.num_internal(self.depth), 3 * in_features)
-        )  # (I, 3L): residual dimension logits, w0 and w1 of every node
+        # (I, 3L): residual dimension logits, w0 and w1 of every node.
+        offset = torch.zeros(trees.num_internal(self.depth), 3 * in_features)
+        if feedback == "hard":
+            self.node_offset = nn.Parameter(offset)
+        else:
+            # Soft feedback never trains it (the roll-out has no per-node states): a
+            # buffer of zeros, under the same state_dict key, so that rules() serves
+            # both feedbacks and every parameter receives a gradient.
+            self.register_buffer("node_offset", offset)
         self.reset_split_parameters()
 
     def reset_split_parameters(self) -> None:

@@ -273,3 +273,18 @@ def test_init_gives_the_chosen_dimension_the_same_weight_for_any_input_width(in_
     log_dim, _, _ = tree._node_heads()
     top = log_dim.exp().max(-1).values  # (I,)
     assert torch.allclose(top, torch.full_like(top, 1 / (1 + math.exp(-3.0))), atol=1e-9)
+
+
+@pytest.mark.parametrize("feedback", ["hard", "soft"])
+def test_node_offset_is_trained_only_under_hard_feedback(feedback):
+    """Soft feedback keeps the per-node residual as a zero buffer under the same
+    state_dict key: no parameter without a gradient, and checkpoints load either way."""
+    tree = RNNTree(2, 3, feedback=feedback)
+    params = dict(tree.named_parameters())
+    assert ("node_offset" in params) == (feedback == "hard")
+    state = tree.state_dict()
+    assert state["node_offset"].shape == (7, 6)
+    other = RNNTree(2, 3, feedback=feedback)
+    other.load_state_dict(state)
+    x = torch.randn(5, 2)
+    torch.testing.assert_close(other(x, noise=False), tree(x, noise=False))

@@ -52,14 +52,17 @@ def test_without_balance_it_equals_traceenum_elbo():
     torch.testing.assert_close(ours, pyros)
 
 
-def test_every_parameter_receives_a_gradient():
+@pytest.mark.parametrize("feedback", ["hard", "soft"])
+def test_every_parameter_receives_a_gradient(feedback):
     x, y = _data()
     x = torch.cat([x, torch.randn_like(x)], -1)  # two dimensions: the split choice matters
     model = HME(2, 3, experts="linear", noise_scale=None).double()
-    guide = RNNTreeGuide(2, 3, feedback="hard").double()
+    guide = RNNTreeGuide(2, 3, feedback=feedback).double()
     with pyro.get_param_store().scope():
         elbo = TreeELBO()(model, guide)
         elbo(x, y).backward()
+        names = [name for name, _ in elbo.named_parameters()]
+        assert any("node_offset" in name for name in names) == (feedback == "hard")
         for name, p in elbo.named_parameters():
             assert p.grad is not None, name
             assert torch.isfinite(p.grad).all(), name
