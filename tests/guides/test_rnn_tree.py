@@ -99,13 +99,43 @@ def test_hard_tree_rules_agree_with_the_limit_of_the_soft_tree():
     assert (hard == soft).float().mean() > 0.98
 
 
-def test_rules_reproduce_routing_and_conditions():
-    tree = RNNTree(3, 3, feedback="hard")
-    tree.init_balanced(torch.randn(200, 3))
+def _hard_routing_by_hand(tree, x):
+    """The most likely tree from the guide's parameters, without ``rules()``: each
+    node's GRU state rolled out along its own path (0 at the root, then the path's
+    bits), the split dimension ``argmax`` of the dimension logits, the affine cut
+    ``w0 + w1 x > 0``, then :func:`trees.hard_route`."""
+    L, depth = tree.in_features, tree.depth
+    go_right = torch.empty(x.shape[0], trees.num_internal(depth), dtype=torch.bool)
+    with torch.no_grad():
+        for node in range(1, 2**depth):
+            h = tree.h0.unsqueeze(0)
+            inp = h.new_zeros(1, 1)
+            path = [(node >> s) & 1 for s in range(trees.depth_of(node) - 1, -1, -1)]
+            for bit in [0.0] + [float(b) for b in path]:
+                h = tree.cell(inp.fill_(bit), h)
+            off = tree.node_offset[node - 1]
+            dim_logits = tree.dim_head(h)[0] + off[:L]
+            w = tree.split_head(h)[0] + off[L:]
+            l = int(dim_logits.argmax())
+            go_right[:, node - 1] = w[l] + w[L + l] * x[:, l] > 0
+    return trees.hard_route(go_right)
+
+
+@pytest.mark.parametrize("feedback", ["hard", "soft"])
+def test_rules_reproduce_routing_and_conditions(feedback):
+    torch.manual_seed(4)
+    tree = RNNTree(3, 3, feedback=feedback).double()
+    tree.init_balanced(torch.randn(200, 3, dtype=torch.float64))
+    with torch.no_grad():  # away from the balanced start: every node's own cut
+        for p in tree.parameters():
+            p.add_(0.3 * torch.randn_like(p))
     rules = tree.rules()
-    x = torch.randn(100, 3)
+    x = torch.randn(100, 3, dtype=torch.float64)
     leaf = rules.route(x)
-    assert torch.equal(leaf, tree.hard_leaf(x))
+    expected = _hard_routing_by_hand(tree, x)
+    assert torch.equal(leaf, expected)
+    assert torch.equal(tree.hard_leaf(x), expected)
+    assert expected.unique().numel() >= 4  # the check sees several leaves
     for i, conds in enumerate(rules.leaf_conditions()):
         inside = torch.ones(100, dtype=torch.bool)
         for f, op, t in conds:
