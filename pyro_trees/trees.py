@@ -116,17 +116,23 @@ def check_depth(
     device=None,
     copies: int = 4,
     max_bytes: int | None = None,
+    what: str | None = None,
 ) -> int:
     """Validate a tree depth before anything of size ``2**depth`` is allocated.
 
     The exact sums over leaves hold tensors of shape ``(num_points, 2**depth, width)``;
-    about ``copies`` of them are alive at once during a backward pass.
+    about ``copies`` of them are alive at once during a backward pass. Modules that
+    allocate per-leaf or per-node parameters pass ``num_points=1``, their values per
+    leaf as ``width`` and ``copies=4`` (value, gradient and two optimiser moments).
 
     :param int depth: the tree depth; must be an integer ``>= 1``.
     :param int num_points: points processed at once (a minibatch).
     :param int width: trailing size per leaf (outputs or classes).
     :param max_bytes: memory budget; default: the device's free memory (CUDA)
-        or the machine's physical memory (CPU).
+        or the machine's physical memory (CPU). A need of at most 1 MiB is accepted
+        without asking the device.
+    :param str what: what would be allocated, for the error message; default: the
+        exact sum over leaves for ``num_points`` points.
     :returns: ``depth`` as an ``int``.
     :raises ValueError: naming the cause and, for too deep a tree, the memory it needs.
     """
@@ -138,13 +144,19 @@ def check_depth(
         raise ValueError(f"depth must be an integer >= 1, got {depth}")
     itemsize = torch.empty((), dtype=dtype).element_size()
     need = float(copies) * max(num_points, 1) * float(2**depth) * max(width, 1) * itemsize
+    if max_bytes is None and need <= 2**20:
+        return depth  # too small to matter: spare the device query (called per step)
     budget = _available_memory_bytes(device) if max_bytes is None else max_bytes
     if need > budget:
+        if what is None:
+            what = f"the exact sum over leaves for {num_points:,} points"
+            advice = "Use a smaller depth or smaller minibatches (subsample_size)."
+        else:
+            advice = "Use a smaller depth."
         raise ValueError(
-            f"depth {depth} means 2**{depth} = {2**depth:,} leaves; the exact sum over "
-            f"leaves for {num_points:,} points would need about {_format_bytes(need)} "
-            f"but only {_format_bytes(budget)} is available. Use a smaller depth or "
-            f"smaller minibatches (subsample_size)."
+            f"depth {depth} means 2**{depth} = {2**depth:,} leaves; {what} would need "
+            f"about {_format_bytes(need)} but only {_format_bytes(budget)} is available. "
+            f"{advice}"
         )
     return depth
 

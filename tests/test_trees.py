@@ -126,6 +126,18 @@ def test_check_depth_says_how_much_memory_is_needed():
     with pytest.raises(ValueError, match=r"2\*\*40 .*would need about 15.6 PiB"):
         trees.check_depth(40, num_points=1000, max_bytes=2**30)
     assert trees.check_depth(3, num_points=10) == 3
+    with pytest.raises(ValueError, match=r"the leaf values would need about 4.0 GiB.*depth\.$"):
+        trees.check_depth(20, width=2**8, what="the leaf values", max_bytes=2**30)
+
+
+def test_check_depth_asks_the_device_only_for_a_need_above_a_mebibyte(monkeypatch):
+    asked = []
+    monkeypatch.setattr(trees, "_available_memory_bytes", lambda device: asked.append(1) or 2**19)
+    assert trees.check_depth(16) == 16  # 4 x 2**16 x 4 bytes = 1 MiB
+    assert asked == []
+    with pytest.raises(ValueError, match="about 2.0 MiB but only 512.0 KiB"):
+        trees.check_depth(17)
+    assert asked == [1]
 
 
 def test_node_logits_must_be_a_full_tree():

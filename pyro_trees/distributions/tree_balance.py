@@ -99,7 +99,7 @@ class TreeBalance(TorchDistribution):
     has_enumerate_support = False
 
     def __init__(self, depth: int, num_points: int, *, batch_shape=(), validate_args=None):
-        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        self.depth = trees.check_depth(depth, what="the per-leaf and per-node counts")
         if int(num_points) < 1:
             raise ValueError(f"num_points must be >= 1, got {num_points}")
         self.num_points = int(num_points)
@@ -130,8 +130,14 @@ class TreeBalance(TorchDistribution):
         return BalancedLeaf(self.depth, self.num_points)
 
     def _counts(self, value: torch.Tensor) -> torch.Tensor:
-        one_hot = torch.nn.functional.one_hot(value.long(), trees.num_leaves(self.depth))
-        return one_hot.sum(-2).to(torch.get_default_dtype())
+        """Points per leaf, ``value.shape[:-1] + (2**depth,)`` (no ``(N, 2**depth)`` one-hot)."""
+        value = value.long()
+        counts = torch.zeros(
+            value.shape[:-1] + (trees.num_leaves(self.depth),),
+            dtype=torch.get_default_dtype(),
+            device=value.device,
+        )
+        return counts.scatter_add_(-1, value, torch.ones_like(value, dtype=counts.dtype))
 
     def log_coupling(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`\log c(M) = \log p(M) + N D \log 2`, shape ``sample_shape + batch_shape``."""
@@ -149,6 +155,10 @@ class TreeBalance(TorchDistribution):
         subset of that size goes right."""
         shape = torch.Size(sample_shape) + self.batch_shape
         n = self.num_points
+        # The deepest level holds (2**(D-1), N + 1) split-size logits.
+        trees.check_depth(
+            self.depth, n + 1, what=f"sampling the routing of {n:,} points (split-size logits)"
+        )
         flat = max(1, math.prod(shape))
         out = torch.empty(flat, n, dtype=torch.long)
         k = torch.arange(n + 1, dtype=torch.get_default_dtype())
@@ -183,7 +193,12 @@ class BalancedLeaf(dist.Categorical):
     """
 
     def __init__(self, depth: int, num_points: int, *, dtype=None, device=None, validate_args=None):
-        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        self.depth = trees.check_depth(
+            depth,
+            dtype=torch.get_default_dtype() if dtype is None else dtype,
+            device=device,
+            what="the leaf logits",
+        )
         self.num_points = int(num_points)
         logits = torch.zeros(trees.num_leaves(self.depth), dtype=dtype, device=device)
         super().__init__(logits=logits, validate_args=validate_args)

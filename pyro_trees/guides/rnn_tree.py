@@ -281,7 +281,18 @@ class RNNTree(PyroModule):
         if feedback not in ("soft", "hard"):
             raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
         self.in_features = int(in_features)
-        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        # Per node: the residual (3L values) and, for rules() and hard feedback, the
+        # GRU state (H) and the heads (3L) of every node.
+        per_node = 3 * self.in_features + int(hidden_size)
+        self.depth = trees.check_depth(
+            depth,
+            width=per_node,
+            dtype=torch.get_default_dtype(),
+            what=(
+                f"the per-node split parameters and GRU states ({per_node:,} values per "
+                "node, with gradients and optimiser state)"
+            ),
+        )
         self.hidden_size = int(hidden_size)
         self.feedback = feedback
         self.noise = float(noise)

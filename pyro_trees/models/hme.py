@@ -74,10 +74,8 @@ class HME(PyroModule):
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
         self.in_features = int(in_features)
-        self.depth = trees.check_depth(depth, max_bytes=2**62)
         self.likelihood = likelihood
         self.experts = experts
-        leaves = trees.num_leaves(self.depth)
         if likelihood == "gaussian":
             if num_outputs < 1:
                 raise ValueError(f"num_outputs must be >= 1, got {num_outputs}")
@@ -98,6 +96,18 @@ class HME(PyroModule):
             width = self.num_classes
             self.learn_noise = False
         self.width = width
+        # Per leaf: width values (constant experts), (1 + L) * width (linear experts).
+        per_leaf = width * (1 + self.in_features if experts == "linear" else 1)
+        self.depth = trees.check_depth(
+            depth,
+            width=per_leaf,
+            dtype=torch.get_default_dtype(),
+            what=(
+                f"the experts' parameters ({per_leaf:,} values per leaf, with gradients "
+                "and optimiser state)"
+            ),
+        )
+        leaves = trees.num_leaves(self.depth)
         self.leaf_loc = PyroParam(0.1 * torch.randn(leaves, width))
         if experts == "linear":
             self.leaf_weight = PyroParam(torch.zeros(leaves, self.in_features, width))

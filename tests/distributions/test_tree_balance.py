@@ -84,6 +84,21 @@ def test_distribution_contract():
         TreeBalance(0, 3)
 
 
+def test_too_deep_a_prior_says_how_much_memory_it_needs(monkeypatch):
+    # 4 copies x 2**40 leaves x 4 bytes (float32 counts or logits) = 16 TiB
+    with pytest.raises(ValueError, match=r"2\*\*40 .*counts would need about 16.0 TiB"):
+        TreeBalance(40, 3)
+    with pytest.raises(ValueError, match=r"leaf logits would need about 32.0 TiB"):
+        BalancedLeaf(40, 3, dtype=torch.float64)
+    from pyro_trees import trees
+
+    monkeypatch.setattr(trees, "_available_memory_bytes", lambda device: 2**26)  # 64 MiB
+    p = TreeBalance(16, 64)  # the counts fit; sampling needs (2**15, 65) logits
+    assert p.log_prob(torch.zeros(64, dtype=torch.long)) < 0
+    with pytest.raises(ValueError, match=r"sampling the routing of 64 points.*65.0 MiB"):
+        p.sample()
+
+
 @pytest.mark.parametrize("depth,n", [(1, 8), (2, 5)])
 def test_stirling_kl_close_to_exact(depth, n):
     torch.manual_seed(1)

@@ -207,6 +207,20 @@ def test_bad_options():
         RNNTree(0, 2)
 
 
+@pytest.mark.parametrize("feedback", ["hard", "soft"])
+def test_too_deep_a_tree_says_how_much_memory_it_needs(feedback, monkeypatch):
+    # 4 copies x 2**36 nodes x (3 x 2 + 32) values x 4 bytes = 38 TiB
+    with pytest.raises(ValueError, match=r"2\*\*36 .*\(38 values per node.*about 38.0 TiB"):
+        RNNTree(2, 36, feedback=feedback)
+    with pytest.raises(ValueError, match=r"about 38.0 TiB"):
+        RNNTreeGuide(2, 36, feedback=feedback)
+    # The budget counts the heads' width 3 L and the GRU state, not the depth alone.
+    monkeypatch.setattr(trees, "_available_memory_bytes", lambda device: 2**26)  # 64 MiB
+    RNNTree(2, 16, feedback=feedback)  # 38 MiB
+    with pytest.raises(ValueError, match=r"about 68.0 MiB but only 64.0 MiB"):
+        RNNTree(12, 16, feedback=feedback)  # 3 x 12 + 32 = 68 values a node
+
+
 @pytest.mark.cuda
 def test_cuda_forward_and_rules():
     tree = RNNTree(2, 3).cuda()

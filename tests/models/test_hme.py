@@ -61,3 +61,26 @@ def test_bad_arguments():
         model(torch.randn(5, 3))
     with pytest.raises(ValueError, match="rows"):
         model(torch.randn(5, 2), torch.randn(4))
+
+
+def test_too_deep_a_tree_says_how_much_memory_the_experts_need():
+    # 4 copies (value, gradient, two Adam moments) x 2**36 leaves x 4 bytes x values
+    with pytest.raises(ValueError, match=r"2\*\*36 .*\(1 values per leaf.*about 1.0 TiB"):
+        HME(2, 36)
+    # linear experts: (1 + L) x outputs values per leaf = (1 + 3) x 2
+    with pytest.raises(ValueError, match=r"8 values per leaf.*about 8.0 TiB"):
+        HME(3, 36, experts="linear", num_outputs=2, noise_scale=None)
+    with pytest.raises(ValueError, match=r"5 values per leaf.*about 5.0 TiB"):
+        HME(3, 36, likelihood="categorical", num_classes=5)
+    with pytest.raises(ValueError, match="depth"):
+        HME(2, 0)
+
+
+def test_the_memory_budget_counts_the_experts(monkeypatch):
+    from pyro_trees import trees
+
+    monkeypatch.setattr(trees, "_available_memory_bytes", lambda device: 2**26)  # 64 MiB
+    HME(3, 16, experts="constant")  # 4 x 2**16 x 4 bytes = 1 MiB
+    with pytest.raises(ValueError, match=r"about 80.0 MiB but only 64.0 MiB"):
+        HME(3, 16, experts="linear", noise_scale=None, num_outputs=20)  # 80 values a leaf
+    assert HME(2, 16).leaf_loc.shape == (2**16, 1)  # the depths used in practice pass
