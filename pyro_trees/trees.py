@@ -28,7 +28,9 @@ import torch.nn.functional as F
 
 __all__ = [
     "DecisionRules",
+    "aggregate_right_probs",
     "check_depth",
+    "conditional_right_logits",
     "depth_logits_to_node_logits",
     "depth_of",
     "hard_route",
@@ -213,6 +215,50 @@ def node_log_reach(leaf_log_prob: torch.Tensor) -> torch.Tensor:
         current = torch.logsumexp(pairs, dim=-1)
         levels.append(current)
     return torch.cat(levels[::-1], dim=-1)
+
+
+def conditional_right_logits(leaf_log_prob: torch.Tensor) -> torch.Tensor:
+    r"""Log-odds of going right at every internal node, given that the node is reached.
+
+    The conditional routing posterior of Antorán et al., App. C, eq. 23, recovered from
+    a joint over paths by the product rule:
+
+    .. math:: q(m_i = 1 \mid \text{reach } i, x) = \frac{q(\text{reach } 2i + 1 \mid x)}
+              {q(\text{reach } i \mid x)},
+
+    returned as the log-odds :math:`\log q(\text{reach } 2i+1) - \log q(\text{reach } 2i)`
+    (the reach of node :math:`i` cancels). For leaf log-probabilities from per-node
+    logits (:func:`leaf_log_probs`) this gives back those logits; a node reached with
+    probability 0 gets ``nan``.
+
+    :param leaf_log_prob: shape ``batch_shape + (2**D,)``.
+    :returns: shape ``batch_shape + (2**D - 1,)`` in heap order.
+    """
+    log_reach = node_log_reach(leaf_log_prob)
+    n_internal = leaf_log_prob.shape[-1] - 1
+    return log_reach[..., 2::2] - log_reach[..., 1 : 2 * n_internal : 2]
+
+
+def aggregate_right_probs(leaf_log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Aggregate posterior of every internal node over a data set (App. C, eq. 24).
+
+    .. math:: \alpha_i = \frac{\sum_n q(\text{reach } 2i + 1 \mid x_n)}
+              {\sum_n q(\text{reach } i \mid x_n)}, \qquad
+              \hat N_i = \sum_n q(\text{reach } i \mid x_n):
+
+    the probability of going right at node :math:`i` with :math:`x` marginalised over
+    the points, and the expected number of points that reach the node. A node that
+    no point reaches (:math:`\hat N_i = 0`) gets :math:`\alpha_i = 0`.
+
+    :param leaf_log_prob: ``batch_shape + (N, 2**D)`` per-point leaf log-probabilities
+        (normalised); the points are the second-to-last dimension.
+    :returns: ``(alpha, mass)``, each ``batch_shape + (2**D - 1,)`` in heap order.
+    """
+    log_reach = node_log_reach(leaf_log_prob)  # (..., N, 2**(D+1) - 1)
+    n_internal = leaf_log_prob.shape[-1] - 1
+    mass = log_reach[..., :n_internal].exp().sum(-2)  # sum_n P_n(i)
+    right = log_reach[..., 2::2].exp().sum(-2)  # right children 2i + 1 of nodes 1..I
+    return right / mass.clamp_min(torch.finfo(mass.dtype).tiny), mass
 
 
 def hard_route(go_right: torch.Tensor) -> torch.Tensor:

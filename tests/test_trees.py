@@ -143,3 +143,17 @@ def test_check_depth_asks_the_device_only_for_a_need_above_a_mebibyte(monkeypatc
 def test_node_logits_must_be_a_full_tree():
     with pytest.raises(ValueError, match="2\\*\\*D - 1"):
         trees.leaf_log_probs(torch.zeros(4))
+
+
+def test_conditional_logits_invert_leaf_log_probs_and_aggregates_weight_by_reach():
+    torch.manual_seed(0)
+    z = torch.randn(2, 5, 7, dtype=torch.float64) * 3  # batch (2,), 5 points, depth 3
+    lp = trees.leaf_log_probs(z)
+    torch.testing.assert_close(trees.conditional_right_logits(lp), z)
+    alpha, mass = trees.aggregate_right_probs(lp)
+    assert alpha.shape == mass.shape == (2, 7)
+    reach = trees.node_log_reach(lp).exp()  # (2, 5, 15)
+    torch.testing.assert_close(mass, reach[..., :7].sum(-2))
+    torch.testing.assert_close(mass[..., 0], torch.full((2,), 5.0, dtype=torch.float64))
+    # alpha_i = sum_n P_n(i) sigmoid(z_ni) / sum_n P_n(i)  (eq. 26 of App. D)
+    torch.testing.assert_close(alpha, (reach[..., :7] * torch.sigmoid(z)).sum(-2) / mass)

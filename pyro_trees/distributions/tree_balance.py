@@ -267,13 +267,11 @@ def expected_log_coupling(
     log_q = leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
     if depth is not None and log_q.shape[-1] != trees.num_leaves(depth):
         raise ValueError(f"leaf_logits has {log_q.shape[-1]} leaves; depth {depth} has {2**depth}")
-    log_reach = trees.node_log_reach(log_q)  # (..., N, 2**(D+1) - 1)
-    n_internal = log_q.shape[-1] - 1
-    internal = log_reach[..., :n_internal].exp().sum(-2)  # (..., I): sum_n P_n(i)
-    right = log_reach[..., 2::2].exp().sum(-2)  # right children 2i + 1 of nodes 1..I
+    # the aggregate posteriors of eq. 24 and the node masses, (..., I) each
+    alpha, internal = trees.aggregate_right_probs(log_q)
     # alpha is kept inside (eps, 1 - eps): xlogy's gradient is infinite at 0 and 1.
     eps = torch.finfo(internal.dtype).eps
-    alpha = (right / internal.clamp_min(torch.finfo(internal.dtype).tiny)).clamp(eps, 1 - eps)
+    alpha = alpha.clamp(eps, 1 - eps)
     kl_half = (
         torch.special.xlogy(alpha, alpha)
         + torch.special.xlogy(1 - alpha, 1 - alpha)

@@ -14,7 +14,7 @@ Two ways to feed decisions back into the GRU:
   probability plus quantisation noise :math:`\epsilon \sim U(-\frac12, \frac12)` is fed
   back, and the leaf probabilities are :math:`\prod_d q(m_d \mid h_d, x)`. Conditional
   and aggregate posteriors (App. C, eqs. 23-24) follow from these leaf probabilities
-  (:func:`pyro_trees.trees.node_log_reach`).
+  (:meth:`RNNTree.conditional_posteriors`, :meth:`RNNTree.aggregate_posteriors`).
 * ``feedback="hard"``: the GRU is fed the binary decision of each path, so every node
   of the tree has its own hidden state; these do not depend on ``x`` and cost
   ``2**D - 1`` GRU steps per evaluation, whatever the batch. The routing posterior is
@@ -498,6 +498,38 @@ class RNNTree(PyroModule):
         """Leaf logits (normalised log-probabilities) of shape ``(N, 2**D)``."""
         return trees.leaf_log_probs(self.node_logits(x, feedback=feedback, noise=noise))
 
+    def conditional_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
+        r"""Conditional routing posteriors (App. C, eq. 23), ``(N, 2**D - 1)``.
+
+        Entry ``[n, i - 1]`` is :math:`q(m_i = 1 \mid \text{reach } i, x_n)`, the
+        probability that point :math:`n` goes right at heap node :math:`i` given that it
+        reaches the node: the joint over paths (:meth:`forward`) divided by its prefix,
+        by the product rule (:func:`pyro_trees.trees.conditional_right_logits`). Under
+        hard feedback these are the sigmoids of :meth:`node_logits`; under soft
+        feedback one roll-out gives every node of a depth the same value (the roll-out
+        marginalises the hidden state with a single noise sample).
+
+        :param x: ``(N, L)`` inputs.
+        :param noise: feed back quantisation noise (soft feedback); default:
+            ``self.training``.
+        """
+        return torch.sigmoid(trees.conditional_right_logits(self(x, noise=noise)))
+
+    def aggregate_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
+        r"""Aggregate routing posteriors over the data ``x`` (App. C, eq. 24), ``(2**D - 1,)``.
+
+        Entry ``[i - 1]`` is :math:`q(m_i = 1 \mid \text{reach } i) \approx
+        \sum_n q(\text{reach } 2i + 1 \mid x_n) / \sum_n q(\text{reach } i \mid x_n)`:
+        the conditional of eq. 23 with :math:`x` marginalised over the points. The
+        tree-balance prior's KL (:func:`pyro_trees.distributions.expected_log_coupling`)
+        pulls these towards 1/2. A node that no point reaches gets 0.
+
+        :param x: ``(N, L)`` inputs, the sample standing in for :math:`p(x)`.
+        :param noise: as in :meth:`conditional_posteriors`.
+        """
+        alpha, _ = trees.aggregate_right_probs(self(x, noise=noise))
+        return alpha
+
     def leaf_probs(self, x, *, num_samples: int = 32, feedback=None, generator=None):
         """The routing posterior averaged over the quantisation noise, ``(N, 2**D)``.
 
@@ -565,6 +597,14 @@ class RNNTreeGuide(PyroModule):
     @property
     def depth(self) -> int:
         return self.tree.depth
+
+    def conditional_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
+        """Eq. 23 per point and node, ``(N, 2**D - 1)``: :meth:`RNNTree.conditional_posteriors`."""
+        return self.tree.conditional_posteriors(x, noise=noise)
+
+    def aggregate_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
+        """Eq. 24 per node over ``x``, ``(2**D - 1,)``: :meth:`RNNTree.aggregate_posteriors`."""
+        return self.tree.aggregate_posteriors(x, noise=noise)
 
     def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
         n = x.shape[0]

@@ -332,3 +332,37 @@ def test_node_offset_is_trained_only_under_hard_feedback(feedback):
     other.load_state_dict(state)
     x = torch.randn(5, 2)
     torch.testing.assert_close(other(x, noise=False), tree(x, noise=False))
+
+
+@pytest.mark.parametrize("feedback", ["hard", "soft"])
+def test_conditional_and_aggregate_posteriors_by_hand(feedback):
+    """Eqs. 23-24 on a depth-2 tree and three points, written out leaf by leaf."""
+    torch.manual_seed(5)
+    guide = RNNTreeGuide(2, 2, feedback=feedback).double()
+    with torch.no_grad():
+        for p in guide.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    x = torch.randn(3, 2, dtype=torch.float64)
+    q = guide.tree(x, noise=False).exp()  # (3, 4): leaves left-left, left-right, ...
+    cond = guide.conditional_posteriors(x, noise=False)
+    agg = guide.aggregate_posteriors(x, noise=False)
+    assert cond.shape == (3, 3) and agg.shape == (3,)
+    root_right, left, right = q[:, 2] + q[:, 3], q[:, 0] + q[:, 1], q[:, 2] + q[:, 3]
+    # eq. 23: q(m_i = 1 | reach i, x) = q(reach 2i + 1 | x) / q(reach i | x)
+    by_hand = torch.stack([root_right, q[:, 1] / left, q[:, 3] / right], -1)
+    torch.testing.assert_close(cond, by_hand)
+    # eq. 24: sums over the points of numerator and denominator
+    by_hand = torch.stack(
+        [root_right.sum() / 3, q[:, 1].sum() / left.sum(), q[:, 3].sum() / right.sum()]
+    )
+    torch.testing.assert_close(agg, by_hand)
+    assert not torch.allclose(agg, cond.mean(0))  # weighted by the reach, not a plain mean
+    # eq. 23 gives back the decisions the routing network made
+    if feedback == "hard":
+        torch.testing.assert_close(cond, torch.sigmoid(guide.tree.node_logits(x)))
+    else:
+        log_right, _ = guide.tree.depth_log_probs(x, noise=False)
+        torch.testing.assert_close(cond, log_right.exp()[:, [0, 1, 1]])
+    # differentiable, as the KL of App. B needs
+    (g,) = torch.autograd.grad(agg.sum(), guide.tree.split_head.bias)
+    assert torch.isfinite(g).all() and g.abs().sum() > 0
