@@ -163,9 +163,12 @@ def fit(
     :param seed: seed for :func:`pyro.set_rng_seed`.
     :param bool progress: show a tqdm progress bar with the loss.
     :param checkpoint: path written every ``checkpoint_every`` steps and at the end with
-        ``{"model", "guide", "optimizer", "step", "result"}`` (a plain ``torch.save``).
-    :param resume: a checkpoint to continue from: loads the model's, the guide's and
-        the optimiser's states, and the history, then runs the remaining steps.
+        ``{"model", "guide", "optimizer", "scheduler", "step", "result"}`` (a plain
+        ``torch.save``; ``"scheduler"`` is ``None`` without ``lr_scheduler``).
+    :param resume: a checkpoint to continue from: loads the model's, the guide's, the
+        optimiser's and the scheduler's states, and the history, then runs the remaining
+        steps (pass the same ``lr_scheduler``; a checkpoint without a scheduler state
+        restarts the schedule from the saved learning rate).
     :param callback: called as ``callback(step, loss)``; returning ``True`` stops.
     :returns: a :class:`FitResult`; the model and guide hold the learnt parameters.
 
@@ -209,6 +212,10 @@ def fit(
                 if isinstance(m, torch.nn.Module):
                     m.load_state_dict(state[key].state_dict())
             optimizer.load_state_dict(state["optimizer"])
+            # Checkpoints written before the scheduler was saved have no entry; the
+            # scheduler then starts afresh from the optimiser's saved learning rate.
+            if scheduler is not None and state.get("scheduler") is not None:
+                scheduler.load_state_dict(state["scheduler"])
             result = copy.deepcopy(state["result"])
             result.stopped = "num_steps"
             start_step = state["step"]
@@ -270,7 +277,7 @@ def fit(
                             result.stopped = "early_stopping"
                             break
                 if checkpoint is not None and (step + 1) % checkpoint_every == 0:
-                    _save(checkpoint, model, guide, optimizer, step + 1, result)
+                    _save(checkpoint, model, guide, optimizer, scheduler, step + 1, result)
         except KeyboardInterrupt:
             result.stopped = "interrupted"
         finally:
@@ -281,17 +288,18 @@ def fit(
             for m, s in zip(modules, best_state, strict=True):
                 m.load_state_dict(s)
         if checkpoint is not None:
-            _save(checkpoint, model, guide, optimizer, len(result.losses), result)
+            _save(checkpoint, model, guide, optimizer, scheduler, len(result.losses), result)
     return result
 
 
-def _save(path, model, guide, optimizer, step, result) -> None:
+def _save(path, model, guide, optimizer, scheduler, step, result) -> None:
     tmp = f"{os.fspath(path)}.tmp"
     torch.save(
         {
             "model": model,
             "guide": guide,
             "optimizer": optimizer.state_dict(),
+            "scheduler": None if scheduler is None else scheduler.state_dict(),
             "step": step,
             "result": result,
         },

@@ -1,3 +1,4 @@
+import math
 import pickle
 
 import pyro
@@ -115,6 +116,65 @@ def test_checkpoint_and_resume(tmp_path):
     assert state["step"] == 20
     result = fit(model, guide, x, y, loss=TreeELBO(), num_steps=35, resume=path, progress=False)
     assert result.num_steps == 35
+
+
+def _step_lr(optimizer):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
+
+
+def _run(seed, **kwargs):
+    """A fresh model and guide, initialised from ``seed``, trained by ``fit``."""
+    pyro.set_rng_seed(seed)
+    model, guide, x, y = _problem()
+    result = fit(
+        model,
+        guide,
+        x,
+        y,
+        loss=TreeELBO(),
+        lr=0.05,
+        lr_scheduler=_step_lr,
+        progress=False,
+        **kwargs,
+    )
+    return model, guide, result
+
+
+@pytest.mark.parametrize("interrupt_at", [7, 12])
+def test_resume_into_fresh_objects_continues_the_run_exactly(tmp_path, interrupt_at):
+    """Interrupted after ``interrupt_at`` steps, then resumed into newly built (and
+    differently initialised) modules: the same losses and parameters as one run, with
+    the step schedule continuing where it stopped."""
+    model, guide, full = _run(0, num_steps=30)
+
+    def interrupt(step, loss):
+        if step + 1 == interrupt_at:
+            raise KeyboardInterrupt
+
+    path = tmp_path / "ckpt.pt"
+    _, _, part = _run(0, num_steps=30, callback=interrupt, checkpoint=path)
+    assert part.stopped == "interrupted" and part.num_steps == interrupt_at
+    state = torch.load(path, weights_only=False)
+    assert state["step"] == interrupt_at
+    assert state["scheduler"]["last_epoch"] == interrupt_at
+    model2, guide2, resumed = _run(1, num_steps=30, resume=path)
+    assert resumed.stopped == "num_steps"
+    assert resumed.losses == full.losses  # exactly, step by step
+    for a, b in ((model, model2), (guide, guide2)):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            assert torch.equal(sa[key], sb[key]), key
+
+
+def test_resume_reads_a_checkpoint_without_scheduler_state(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    _run(0, num_steps=10, checkpoint=path)
+    state = torch.load(path, weights_only=False)
+    del state["scheduler"]  # as written before the scheduler was saved
+    torch.save(state, path)
+    _, _, resumed = _run(1, num_steps=15, resume=path)
+    assert resumed.num_steps == 15 and all(map(math.isfinite, resumed.losses))
 
 
 def test_pickled_model_and_guide_are_a_checkpoint():
