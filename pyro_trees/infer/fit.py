@@ -23,6 +23,7 @@ import pyro
 import torch
 from pyro.infer import Trace_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
+from pyro.util import get_rng_state, set_rng_state
 
 __all__ = ["FitResult", "fit", "isolated_params", "make_optimizer"]
 
@@ -163,12 +164,17 @@ def fit(
     :param seed: seed for :func:`pyro.set_rng_seed`.
     :param bool progress: show a tqdm progress bar with the loss.
     :param checkpoint: path written every ``checkpoint_every`` steps and at the end with
-        ``{"model", "guide", "optimizer", "scheduler", "step", "result"}`` (a plain
-        ``torch.save``; ``"scheduler"`` is ``None`` without ``lr_scheduler``).
+        ``{"model", "guide", "optimizer", "scheduler", "step", "result", "best_state",
+        "bad_evals", "rng"}`` (a plain ``torch.save``; ``"scheduler"`` is ``None``
+        without ``lr_scheduler``, ``"best_state"`` without validation; ``"rng"`` holds
+        :func:`pyro.util.get_rng_state`, the CPU generators).
     :param resume: a checkpoint to continue from: loads the model's, the guide's, the
-        optimiser's and the scheduler's states, and the history, then runs the remaining
-        steps (pass the same ``lr_scheduler``; a checkpoint without a scheduler state
-        restarts the schedule from the saved learning rate).
+        optimiser's and the scheduler's states, the history, early stopping's best
+        state and count, and the random generators (these override ``seed``), then
+        runs the remaining steps; a run resumed with the same arguments continues as
+        the uninterrupted run would have. Pass the same ``lr_scheduler``; a checkpoint
+        without a scheduler state (written by an older version) restarts the schedule
+        from the saved learning rate.
     :param callback: called as ``callback(step, loss)``; returning ``True`` stops.
     :returns: a :class:`FitResult`; the model and guide hold the learnt parameters.
 
@@ -206,6 +212,8 @@ def fit(
             raise ValueError("the model and guide have no trainable parameters")
         optimizer = make_optimizer(params, optim, lr, **(optim_args or {}))
         scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
+        best_state = None  # the modules' states at the best validation so far
+        bad_evals = 0
         if resume is not None:
             state = torch.load(resume, map_location=device, weights_only=False)
             for m, key in ((model, "model"), (guide, "guide")):
@@ -219,6 +227,14 @@ def fit(
             result = copy.deepcopy(state["result"])
             result.stopped = "num_steps"
             start_step = state["step"]
+            # Early stopping's bookkeeping and the random streams (absent from older
+            # checkpoints): a resumed run then continues exactly as an uninterrupted one.
+            best_state = state.get("best_state")
+            bad_evals = state.get("bad_evals", 0)
+            if state.get("rng") is not None:
+                rng = dict(state["rng"])
+                rng["torch"] = rng["torch"].cpu()
+                set_rng_state(rng)
 
         def evaluate() -> float:
             if val_metric is not None:
@@ -227,8 +243,6 @@ def fit(
                 return float(elbo(*val_args, **val_kwargs))
 
         has_val = val_metric is not None or val_args is not None
-        best_state = None
-        bad_evals = 0
         if has_val and start_step == 0:
             # The starting state is a candidate too: a good initialisation (a greedy
             # tree, a warm start) is kept when training never matches it on validation.
@@ -236,6 +250,19 @@ def fit(
             result.val_losses.append((0, val))
             result.best_val, result.best_step = val, 0
             best_state = _snapshot(*modules)
+
+        def saved() -> dict:
+            return {
+                "model": model,
+                "guide": guide,
+                "optimizer": optimizer.state_dict(),
+                "scheduler": None if scheduler is None else scheduler.state_dict(),
+                "result": result,
+                "best_state": best_state,
+                "bad_evals": bad_evals,
+                "rng": get_rng_state(),
+            }
+
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -277,7 +304,7 @@ def fit(
                             result.stopped = "early_stopping"
                             break
                 if checkpoint is not None and (step + 1) % checkpoint_every == 0:
-                    _save(checkpoint, model, guide, optimizer, scheduler, step + 1, result)
+                    _save(checkpoint, step + 1, **saved())
         except KeyboardInterrupt:
             result.stopped = "interrupted"
         finally:
@@ -288,21 +315,11 @@ def fit(
             for m, s in zip(modules, best_state, strict=True):
                 m.load_state_dict(s)
         if checkpoint is not None:
-            _save(checkpoint, model, guide, optimizer, scheduler, len(result.losses), result)
+            _save(checkpoint, len(result.losses), **saved())
     return result
 
 
-def _save(path, model, guide, optimizer, scheduler, step, result) -> None:
+def _save(path, step: int, **state) -> None:
     tmp = f"{os.fspath(path)}.tmp"
-    torch.save(
-        {
-            "model": model,
-            "guide": guide,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": None if scheduler is None else scheduler.state_dict(),
-            "step": step,
-            "result": result,
-        },
-        tmp,
-    )
+    torch.save({"step": step, **state}, tmp)
     os.replace(tmp, path)

@@ -167,11 +167,89 @@ def test_resume_into_fresh_objects_continues_the_run_exactly(tmp_path, interrupt
             assert torch.equal(sa[key], sb[key]), key
 
 
-def test_resume_reads_a_checkpoint_without_scheduler_state(tmp_path):
+def test_resume_continues_the_random_streams(tmp_path):
+    """Soft feedback feeds back quantisation noise, so every step draws random numbers:
+    the checkpoint's generators make the resumed run the uninterrupted one."""
+
+    def run(seed, **kwargs):
+        pyro.set_rng_seed(seed)
+        x = torch.linspace(-2, 2, 60).unsqueeze(-1)
+        y = torch.where(x[:, 0] > 0, 1.0, -1.0)
+        model, guide = HME(1, 2, noise_scale=None), RNNTreeGuide(1, 2, feedback="soft")
+        result = fit(model, guide, x, y, loss=TreeELBO(), lr=0.05, progress=False, **kwargs)
+        return guide, result
+
+    guide, full = run(0, num_steps=20)
+
+    def interrupt(step, loss):
+        if step == 8:
+            raise KeyboardInterrupt
+
+    path = tmp_path / "ckpt.pt"
+    run(0, num_steps=20, callback=interrupt, checkpoint=path)
+    guide2, resumed = run(1, num_steps=20, resume=path)
+    assert resumed.losses == full.losses
+    for key, value in guide.state_dict().items():
+        assert torch.equal(guide2.state_dict()[key], value), key
+
+
+def test_resume_keeps_early_stopping_state(tmp_path):
+    """The best state and the count of evaluations without improvement survive an
+    interruption: the resumed run stops at the same step and restores the same best."""
+    scripted = {0: 5.0, 5: 4.0, 10: 3.0, 15: 3.5, 20: 3.6, 25: 3.7, 30: 3.8}
+    done = [0]
+
+    def val_metric():
+        return scripted[done[0]]
+
+    def count(step, loss):
+        done[0] = step + 1
+
+    model, guide, full = _run(
+        0, num_steps=40, val_metric=val_metric, eval_every=5, patience=3, callback=count
+    )
+    assert full.stopped == "early_stopping" and full.num_steps == 25 and full.best_step == 10
+
+    def interrupt(step, loss):
+        count(step, loss)
+        if step + 1 == 17:
+            raise KeyboardInterrupt
+
+    path = tmp_path / "ckpt.pt"
+    done[0] = 0
+    _, _, part = _run(
+        0,
+        num_steps=40,
+        val_metric=val_metric,
+        eval_every=5,
+        patience=3,
+        callback=interrupt,
+        checkpoint=path,
+    )
+    assert part.stopped == "interrupted"
+    done[0] = 17
+    model2, guide2, resumed = _run(
+        1,
+        num_steps=40,
+        val_metric=val_metric,
+        eval_every=5,
+        patience=3,
+        callback=count,
+        resume=path,
+    )
+    assert resumed.stopped == "early_stopping" and resumed.num_steps == 25
+    assert resumed.best_step == 10 and resumed.losses == full.losses
+    for a, b in ((model, model2), (guide, guide2)):
+        for key, value in a.state_dict().items():
+            assert torch.equal(b.state_dict()[key], value), key
+
+
+def test_resume_reads_an_older_checkpoint(tmp_path):
     path = tmp_path / "ckpt.pt"
     _run(0, num_steps=10, checkpoint=path)
     state = torch.load(path, weights_only=False)
-    del state["scheduler"]  # as written before the scheduler was saved
+    for key in ("scheduler", "best_state", "bad_evals", "rng"):
+        del state[key]  # as written before these were saved
     torch.save(state, path)
     _, _, resumed = _run(1, num_steps=15, resume=path)
     assert resumed.num_steps == 15 and all(map(math.isfinite, resumed.losses))
