@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+import torch
 
 __all__ = ["TreeEstimatorMixin"]
 
@@ -77,17 +78,50 @@ class TreeEstimatorMixin:
                 changed.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(changed)})"
 
+    @staticmethod
+    def _check_score_targets(y) -> np.ndarray:
+        """``y`` as a 1-D or 2-D array, numeric values finite."""
+        if isinstance(y, torch.Tensor):
+            y = y.detach().cpu().numpy()
+        y = np.asarray(y)
+        if y.ndim not in (1, 2):
+            raise ValueError(f"y must be 1-D (n_samples,) or 2-D; got shape {y.shape}")
+        if y.shape[0] == 0:
+            raise ValueError("y has no rows")
+        if np.issubdtype(y.dtype, np.number) and not np.isfinite(y).all():
+            n_nan = int(np.isnan(y).sum())
+            n_inf = int((~np.isfinite(y)).sum()) - n_nan
+            raise ValueError(
+                f"y contains {n_nan} NaN and {n_inf} infinite values; score needs finite targets"
+            )
+        return y
+
     def _check_is_fitted(self) -> None:
         if not getattr(self, "is_fitted_", False):
             raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit first")
 
     def score(self, X, y) -> float:
-        """Accuracy (classifiers) or the coefficient of determination R^2 (regressors)."""
+        """Accuracy (classifiers) or the coefficient of determination R^2 (regressors).
+
+        :param X: ``(N, L)`` inputs, as for ``predict``.
+        :param y: ``(N,)`` targets (``(N, K)`` for a multi-output regressor; a column
+            ``(N, 1)`` is taken as ``(N,)``).
+        :raises ValueError: naming the cause: ``y`` not an array of one value per row
+            of ``X``, of the wrong shape, or (numeric) holding NaN or infinite values.
+        """
+        y = self._check_score_targets(y)
         pred = np.asarray(self.predict(X))
-        y = np.asarray(y)
+        if y.shape[0] != pred.shape[0]:
+            raise ValueError(
+                f"X and y have mismatched lengths: X has {pred.shape[0]} rows, y has {y.shape[0]}"
+            )
+        if y.ndim == 2 and y.shape[1] == 1 and pred.ndim == 1:
+            y = y[:, 0]
+        if y.shape != pred.shape:
+            want = "(n_samples,)" if pred.ndim == 1 else f"(n_samples, {pred.shape[1]})"
+            raise ValueError(f"y must have shape {want} like the predictions; got {y.shape}")
         if self._estimator_type == "classifier":
             return float(np.mean(pred == y))
-        y = y.reshape(pred.shape)
         ss_res = float(np.sum((y - pred) ** 2))
         ss_tot = float(np.sum((y - y.mean(axis=0)) ** 2))
         return 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0

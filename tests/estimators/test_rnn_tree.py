@@ -65,6 +65,23 @@ def test_pickle_and_torch_save_reproduce_predictions_exactly(pulse_fit, tmp_path
     )
 
 
+def test_score_rejects_bad_targets(pulse_fit, parity_fit):
+    est, X, y = pulse_fit
+    with pytest.raises(ValueError, match="mismatched lengths: X has 200 rows, y has 199"):
+        est.score(X, y[:-1])
+    with pytest.raises(ValueError, match="1 NaN"):
+        est.score(X, np.where(np.arange(200) == 5, np.nan, y))
+    with pytest.raises(ValueError, match=r"shape \(n_samples,\)"):
+        est.score(X, np.stack([y, y], -1))
+    clf, Xc, yc = parity_fit
+    with pytest.raises(ValueError, match="mismatched lengths"):
+        clf.score(Xc, yc[:-1])
+    with pytest.raises(ValueError, match="(?i)nan"):
+        clf.score(Xc, np.where(np.arange(len(yc)) == 3, np.nan, yc))
+    with pytest.raises(ValueError, match=r"shape \(n_samples,\)"):
+        clf.score(Xc, np.stack([yc, yc], -1))
+
+
 def test_same_seed_same_fit():
     X, y = make_pulse(60)
     a = RNNTreeRegressor(2, random_state=3, num_steps=20).fit(X, y).predict(X)
