@@ -65,6 +65,26 @@ def test_pickle_and_torch_save_reproduce_predictions_exactly(pulse_fit, tmp_path
     )
 
 
+@pytest.mark.parametrize("routing", ["hard", "posterior"])
+def test_classifier_pickle_and_torch_save_reproduce_predictions_exactly(
+    parity_fit, tmp_path, routing
+):
+    est, X, _ = parity_fit
+    X_test, _ = parity_test_set(4)
+    X_all = np.concatenate([X, X_test])
+    want_proba = est.predict_proba(X_all, routing=routing)
+    want = est.predict(X_all, routing=routing)
+    torch.save(est, tmp_path / "est.pt")
+    for again in (
+        pickle.loads(pickle.dumps(est)),
+        torch.load(tmp_path / "est.pt", weights_only=False),
+    ):
+        np.testing.assert_array_equal(again.predict_proba(X_all, routing=routing), want_proba)
+        np.testing.assert_array_equal(again.predict(X_all, routing=routing), want)
+        assert again.classes_.tolist() == est.classes_.tolist()
+        assert again.export_text() == est.export_text()
+
+
 def test_score_rejects_bad_targets(pulse_fit, parity_fit):
     est, X, y = pulse_fit
     with pytest.raises(ValueError, match="mismatched lengths: X has 200 rows, y has 199"):
