@@ -270,3 +270,13 @@ def test_bad_arguments():
         fit(model, guide, x, y, loss=TreeELBO(), patience=3, progress=False)
     with pytest.raises(ValueError, match="optimiser"):
         fit(model, guide, x, y, loss=TreeELBO(), optim="nope", progress=False)
+
+
+@pytest.mark.cuda
+def test_checkpoint_and_resume_on_cuda(tmp_path):
+    """The checkpoint maps to the device; the saved CPU generator state comes back."""
+    path = tmp_path / "ckpt.pt"
+    _run(0, num_steps=6, checkpoint=path, device="cuda")
+    model, guide, resumed = _run(1, num_steps=10, resume=path, device="cuda")
+    assert resumed.num_steps == 10 and all(map(math.isfinite, resumed.losses))
+    assert model.leaf_loc_unconstrained.is_cuda
