@@ -93,8 +93,12 @@ def leaf_bits(depth: int, device=None) -> torch.Tensor:
 
 def _available_memory_bytes(device: torch.device | None) -> int:
     if device is not None and torch.device(device).type == "cuda":
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        device = torch.device(device)
+        free, _ = torch.cuda.mem_get_info(device)
+        # Blocks PyTorch's caching allocator holds but does not use are free to it too:
+        # without them a check during training would see a full device.
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + max(cached, 0))
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX

@@ -157,3 +157,12 @@ def test_conditional_logits_invert_leaf_log_probs_and_aggregates_weight_by_reach
     torch.testing.assert_close(mass[..., 0], torch.full((2,), 5.0, dtype=torch.float64))
     # alpha_i = sum_n P_n(i) sigmoid(z_ni) / sum_n P_n(i)  (eq. 26 of App. D)
     torch.testing.assert_close(alpha, (reach[..., :7] * torch.sigmoid(z)).sum(-2) / mass)
+
+
+def test_cuda_budget_counts_the_caching_allocators_unused_blocks(monkeypatch):
+    # No GPU needed: the three CUDA queries are stubbed.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100, 1000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 700)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 650)
+    assert trees._available_memory_bytes("cuda") == 150
+    assert trees._available_memory_bytes(torch.device("cuda", 0)) == 150
