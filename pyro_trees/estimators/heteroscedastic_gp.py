@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyro
 import torch
 
 from pyro_trees import trees
 from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
 from pyro_trees.infer.collapsed_elbo import CollapsedELBO
 from pyro_trees.infer.fit import fit as _fit
@@ -143,9 +143,17 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
     def fit(self, X, y):
         """Fit the GP and its RNN-Tree noise model.
 
+        With an integer ``random_state`` the fit is reproducible and leaves the global
+        random streams (Python, NumPy, torch) as it found them; with ``None`` it draws
+        from them.
+
         :param X: ``(N, L)`` array-like; :param y: ``(N,)`` real targets.
         :returns: ``self``.
         """
+        with local_seed(self.random_state):
+            return self._fit_seeded(X, y)
+
+    def _fit_seeded(self, X, y):
         self._check_options()
         dtype = getattr(torch, self.dtype)
         X, y = check_X_y(X, y, dtype=dtype)
@@ -167,8 +175,6 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
             self.x_scale_, dtype=dtype
         )
         ys = (y - self.y_mean_) / self.y_scale_
-        if self.random_state is not None:
-            pyro.set_rng_seed(int(self.random_state))
         X_val = y_val = None
         split = self._held_out_split(n)
         if split is not None:

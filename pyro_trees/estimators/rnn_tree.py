@@ -5,11 +5,11 @@ RNN-Tree guide, trained by :func:`pyro_trees.fit` with :class:`~pyro_trees.infer
 from __future__ import annotations
 
 import numpy as np
-import pyro
 import torch
 
 from pyro_trees import trees
 from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.rnn_tree import RNNTreeGuide
 from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.fit import isolated_params
@@ -112,10 +112,18 @@ class _RNNTreeBase(TreeEstimatorMixin):
     def fit(self, X, y):
         """Fit the HME and its RNN-Tree routing posterior.
 
+        With an integer ``random_state`` the fit is reproducible and leaves the global
+        random streams (Python, NumPy, torch) as it found them; with ``None`` it draws
+        from them.
+
         :param X: ``(N, L)`` array-like of inputs.
         :param y: ``(N,)`` targets (``(N, K)`` for multi-output regression).
         :returns: ``self``.
         """
+        with local_seed(self.random_state, self.device):
+            return self._fit_seeded(X, y)
+
+    def _fit_seeded(self, X, y):
         self._check_options()
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
@@ -142,8 +150,6 @@ class _RNNTreeBase(TreeEstimatorMixin):
         self.x_scale_ = torch.where(scale > 0, scale, torch.ones_like(scale)).cpu().numpy()
         Xs = self._standardize(X)
 
-        if self.random_state is not None:
-            pyro.set_rng_seed(int(self.random_state))
         X_val = y_val = None
         split = self._held_out_split(n)
         if split is not None:

@@ -17,6 +17,7 @@ from pyro.infer import Predictive, Trace_ELBO
 from pyro_trees import trees
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
@@ -416,22 +417,22 @@ class VaRTRegressor(TreeEstimatorMixin):
                     "eval_every": int(self.eval_every),
                     "patience": self.patience,
                 }
-            self.fit_result_ = fit(
-                self.model_,
-                self.guide_,
-                Xtr,
-                ytr,
-                num_steps=int(self.num_steps),
-                loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
-                optim="clipped_adam",
-                lr=self.lr,
-                seed=self._seed(),
-                progress=self.progress,
-                desc="VaRT",
-                callback=schedule.callback(self.guide_),
-                **val,
-                **kwargs,
-            )
+            with local_seed(self._seed(), X.device):  # the global streams are left alone
+                self.fit_result_ = fit(
+                    self.model_,
+                    self.guide_,
+                    Xtr,
+                    ytr,
+                    num_steps=int(self.num_steps),
+                    loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
+                    optim="clipped_adam",
+                    lr=self.lr,
+                    progress=self.progress,
+                    desc="VaRT",
+                    callback=schedule.callback(self.guide_),
+                    **val,
+                    **kwargs,
+                )
         self.n_features_in_ = num_features
         self.feature_importances_ = self._importances(Xtr[:4096])
         self.is_fitted_ = True
@@ -564,13 +565,12 @@ class VaRTRegressor(TreeEstimatorMixin):
         if getattr(self, "_tree_samples", None) is None:
             dummy = self.x_mean_.new_zeros(1, self.n_features_in_)
             with (
-                torch.random.fork_rng(devices=[]),
+                local_seed(self._seed() + 1, dummy.device),
                 pyro.settings.context(module_local_params=True),
                 pyro.validation_enabled(False),
                 self.guide_.temperature_set_to(0.0),
                 torch.no_grad(),
             ):
-                pyro.set_rng_seed(self._seed() + 1)
                 samples = Predictive(self.guide_, num_samples=int(self.num_samples), parallel=True)(
                     dummy
                 )
@@ -588,12 +588,11 @@ class VaRTRegressor(TreeEstimatorMixin):
         rows = max(1, _PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
         out = {s: [] for s in sites}
         with (
-            torch.random.fork_rng(devices=[]),
+            local_seed(self._seed() + seed_offset, Xs.device),
             pyro.settings.context(module_local_params=True),
             pyro.validation_enabled(False),
             torch.no_grad(),
         ):
-            pyro.set_rng_seed(self._seed() + seed_offset)
             pred = Predictive(
                 self.model_, posterior_samples=samples, return_sites=list(sites), parallel=True
             )
