@@ -212,7 +212,7 @@ class VaRTRegressor(TreeEstimatorMixin):
     :param float split_scale: prior standard deviation of the split weights.
     :param float leaf_scale: prior standard deviation of the leaf weights.
     :param float validation_fraction: share of the training rows held out (at random,
-        seeded by ``random_state``) for early stopping and noise calibration; ``0``
+        seeded by ``seed_``) for early stopping and noise calibration; ``0``
         trains on every row for ``num_steps`` steps without either (the paper's runs).
         At least ``min(10, N // 5)`` rows are held out; none when that is below 4.
     :param int patience: early stopping: evaluations (every ``eval_every`` steps) of the
@@ -269,7 +269,13 @@ class VaRTRegressor(TreeEstimatorMixin):
         bound, so one far outlying input (a data-entry error, say) would otherwise give
         an arbitrarily large prediction, while a mild extrapolation of a linear trend
         is often right; training is unaffected.
-    :param random_state: seed of initialisation, training and prediction sampling.
+    :param random_state: an int seeds initialisation, training and the draws of the
+        posterior trees used for prediction; fitting and predicting leave the global
+        random streams (Python, NumPy, torch) as they were. ``None``: ``fit`` draws a
+        seed from torch's global stream, so unseeded fits differ from one another. The
+        seed in use is kept as ``seed_``: a fitted estimator's predictions are
+        reproducible across calls and after pickling either way, and
+        ``random_state=seed_`` repeats the fit.
     :param device: torch device for training and prediction (default CPU).
     :param bool progress: show a progress bar.
     """
@@ -329,7 +335,13 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     # ------------------------------------------------------------------ fitting
     def _seed(self) -> int:
-        return 0 if self.random_state is None else int(self.random_state)
+        """The seed of the fit and of prediction sampling: ``seed_`` (set by ``fit``);
+        estimators pickled before ``seed_`` existed used ``random_state``, 0 for
+        ``None``."""
+        seed = getattr(self, "seed_", None)
+        if seed is None:
+            return 0 if self.random_state is None else int(self.random_state)
+        return int(seed)
 
     def fit(self, X, y):
         """Fit the variational posterior on ``X`` ``(N, L)`` and ``y`` ``(N,)``."""
@@ -353,6 +365,10 @@ class VaRTRegressor(TreeEstimatorMixin):
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
         rule = self._calibration_rule()
         check_level(self.calibration_level, "calibration_level")
+        if self.random_state is None:  # unseeded: a seed from the global torch stream
+            self.seed_ = int(torch.randint(2**31, ()).item())
+        else:
+            self.seed_ = int(self.random_state)
         gen = torch.Generator().manual_seed(self._seed())
         n_val = 0
         if self.validation_fraction > 0:  # at least 10 held-out rows where n allows it

@@ -33,7 +33,8 @@ class VaRTCausal:
 
     :param regressor: an unfitted :class:`VaRTRegressor` (default:
         ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
-        the paper's causal :math:`\\lambda`, trained on every row as in the paper).
+        the paper's causal :math:`\\lambda`, trained on every row as in the paper;
+        unseeded, so give a regressor with ``random_state`` for a reproducible fit).
     """
 
     def __init__(self, regressor: VaRTRegressor | None = None):

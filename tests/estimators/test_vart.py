@@ -4,6 +4,7 @@ import math
 import pickle
 
 import numpy as np
+import pyro
 import pytest
 import torch
 
@@ -392,3 +393,39 @@ def test_leading_components_keep_the_quantiles_and_scores():
     torch.testing.assert_close(
         _coverage_scores(cw, cz, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
     )
+
+
+def test_unseeded_fits_draw_their_seed_from_the_global_torch_stream(data):
+    X, y = data
+    kw = {"depth": 2, "num_steps": 20, "num_samples": 10}
+
+    def unseeded(global_seed):
+        pyro.set_rng_seed(global_seed)
+        return VaRTRegressor(**kw).fit(X, y)
+
+    a, b, c = unseeded(1), unseeded(2), unseeded(1)
+    assert a.seed_ != b.seed_ and a.seed_ == c.seed_
+    pa = a.predict(X)
+    assert not np.allclose(pa, b.predict(X))
+    assert np.array_equal(pa, c.predict(X))
+    # the fitted estimator's predictions do not depend on the global state ...
+    pyro.set_rng_seed(5)
+    a._tree_samples = None
+    assert np.array_equal(a.predict(X), pa)
+    # ... survive pickling, and random_state=seed_ repeats the fit
+    assert np.array_equal(pickle.loads(pickle.dumps(a)).predict(X), pa)
+    again = VaRTRegressor(**kw, random_state=a.seed_).fit(X, y)
+    assert np.array_equal(again.predict(X), pa)
+    seeded = VaRTRegressor(**kw, random_state=7).fit(X, y)
+    assert seeded.seed_ == 7
+
+
+def test_estimators_pickled_without_seed_keep_the_old_seed_rule(fitted, data):
+    X, _ = data
+    old = pickle.loads(pickle.dumps(fitted))
+    del old.seed_  # as pickled before seed_ existed: random_state=0 was the seed
+    assert np.array_equal(old.predict(X), fitted.predict(X))
+    old.random_state, old._tree_samples = None, None  # None meant seed 0
+    assert np.array_equal(old.predict(X), fitted.predict(X))
+    old.random_state, old._tree_samples = 1, None
+    assert not np.array_equal(old.predict(X), fitted.predict(X))
