@@ -633,11 +633,26 @@ class VaRTRegressor(TreeEstimatorMixin):
     def sample_predictive(self, X, num_samples: int | None = None) -> np.ndarray:
         """Draws of the posterior predictive :math:`y^*` (eq. 32), ``(num_samples, N)``.
 
-        :param num_samples: at most the estimator's ``num_samples`` (default: all).
+        Draw ``j`` comes from posterior tree ``j mod S``, with ``S`` the estimator's
+        ``num_samples``: the first ``S`` draws are one per tree, and any further ones
+        are more draws of :math:`y^*` from the same trees in rounds of ``S``, each
+        round with its own fixed seed. Every draw thus follows the Gaussian mixture
+        over the ``S`` trees whose quantiles ``predict_interval`` returns, ``n < S``
+        draws are the first ``n`` of the ``S``, and repeated calls (also after
+        pickling) return the same draws.
+
+        :param num_samples: any number ``>= 1`` (default: the estimator's
+            ``num_samples``).
         """
         Xs = self._prepare(X)
-        obs = self._predictive(Xs, ("obs",), 3)["obs"]
-        return self._take(obs, num_samples)
+        per_round = int(self.num_samples)
+        want = per_round if num_samples is None else int(num_samples)
+        if want < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        rounds = [self._predictive(Xs, ("obs",), 3)["obs"]]
+        for r in range(1, -(-want // per_round)):  # seeds seed_ + 4, seed_ + 5, ...
+            rounds.append(self._predictive(Xs, ("obs",), 3 + r)["obs"])
+        return torch.cat(rounds)[:want].cpu().numpy()
 
     def _take(self, draws: torch.Tensor, num_samples) -> np.ndarray:
         if num_samples is not None:
@@ -645,7 +660,7 @@ class VaRTRegressor(TreeEstimatorMixin):
             if not 1 <= num_samples <= int(self.num_samples):
                 raise ValueError(
                     f"num_samples must lie in [1, {self.num_samples}] (the estimator's "
-                    f"num_samples), got {num_samples}"
+                    f"num_samples: one function draw per posterior tree), got {num_samples}"
                 )
             draws = draws[:num_samples]
         return draws.cpu().numpy()
