@@ -18,7 +18,12 @@ from pyro_trees import trees
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TreeEstimatorMixin
 from pyro_trees.estimators._rng import local_seed
-from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
+from pyro_trees.guides.vart import (
+    TemperatureSchedule,
+    VaRTGuide,
+    _guide_param_count,
+    _require_memory,
+)
 from pyro_trees.infer.fit import fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.models.vart import VaRT, mixture_params, with_bias
@@ -28,6 +33,40 @@ __all__ = ["VaRTRegressor"]
 
 _PREDICT_BYTES = 256 * 2**20  # memory for one prediction batch
 _CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
+_ROW_BYTES_PER_NODE = 6 * 8  # per tree and row: the double mixture tensors of one row
+
+
+def _check_training_memory(depth: int, batch: int, in_features: int, device) -> None:
+    """Training: ``(batch, 2**(D+1))`` routing and means with their gradients (about 12
+    float copies of ``(batch, 2**D, 2)``: :func:`~pyro_trees.trees.check_depth`'s error
+    names it), and the guide's parameters with their gradients, ClippedAdam's two
+    moments and one draw (five copies)."""
+    trees.check_depth(depth, batch, width=2, device=device, copies=12)
+    need = 4.0 * (12 * batch * 2 ** (depth + 1) + 5 * _guide_param_count(depth, in_features))
+    _require_memory(
+        depth,
+        need,
+        f"training on {batch:,} rows at a time with {in_features:,} inputs",
+        "a smaller depth or batch_size",
+        device,
+    )
+
+
+def _check_prediction_memory(depth: int, num_samples: int, in_features: int, device) -> None:
+    """Prediction: the ``num_samples`` posterior trees (split indicators, split and leaf
+    weights and noise scales of every node, about ``2**D (3 (L + 1) + 4)`` floats
+    each) held in about four copies while they are drawn and stacked, and the mixture
+    tensors of one row (``num_samples * 2**(D+1) * 48`` bytes; larger inputs are
+    processed in batches within a fixed budget)."""
+    per_tree = 2**depth * (3 * (in_features + 1) + 4)
+    need = num_samples * (4.0 * 4 * per_tree + _ROW_BYTES_PER_NODE * 2 ** (depth + 1))
+    _require_memory(
+        depth,
+        need,
+        f"prediction with num_samples={num_samples:,} posterior trees of {in_features:,} inputs",
+        "a smaller depth or num_samples",
+        device,
+    )
 
 
 def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
@@ -385,9 +424,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         if batch < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         batch = min(batch, n_train)
-        depth = trees.check_depth(
-            self.depth, batch, width=2, device=X.device, copies=12
-        )  # training: (batch, 2**(D+1)) routing, means and their gradients
+        depth = trees.check_depth(self.depth, batch, width=2, device=X.device, copies=12)
+        _check_training_memory(depth, batch, num_features, X.device)
+        _check_prediction_memory(depth, int(self.num_samples), num_features, X.device)
         Xt, yt = X[train_idx], y[train_idx]
         self.x_mean_ = Xt.mean(0)
         self.x_scale_ = Xt.std(0).clamp_min(1e-12)
@@ -548,7 +587,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
         their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
         nodes = 2 ** (self.guide_.depth + 1)
-        rows = max(1, _PREDICT_BYTES // (6 * 8 * int(self.num_samples) * nodes))
+        rows = max(1, _PREDICT_BYTES // (_ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
         for start in range(0, tensors[0].shape[0], rows):
             yield tuple(t[start : start + rows] for t in tensors)
 
@@ -580,6 +619,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""
         if getattr(self, "_tree_samples", None) is None:
             dummy = self.x_mean_.new_zeros(1, self.n_features_in_)
+            _check_prediction_memory(
+                self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
+            )
             with (
                 local_seed(self._seed() + 1, dummy.device),
                 pyro.settings.context(module_local_params=True),

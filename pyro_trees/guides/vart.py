@@ -26,6 +26,32 @@ from pyro_trees.models.vart import VaRT, node_weights, weighted
 __all__ = ["TemperatureSchedule", "VaRTGuide"]
 
 
+def _guide_param_count(depth: int, in_features: int) -> int:
+    """Entries of the parameters of :class:`VaRTGuide` at depth ``depth`` with
+    ``in_features`` inputs: split logits and the split weights' locations and scales on
+    the :math:`2^D - 1` internal positions, the leaf weights' and log noise scales'
+    locations and scales on all :math:`2^{D+1} - 1` nodes."""
+    width = in_features + 1
+    n_int, n_all = trees.num_internal(depth), trees.num_internal(depth + 1)
+    return n_int * (1 + 2 * width) + n_all * (2 * width + 2)
+
+
+def _require_memory(depth: int, need: float, what: str, hint: str, device=None) -> None:
+    """Raise a ``ValueError`` when ``need`` bytes exceed the memory of ``device`` (free
+    CUDA memory, or the machine's physical memory), saying how much ``what`` needs.
+
+    :param str what: what needs the memory (``"training on 256 rows at a time"``).
+    :param str hint: how to need less (``"a smaller depth or batch_size"``).
+    """
+    budget = trees._available_memory_bytes(device)
+    if need > budget:
+        raise ValueError(
+            f"depth {depth} means 2**{depth + 1} - 1 = {2 ** (depth + 1) - 1:,} nodes; "
+            f"{what} would need about {trees._format_bytes(need)} but only "
+            f"{trees._format_bytes(budget)} is available. Use {hint}."
+        )
+
+
 @dataclass(frozen=True)
 class TemperatureSchedule:
     """Geometric annealing of the Gumbel-softmax temperature towards zero.
@@ -108,6 +134,13 @@ class VaRTGuide(PyroModule):
         if not isinstance(model, VaRT):
             raise ValueError(f"model must be a VaRT, got {type(model).__name__}")
         depth = trees.check_depth(depth)
+        itemsize = torch.empty(()).element_size()
+        _require_memory(
+            depth,
+            float(_guide_param_count(depth, model.in_features)) * itemsize,
+            f"the guide's parameters for {model.in_features:,} inputs",
+            "a smaller depth",
+        )
         if not 0 < init_split_prob < 1:
             raise ValueError(f"init_split_prob must lie in (0, 1), got {init_split_prob}")
         if not init_scale > 0 or not init_noise > 0:

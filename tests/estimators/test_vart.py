@@ -450,3 +450,30 @@ def test_sample_predictive_beyond_the_trees_follows_the_interval_mixture(fitted,
     lo, hi = fitted.predict_interval(rows, level=0.8)
     inside = ((many >= lo) & (many <= hi)).mean(0)
     assert np.abs(inside - 0.8).max() < 0.02, inside
+
+
+def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monkeypatch):
+    from pyro_trees import trees
+
+    X, y = data
+    budget = 250 * 2**20
+    monkeypatch.setattr(trees, "_available_memory_bytes", lambda device: budget)
+    # 2048 rows of 34 weights at depth 10 train in 196 MiB, but 200 posterior trees
+    # need about 350 MiB: refused before any training
+    Xw = np.random.default_rng(0).normal(size=(2048, 33))
+    with pytest.raises(ValueError, match=r"depth 10 .* num_samples=200 .* would need about"):
+        VaRTRegressor(depth=10, num_steps=1, validation_fraction=0).fit(Xw, Xw[:, 0])
+    # few rows, many inputs: the guide's parameters, gradients and Adam moments count
+    Xl = np.random.default_rng(0).normal(size=(8, 5000))
+    with pytest.raises(ValueError, match=r"depth 10 .* training on 8 rows .* would need about"):
+        VaRTRegressor(depth=10, num_steps=1, validation_fraction=0).fit(Xl, Xl[:, 0])
+    # and at prediction time, with the estimator's num_samples then
+    clone = pickle.loads(pickle.dumps(fitted))
+    clone.set_params(num_samples=10**6)
+    with pytest.raises(ValueError, match=r"num_samples=1,000,000 .* would need about"):
+        clone.predict(X)
+    # every depth of the UCI benchmarks (3 to 10, up to 33 inputs, 200 trees) fits 1 GiB
+    budget = 2**30
+    for depth in (3, 5, 7, 10):
+        vart_module._check_training_memory(depth, 2048, 33, None)
+        vart_module._check_prediction_memory(depth, 200, 33, None)

@@ -281,3 +281,14 @@ def test_mean_tree_matches_a_hard_guide_draw_with_tiny_scales():
         draw = Predictive(model, guide=guide, num_samples=1, return_sites=["mean"])(x)["mean"]
     mean = (logits.softmax(-1) * means).sum(-1)
     assert torch.allclose(draw[0], mean, atol=1e-6)
+
+
+def test_guide_memory_check_counts_its_parameters():
+    from pyro_trees.guides.vart import _guide_param_count
+
+    guide = VaRTGuide(VaRT(4), 3)
+    assert _guide_param_count(3, 4) == sum(p.numel() for p in guide.parameters())
+    # 2**20 positions with 2**20 + 1 weights each: about 24 TiB of parameters, although
+    # one point through 2**20 leaves would take only 16 MiB
+    with pytest.raises(ValueError, match=r"depth 20 .* guide's parameters .* would need about"):
+        VaRTGuide(VaRT(2**20), 20)
