@@ -26,7 +26,7 @@ from torch.distributions.utils import clamp_probs
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.models.vart import VaRT, with_bias
+from pyro_trees.models.vart import VaRT, gaussian, with_bias
 
 __all__ = ["VaRTELBO", "vart_elbo"]
 
@@ -145,12 +145,18 @@ def vart_elbo(
     )
 
     # model log p: split indicators of every node (the truncated level scores log(1 - g_D))
-    depths = _level_depths(split.shape[0], x.device)
-    gamma = torch.tensor([model.split_prob(d) for d in range(depth + 1)], **opts)[depths]
+    prior = model.node_prior(0, split.shape[0], **opts)
+    if prior is None:  # the depth rule and scalar scales
+        depths = _level_depths(split.shape[0], x.device)
+        gamma = torch.tensor([model.split_prob(d) for d in range(depth + 1)], **opts)[depths]
+        lp_beta = _normal_lp(beta, 0.0, model.split_scale).sum(-1)
+        lp_theta = _normal_lp(theta, 0.0, model.leaf_scale).sum(-1)
+    else:  # per-node values (VaRT's node_* tensors) where given
+        gamma = prior["split_prob"]
+        lp_beta = gaussian(prior["split_loc"][:n_int], prior["split_scale"][:n_int]).log_prob(beta)
+        lp_theta = gaussian(prior["leaf_loc"], prior["leaf_scale"]).log_prob(theta)
     gamma = clamp_probs(gamma)
     lp_split = split * gamma.log() + (1 - split) * (-gamma).log1p()
-    lp_beta = _normal_lp(beta, 0.0, model.split_scale).sum(-1)
-    lp_theta = _normal_lp(theta, 0.0, model.leaf_scale).sum(-1)
     lp_ls = _normal_lp(log_sigma, model.noise_loc, model.noise_scale)
     log_p = (exist * lp_split).sum() + (psi * lp_beta).sum() + (kappa * (lp_theta + lp_ls)).sum()
 

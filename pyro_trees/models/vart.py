@@ -18,7 +18,7 @@ from pyro.nn import PyroModule
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
 
-__all__ = ["VaRT", "mixture_params", "node_weights", "weighted", "with_bias"]
+__all__ = ["VaRT", "gaussian", "mixture_params", "node_weights", "weighted", "with_bias"]
 
 
 def with_bias(x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +116,22 @@ class VaRT(PyroModule):
         (the depth decay of Chipman et al.'s split probabilities; defaults 0.95 and 2).
     :param float split_scale: :math:`s_\beta`; :param float leaf_scale: :math:`s_\theta`.
     :param float noise_loc: :math:`m_\sigma`; :param float noise_scale: :math:`v_\sigma`.
+
+    **Per-node priors** (the general form of Sec. 2.3, :math:`s_i \sim
+    \mathrm{Bernoulli}(\gamma_i)`, :math:`\beta_i \sim \mathcal N(\mu_i, S_i)`,
+    :math:`\theta_i \sim \mathcal N(\zeta_i, \Psi_i)`). Each of the following optional
+    tensors gives its value for the first ``K`` heap nodes :math:`i = 1, \dots, K`
+    (row ``i - 1``; each tensor its own ``K``); every other node keeps the rule above
+    (:math:`\gamma_d`, mean zero, :math:`s_\beta^2 I` or :math:`s_\theta^2 I`). Left at
+    ``None`` (the default) the model is exactly the one above.
+
+    :param node_split_prob: :math:`\gamma_i`, ``(K,)`` in ``(0, 1)``.
+    :param node_split_loc: :math:`\mu_i`, ``(K, L + 1)`` (the last entry the intercept's).
+    :param node_split_scale: :math:`S_i`, as standard deviations ``(K, L + 1)``
+        (:math:`S_i` diagonal) or lower Cholesky factors ``(K, L + 1, L + 1)`` with a
+        positive diagonal (:math:`S_i = C_i C_i^\top`).
+    :param node_leaf_loc: :math:`\zeta_i`, ``(K, L + 1)``.
+    :param node_leaf_scale: :math:`\Psi_i`, like ``node_split_scale``.
     """
 
     def __init__(
@@ -129,6 +145,11 @@ class VaRT(PyroModule):
         leaf_scale: float = 1.0,
         noise_loc: float = -1.0,
         noise_scale: float = 1.0,
+        node_split_prob: torch.Tensor | None = None,
+        node_split_loc: torch.Tensor | None = None,
+        node_split_scale: torch.Tensor | None = None,
+        node_leaf_loc: torch.Tensor | None = None,
+        node_leaf_scale: torch.Tensor | None = None,
     ):
         super().__init__()
         if int(in_features) < 1:
@@ -152,10 +173,58 @@ class VaRT(PyroModule):
         self.leaf_scale = float(leaf_scale)
         self.noise_loc = float(noise_loc)
         self.noise_scale = float(noise_scale)
+        width = self.in_features + 1
+        self.node_split_prob = _check_node_tensor("node_split_prob", node_split_prob, ())
+        if (
+            self.node_split_prob is not None
+            and not ((self.node_split_prob > 0) & (self.node_split_prob < 1)).all()
+        ):
+            raise ValueError("node_split_prob must lie in (0, 1)")
+        self.node_split_loc = _check_node_tensor("node_split_loc", node_split_loc, (width,))
+        self.node_split_scale = _check_node_scale("node_split_scale", node_split_scale, width)
+        self.node_leaf_loc = _check_node_tensor("node_leaf_loc", node_leaf_loc, (width,))
+        self.node_leaf_scale = _check_node_scale("node_leaf_scale", node_leaf_scale, width)
 
     def split_prob(self, depth: int) -> float:
         """Prior split probability :math:`\\gamma_d = \\alpha (1 + d)^{-\\beta}`."""
         return self.split_alpha * (1.0 + depth) ** (-self.split_beta)
+
+    def node_prior(self, start: int, stop: int, *, dtype=None, device=None) -> dict | None:
+        """The prior of heap nodes ``start + 1, ..., stop`` (rows ``start:stop``) where
+        per-node values apply there, else ``None`` (the depth rule and the scalar scales).
+
+        :returns: ``None``, or a dict of ``split_prob`` ``(n,)``, ``split_loc`` and
+            ``leaf_loc`` ``(n, L + 1)``, ``split_scale`` and ``leaf_scale`` (standard
+            deviations ``(n, L + 1)`` or Cholesky factors ``(n, L + 1, L + 1)``),
+            ``n = stop - start``, with the defaults filled in where not given.
+        """
+        given = [
+            getattr(self, k, None)
+            for k in (
+                "node_split_prob",
+                "node_split_loc",
+                "node_split_scale",
+                "node_leaf_loc",
+                "node_leaf_scale",
+            )
+        ]
+        if not any(t is not None and start < t.shape[0] for t in given):
+            return None
+        opts = {"dtype": torch.get_default_dtype() if dtype is None else dtype, "device": device}
+        n, width = stop - start, self.in_features + 1
+        depths = torch.arange(start + 1, stop + 1, dtype=torch.float64).log2().floor().long()
+        probs = torch.tensor(
+            [self.split_prob(d) for d in range(int(depths.max()) + 1)], dtype=torch.float64
+        )
+        zeros = torch.zeros(n, width, **opts)
+        p_given, sl, ss, ll, ls = given
+        return {
+            "split_prob": _fill(p_given, probs[depths].to(**opts), start),
+            "split_loc": _fill(sl, zeros, start),
+            "split_scale": _fill_scale(ss, self.split_scale, n, width, start, opts),
+            "leaf_loc": _fill(ll, zeros, start),
+            "leaf_scale": _fill_scale(ls, self.leaf_scale, n, width, start, opts),
+        }
 
     def _check_x(self, x: torch.Tensor, y) -> None:
         if x.dim() != 2 or x.shape[-1] != self.in_features:
@@ -182,26 +251,27 @@ class VaRT(PyroModule):
             n = 1 << depth
             if depth > 0:
                 trees.check_depth(depth, num_points, dtype=like.dtype, device=like.device)
+            prior = self.node_prior(n - 1, 2 * n - 1, **opts)
             with pyro.plate(f"nodes_{depth}", n, dim=-1):
-                gamma = torch.full((n,), self.split_prob(depth), **opts)
+                if prior is None:
+                    gamma = torch.full((n,), self.split_prob(depth), **opts)
+                    beta_prior = dist.Normal(torch.zeros(n, width, **opts), self.split_scale)
+                    theta_prior = dist.Normal(torch.zeros(n, width, **opts), self.leaf_scale)
+                    beta_prior, theta_prior = beta_prior.to_event(1), theta_prior.to_event(1)
+                else:
+                    gamma = prior["split_prob"]
+                    beta_prior = gaussian(prior["split_loc"], prior["split_scale"])
+                    theta_prior = gaussian(prior["leaf_loc"], prior["leaf_scale"])
                 with weighted(exist):
                     split = pyro.sample(f"split_{depth}", SplitIndicator(gamma))
                 psi, kappa, child_exist = node_weights(exist, split)
                 any_internal = bool((psi > 0).any())
                 if any_internal:
                     with weighted(psi):
-                        beta = pyro.sample(
-                            f"beta_{depth}",
-                            dist.Normal(torch.zeros(n, width, **opts), self.split_scale).to_event(
-                                1
-                            ),
-                        )
+                        beta = pyro.sample(f"beta_{depth}", beta_prior)
                     out["beta"].append(beta)
                 with weighted(kappa):
-                    theta = pyro.sample(
-                        f"theta_{depth}",
-                        dist.Normal(torch.zeros(n, width, **opts), self.leaf_scale).to_event(1),
-                    )
+                    theta = pyro.sample(f"theta_{depth}", theta_prior)
                     log_sigma = pyro.sample(
                         f"log_sigma_{depth}",
                         dist.Normal(torch.full((n,), self.noise_loc, **opts), self.noise_scale),
@@ -245,6 +315,61 @@ class VaRT(PyroModule):
                 ),
                 obs=yb,
             )
+
+
+def gaussian(loc: torch.Tensor, scale: torch.Tensor) -> dist.TorchDistribution:
+    """``Normal(loc, scale).to_event(1)`` for standard deviations ``scale`` of the shape
+    of ``loc``, ``MultivariateNormal(loc, scale_tril=scale)`` for Cholesky factors."""
+    if scale.dim() == loc.dim():
+        return dist.Normal(loc, scale).to_event(1)
+    return dist.MultivariateNormal(loc, scale_tril=scale)
+
+
+def _check_node_tensor(name: str, value, event: tuple) -> torch.Tensor | None:
+    if value is None:
+        return None
+    value = torch.as_tensor(value)
+    if not value.is_floating_point():
+        value = value.to(torch.get_default_dtype())
+    if value.dim() != 1 + len(event) or tuple(value.shape[1:]) != event or value.shape[0] < 1:
+        shape = "(K" + "".join(f", {e}" for e in event) + ("" if event else ",") + ")"
+        raise ValueError(f"{name} must have shape {shape} with K >= 1; got {tuple(value.shape)}")
+    if not torch.isfinite(value).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return value.detach().clone()
+
+
+def _check_node_scale(name: str, value, width: int) -> torch.Tensor | None:
+    if value is None:
+        return None
+    value = torch.as_tensor(value)
+    if value.dim() == 3:
+        value = _check_node_tensor(name, value, (width, width))
+        diag = value.diagonal(dim1=-2, dim2=-1)
+        if not (diag > 0).all() or (value.triu(1) != 0).any():
+            raise ValueError(
+                f"{name} as Cholesky factors must be lower triangular with a positive diagonal"
+            )
+        return value
+    value = _check_node_tensor(name, value, (width,))
+    if not (value > 0).all():
+        raise ValueError(f"{name} as standard deviations must be > 0")
+    return value
+
+
+def _fill(given: torch.Tensor | None, default: torch.Tensor, start: int) -> torch.Tensor:
+    """``default`` (rows ``start:start + n`` of all nodes) with the rows ``given`` has."""
+    if given is None or start >= given.shape[0]:
+        return default
+    head = given[start : start + default.shape[0]].to(default)
+    return torch.cat([head, default[head.shape[0] :]])
+
+
+def _fill_scale(given, scale: float, n: int, width: int, start: int, opts: dict):
+    default = torch.full((n, width), scale, **opts)
+    if given is not None and given.dim() == 3:
+        default = torch.diag_embed(default)
+    return _fill(given, default, start)
 
 
 def _bcat(tensors):

@@ -292,3 +292,40 @@ def test_guide_memory_check_counts_its_parameters():
     # one point through 2**20 leaves would take only 16 MiB
     with pytest.raises(ValueError, match=r"depth 20 .* guide's parameters .* would need about"):
         VaRTGuide(VaRT(2**20), 20)
+
+
+def test_prior_draws_follow_per_node_priors():
+    # root always splits, its children never; the root's split weights sit at mu_1
+    mu = torch.tensor([[3.0, -2.0, 0.5]])
+    model = VaRT(
+        2,
+        node_split_prob=torch.tensor([1 - 1e-7, 1e-7, 1e-7]),
+        node_split_loc=mu,
+        node_split_scale=torch.full((1, 3), 1e-4),
+        node_leaf_loc=torch.tensor([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0]]),
+    )
+    x, _ = _data(4)
+    for _ in range(20):
+        tr = poutine.trace(model).get_trace(x.float())
+        assert tr.nodes["split_0"]["value"].tolist() == [1.0]
+        assert tr.nodes["split_1"]["value"].tolist() == [0.0, 0.0]
+        assert "split_2" not in tr.nodes
+        assert torch.allclose(tr.nodes["beta_0"]["value"], mu, atol=1e-3)
+        # node 2 (row 1) has its own leaf mean; node 3 keeps N(0, leaf_scale^2 I)
+        lp = tr.nodes["theta_1"]["fn"].log_prob(torch.tensor([[5.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+        assert torch.allclose(lp, torch.full((2,), -1.5 * math.log(2 * math.pi)))
+
+
+def test_per_node_prior_bad_input():
+    with pytest.raises(ValueError, match=r"node_split_prob must have shape \(K,\)"):
+        VaRT(2, node_split_prob=torch.ones(2, 2) / 2)
+    with pytest.raises(ValueError, match="node_split_prob must lie in"):
+        VaRT(2, node_split_prob=torch.tensor([0.5, 1.0]))
+    with pytest.raises(ValueError, match=r"node_leaf_loc must have shape \(K, 3\)"):
+        VaRT(2, node_leaf_loc=torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="node_split_loc contains NaN"):
+        VaRT(2, node_split_loc=torch.tensor([[0.0, float("nan"), 0.0]]))
+    with pytest.raises(ValueError, match="standard deviations must be > 0"):
+        VaRT(2, node_leaf_scale=torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="lower triangular with a positive diagonal"):
+        VaRT(2, node_split_scale=torch.ones(1, 3, 3))

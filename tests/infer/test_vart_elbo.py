@@ -98,3 +98,64 @@ def test_bad_input():
         VaRTELBO().differentiable_loss(model, guide, x[:, :2], y)
     with pytest.raises(ValueError, match="VaRT model"):
         VaRTELBO().differentiable_loss(lambda *a: None, guide, x, y)
+
+
+def _per_node_prior(L=3, scale_tril=True):
+    """Per-node prior tensors, some covering fewer nodes than a depth-3 guide has."""
+    g = torch.Generator().manual_seed(5)
+    w = L + 1
+    tril = torch.randn(7, w, w, generator=g, dtype=torch.float64).tril(-1) * 0.3
+    tril = tril + torch.diag_embed(0.5 + torch.rand(7, w, generator=g, dtype=torch.float64))
+    return {
+        "node_split_prob": 0.1 + 0.8 * torch.rand(5, generator=g, dtype=torch.float64),
+        "node_split_loc": torch.randn(3, w, generator=g, dtype=torch.float64),
+        "node_split_scale": tril if scale_tril else tril.diagonal(dim1=-2, dim2=-1),
+        "node_leaf_loc": torch.randn(15, w, generator=g, dtype=torch.float64),
+        "node_leaf_scale": 0.5 + torch.rand(20, w, generator=g, dtype=torch.float64),
+    }
+
+
+def _with_prior(model, **node):
+    return VaRT(
+        model.in_features,
+        lam=model.lam,
+        split_alpha=model.split_alpha,
+        split_beta=model.split_beta,
+        split_scale=model.split_scale,
+        leaf_scale=model.leaf_scale,
+        **node,
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("temperature", [0.4, 0.0])
+@pytest.mark.parametrize("scale_tril", [True, False])
+def test_equals_trace_elbo_with_per_node_priors(depth, temperature, scale_tril):
+    base, guide, x, y = _setup(depth, temperature)
+    model = _with_prior(base, **_per_node_prior(scale_tril=scale_tril))
+    ref, values, idx = _trace_elbo(model, guide, x, y, 5)
+    ours = vart_elbo(model, guide, x, y, 5, values=values, subsample=idx)
+    assert torch.allclose(ours, ref, rtol=1e-12, atol=1e-9)
+    # the per-node values enter: the default prior scores the same draws differently
+    default = vart_elbo(base, guide, x, y, 5, values=values, subsample=idx)
+    assert not torch.allclose(ours, default, rtol=1e-6)
+
+
+def test_per_node_priors_at_the_default_values_are_the_default_prior():
+    base, guide, x, y = _setup(3, 0.4)
+    w = base.in_features + 1
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3])
+    same = _with_prior(
+        base,
+        node_split_prob=torch.tensor([base.split_prob(int(d)) for d in depths]),
+        node_split_loc=torch.zeros(7, w),
+        node_split_scale=torch.diag_embed(torch.full((7, w), base.split_scale)),
+        node_leaf_loc=torch.zeros(15, w),
+        node_leaf_scale=torch.full((15, w), base.leaf_scale),
+    )
+    assert same.node_prior(0, 15) is not None and base.node_prior(0, 15) is None
+    ref, values, _ = _trace_elbo(same, guide, x, y, None)
+    a = vart_elbo(base, guide, x, y, values=values)
+    b = vart_elbo(same, guide, x, y, values=values)
+    assert torch.allclose(b, ref, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(a, b, rtol=1e-6)
