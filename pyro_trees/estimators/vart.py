@@ -36,12 +36,15 @@ _CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows 
 _ROW_BYTES_PER_NODE = 6 * 8  # per tree and row: the double mixture tensors of one row
 
 
-def _check_training_memory(depth: int, batch: int, in_features: int, device) -> None:
+def _check_training_memory(depth, batch: int, in_features: int, device) -> int:
     """Training: ``(batch, 2**(D+1))`` routing and means with their gradients (about 12
-    float copies of ``(batch, 2**D, 2)``: :func:`~pyro_trees.trees.check_depth`'s error
-    names it), and the guide's parameters with their gradients, ClippedAdam's two
-    moments and one draw (five copies)."""
-    trees.check_depth(depth, batch, width=2, device=device, copies=12)
+    float copies of ``(batch, 2**D, 2)``: :func:`~pyro_trees.trees.check_depth`, which
+    also validates ``depth``), and the guide's parameters with their gradients,
+    ClippedAdam's two moments and one draw (five copies).
+
+    :returns: ``depth`` as an ``int``.
+    """
+    depth = trees.check_depth(depth, batch, width=2, device=device, copies=12)
     need = 4.0 * (12 * batch * 2 ** (depth + 1) + 5 * _guide_param_count(depth, in_features))
     _require_memory(
         depth,
@@ -50,6 +53,7 @@ def _check_training_memory(depth: int, batch: int, in_features: int, device) -> 
         "a smaller depth or batch_size",
         device,
     )
+    return depth
 
 
 def _check_prediction_memory(depth: int, num_samples: int, in_features: int, device) -> None:
@@ -424,8 +428,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         if batch < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         batch = min(batch, n_train)
-        depth = trees.check_depth(self.depth, batch, width=2, device=X.device, copies=12)
-        _check_training_memory(depth, batch, num_features, X.device)
+        depth = _check_training_memory(self.depth, batch, num_features, X.device)
         _check_prediction_memory(depth, int(self.num_samples), num_features, X.device)
         Xt, yt = X[train_idx], y[train_idx]
         self.x_mean_ = Xt.mean(0)
