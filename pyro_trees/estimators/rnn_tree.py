@@ -430,7 +430,7 @@ class RNNTreeClassifier(_RNNTreeBase):
     def score(self, X, y) -> float:
         """Accuracy; labels never seen in training raise ``ValueError``."""
         self._check_is_fitted()
-        y_arr = y.cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+        y_arr = self._check_score_targets(y)  # NaN / inf / shape first, then unseen labels
         unseen = np.setdiff1d(np.unique(y_arr), self.classes_)
         if len(unseen):
             raise ValueError(

@@ -183,7 +183,12 @@ class HeteroscedasticGP(PyroModule):
         if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
             raise ValueError(f"in_features must be an integer >= 1, got {in_features!r}")
         self.in_features = in_features
-        self.depth = trees.check_depth(depth, max_bytes=2**62)
+        # one log noise scale per leaf, with its gradient and optimiser state
+        self.depth = trees.check_depth(
+            depth,
+            dtype=torch.get_default_dtype(),
+            what="the per-leaf noise scales (1 value per leaf, with gradients and optimiser state)",
+        )
         if not math.isfinite(float(init_log_scale)):
             raise ValueError(f"init_log_scale must be finite, got {init_log_scale}")
         if not jitter >= 0:

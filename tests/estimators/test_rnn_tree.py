@@ -96,7 +96,8 @@ def test_score_rejects_bad_targets(pulse_fit, parity_fit):
     clf, Xc, yc = parity_fit
     with pytest.raises(ValueError, match="mismatched lengths"):
         clf.score(Xc, yc[:-1])
-    with pytest.raises(ValueError, match="(?i)nan"):
+    # the NaN is named as such, not as a class never seen in training
+    with pytest.raises(ValueError, match="1 NaN"):
         clf.score(Xc, np.where(np.arange(len(yc)) == 3, np.nan, yc))
     with pytest.raises(ValueError, match=r"shape \(n_samples,\)"):
         clf.score(Xc, np.stack([yc, yc], -1))

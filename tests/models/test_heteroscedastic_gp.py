@@ -265,6 +265,9 @@ def test_bad_input():
         HeteroscedasticGP(0)
     with pytest.raises(ValueError, match="depth"):
         HeteroscedasticGP(1, 0)
+    # 2**60 leaves would not fit: the error says what and how much, before allocating
+    with pytest.raises(ValueError, match="noise scales.*EiB"):
+        HeteroscedasticGP(1, 60)
     with pytest.raises(ValueError, match="kernel"):
         HeteroscedasticGP(1, kernel="rbf")
     with pytest.raises(ValueError, match="inducing_points"):
