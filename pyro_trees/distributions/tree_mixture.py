@@ -35,7 +35,8 @@ class MixtureOfTreeNormals(TorchDistribution):
     :param parents: integer array ``(M, N)``, one parent array per tree.
     :param torch.Tensor rho: edge correlations, ``batch_shape + (M, N, D)`` or
         ``(M, N, D)``.
-    :param torch.Tensor logits: unnormalised log weights, ``batch_shape + (M,)``.
+    :param torch.Tensor logits: unnormalised log weights, ``batch_shape + (M,)`` or any
+        shape broadcastable to it (e.g. ``(M,)``, shared by the batch).
     """
 
     arg_constraints = {"logits": constraints.real_vector}
@@ -72,7 +73,10 @@ class MixtureOfTreeNormals(TorchDistribution):
             logits.shape[:-1],
         )
         event_shape = self.components[0].event_shape
-        self.logits = logits - logits.logsumexp(-1, keepdim=True)
+        # the weights are expanded to the full batch shape, so that ``sample`` draws one
+        # component index per batch element even when ``logits`` is only ``(M,)``
+        logits = logits - logits.logsumexp(-1, keepdim=True)
+        self.logits = logits.expand(batch_shape + (m,))
         self.parents = parents
         super().__init__(batch_shape, event_shape, validate_args=validate_args)
 

@@ -92,3 +92,34 @@ def test_bad_input_and_contract():
     assert torch.allclose(r.log_prob(x), q.log_prob(x))
     assert "num_components: 2" in repr(q)
     assert q.mean.shape == (4, 2)
+
+
+def test_shared_logits_with_batched_components_sample_per_batch_element():
+    """``(M,)`` logits with ``batch_shape + (M, N, D)`` components: ``sample`` draws one
+    component per batch element, with the mixture weights as frequencies."""
+    m, batch, n, d = 3, (4,), 4, 2
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 0], [2, -1, 1, 2]])
+    # component k of batch element b sits at 10 * (k + 3 b): far apart, so a draw tells
+    # which component (and which batch element) it came from
+    offset = 10.0 * (torch.arange(m) + 3 * torch.arange(batch[0])[:, None])
+    loc = offset[..., None, None].expand(batch + (m, n, d)).clone()
+    scale = torch.full(batch + (m, n, d), 0.1)
+    rho = torch.rand(m, n, d) * 1.8 - 0.9
+    logits = torch.tensor([0.4, -0.8, 1.1])
+    q = MixtureOfTreeNormals(loc, scale, parents, rho, logits)
+    assert q.batch_shape == batch and q.logits.shape == batch + (m,)
+    assert q.rsample_components((5,)).shape == (5,) + batch + (m, n, d)
+    assert q.sample().shape == batch + (n, d)
+    x = q.sample((4000,))
+    assert x.shape == (4000,) + batch + (n, d)
+    picked = (x.mean((-2, -1)) - offset[:, 0]) / 10.0  # (4000, 4): component index
+    assert torch.allclose(picked, picked.round(), atol=0.2)
+    picked = picked.round().long()
+    assert picked.min() >= 0 and picked.max() < m
+    freq = torch.stack([(picked == k).double().mean(0) for k in range(m)], -1)  # (4, M)
+    expected = torch.softmax(logits, -1).expand_as(freq)
+    assert (freq - expected).abs().max() < 0.03  # standard error ~0.008
+    # the batch elements pick their components independently, not one index for all
+    all_same = (picked == picked[:, :1]).all(-1).double().mean()
+    assert abs(all_same - expected[0].pow(4).sum()) < 0.03
+    assert q.log_prob(x[:3]).shape == (3,) + batch

@@ -426,3 +426,20 @@ def test_pairwise_elbo_trains_with_svi_and_rejects_bad_input():
     )
     with pytest.raises(ValueError, match="TreeVIGuide"):
         PairwiseELBO().loss(model, mix, x)
+
+
+def test_grouped_mixture_guide_samples_outside_the_mixture_elbo():
+    """Below a group plate the mixture has batch shape ``(G,)`` and ``(M,)`` weights:
+    ``sample`` (hence ``Predictive``) draws one tree per group."""
+    model = SyntheticGraphVAE()
+    x = model.generate(7, torch.Generator().manual_seed(0))
+    t = torch.stack([torch.tensor([-1, 0, 0, 1]), torch.tensor([-1, 0, 1, 0])])
+    guide = TreeVIMixtureGuide(GaussianEncoder(4, 4, ()), t, pair_net=PairNet(4, 4), plate="groups")
+    q = guide.distribution(x)
+    assert q.batch_shape == (7,) and q.event_shape == (4, 4)
+    z = q.sample((2,))
+    assert z.shape == (2, 7, 4, 4) and q.log_prob(z).shape == (2, 7)
+    assert q.rsample_components().shape == (7, 2, 4, 4)
+    assert guide(x).shape == (7, 4, 4)
+    draws = pyro.infer.Predictive(model, guide=guide, num_samples=3)(x)
+    assert draws["z"].shape == (3, 7, 4, 4) and draws["x"].shape == (3, 7, 4, 4)
