@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "check_finite", "check_level", "check_X", "check_X_y"]
+__all__ = ["as_tensor", "check_finite", "check_index", "check_level", "check_X", "check_X_y"]
 
 
 def as_tensor(value, name: str, *, dtype=None, device=None) -> torch.Tensor:
@@ -46,6 +46,27 @@ def check_finite(t: torch.Tensor, name: str) -> torch.Tensor:
             f"(first at index {first}); remove or impute them first"
         )
     return t
+
+
+def check_index(idx, size: int, name: str = "idx", *, device=None) -> torch.Tensor:
+    """Check a non-empty 1-D integer index into ``size`` rows; returns a long tensor.
+
+    Costs ``O(len(idx))`` (its minimum and maximum), never ``O(size)``.
+    """
+    t = idx if isinstance(idx, torch.Tensor) else torch.as_tensor(np.asarray(idx))
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{name} must hold integer indices; got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D; got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    lo, hi = int(t.min()), int(t.max())
+    if lo < 0 or hi >= size:
+        raise ValueError(
+            f"{name} holds indices outside [0, {size}) (min {lo}, max {hi}): "
+            f"out of range for {size} rows"
+        )
+    return t.to(device=device, dtype=torch.long)
 
 
 def check_X(X, *, n_features: int | None = None, name: str = "X", dtype=None, device=None):

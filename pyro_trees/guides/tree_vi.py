@@ -48,6 +48,7 @@ from pyro_trees.distributions.tree_normal import (
     validate_parents,
 )
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
+from pyro_trees.validation import as_tensor, check_finite, check_index
 
 # Per guide: the validated parent array and sampling plan of the forest each batch
 # induces, so that repeated batches (every epoch) skip validation and planning. Kept
@@ -337,13 +338,29 @@ class TreeVIGuide(PyroModule):
             return xb
         return torch.cat([loc, scale.log()], -1).detach()
 
+    def _inputs(self, x, idx):
+        """The checked rows of a step: ``(x_B, idx)`` with ``x_B`` of shape ``(..., |B|, F)``
+        and ``idx`` a long tensor (or ``None``). Raises :class:`ValueError` if ``x`` does
+        not have the tree's ``N`` rows on dim -2, if ``idx`` is out of range, or if a row
+        of the batch is not finite. Only the batch's rows are scanned (``O(|B| F)``)."""
+        x = as_tensor(x, "x")
+        if x.dim() < 2:
+            raise ValueError(f"x must have shape (..., N, F), got {tuple(x.shape)}")
+        if self.parents is not None and x.shape[-2] != self.parents.shape[-1]:
+            raise ValueError(
+                f"x has {x.shape[-2]} instances (rows on dim -2) but the guide's tree has "
+                f"{self.parents.shape[-1]} nodes"
+            )
+        if idx is not None:
+            idx = check_index(idx, x.shape[-2], device=x.device)
+            x = x.index_select(-2, idx)
+        return check_finite(x, "x"), idx
+
     def _select(self, x, idx):
         """The batch's inputs and its tree as a cached plan (``None`` for mean-field)."""
-        if idx is not None:
-            idx = torch.as_tensor(idx, device=x.device).long()
-            x = x.index_select(-2, idx)
+        x, idx = self._inputs(x, idx)
         plan = None if self.parents is None else _batch_plan(self, self.parents, 0, idx)
-        return x, plan
+        return x, plan, idx
 
     def _rho(self, xb, parents, pair_net, edges=None, idx=None):
         safe = torch.where(parents < 0, torch.arange(parents.numel(), device=xb.device), parents)
@@ -357,7 +374,7 @@ class TreeVIGuide(PyroModule):
 
     def distribution(self, x, idx=None):
         """The posterior ``q(z | x)`` (over the batch ``idx`` if given) as a distribution."""
-        xb, plan = self._select(x, idx)
+        xb, plan, idx = self._select(x, idx)
         loc, scale = self.encoder(xb)
         if plan is None:
             return dist.Normal(loc, scale).to_event(2)
@@ -381,9 +398,7 @@ class TreeVIGuide(PyroModule):
     @torch.no_grad()
     def median(self, x, idx=None):
         """Posterior means ``(..., N, D)``."""
-        if idx is not None:
-            x = x.index_select(-2, torch.as_tensor(idx, device=x.device).long())
-        return self.encoder(x)[0]
+        return self.encoder(self._inputs(x, idx)[0])[0]
 
 
 class _StratifiedTreeMixture(TorchDistribution):
@@ -490,10 +505,7 @@ class TreeVIMixtureGuide(TreeVIGuide):
         return torch.softmax(self.tree_logits, -1)
 
     def _components(self, x, idx):
-        xb = x
-        if idx is not None:
-            idx = torch.as_tensor(idx, device=x.device).long()
-            xb = x.index_select(-2, idx)
+        xb, idx = self._inputs(x, idx)
         loc, scale = self.encoder(xb)
         feats = self._pair_features(xb, loc, scale)
         comps = []

@@ -16,6 +16,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from pyro_trees.distributions.kronecker_normal import KroneckerNormal
+from pyro_trees.validation import as_tensor, check_finite, check_index, check_X
 
 __all__ = ["ConstrainedClusteringVAE", "GraphPriorVAE", "SYNTHETIC_AFFINITY", "SyntheticGraphVAE"]
 
@@ -28,6 +29,21 @@ SYNTHETIC_AFFINITY = torch.tensor(
         [0.3, 0.3, 0.4, 0.0],
     ]
 )
+
+
+def _instance_rows(x, idx, num_nodes: int, obs_dim: int):
+    """Checked ``(x_B, idx)`` of an instance-level model: ``x`` of shape ``(N, F)``,
+    ``idx`` in ``[0, N)``, the batch's rows finite (only they are scanned, ``O(|B| F)``)."""
+    x = as_tensor(x, "x")
+    if x.dim() != 2 or x.shape[0] != num_nodes or x.shape[1] != obs_dim:
+        raise ValueError(
+            f"x must have shape (N, F) = ({num_nodes}, {obs_dim}) (one row per instance of "
+            f"the model), got {tuple(x.shape)}"
+        )
+    if idx is not None:
+        idx = check_index(idx, num_nodes, device=x.device)
+        x = x.index_select(0, idx)
+    return check_X(x, name="x"), idx
 
 
 class SyntheticGraphVAE(PyroModule):
@@ -84,11 +100,19 @@ class SyntheticGraphVAE(PyroModule):
     def forward(self, x=None, *, num_groups: int | None = None, subsample_size=None, **kwargs):
         if x is None and num_groups is None:
             raise ValueError("give the data x (G, N, F) or num_groups to generate")
+        if x is not None:
+            x = as_tensor(x, "x")
+            shape = (self.num_instances, self.obs_dim)
+            if x.dim() != 3 or tuple(x.shape[1:]) != shape:
+                raise ValueError(
+                    f"x must have shape (G, N, F) = (G, {shape[0]}, {shape[1]}), "
+                    f"got {tuple(x.shape)}"
+                )
         g = x.shape[0] if x is not None else num_groups
         tril = self.prior_tril.to(self.weight.dtype)
         with pyro.plate("groups", g, subsample_size=subsample_size, dim=-1) as i:
             z = pyro.sample("z", KroneckerNormal(tril, self.latent_dim))
-            obs = None if x is None else x[i]
+            obs = None if x is None else check_finite(x[i], "x")
             scale = torch.tensor(self.noise_var, dtype=tril.dtype, device=tril.device).sqrt()
             return pyro.sample("x", dist.Normal(self.decoder(z), scale).to_event(2), obs=obs)
 
@@ -150,7 +174,24 @@ class GraphPriorVAE(PyroModule):
     ):
         super().__init__()
         adjacency = torch.as_tensor(adjacency)
-        if adjacency.dim() == 2 and adjacency.shape[1] == 2 and num_nodes is not None:
+        is_edge_list = adjacency.dim() == 2 and adjacency.shape[1] == 2
+        if is_edge_list and num_nodes is None and adjacency.shape[0] != 2:
+            raise ValueError(
+                f"num_nodes is required with an edge list: got adjacency of shape "
+                f"{tuple(adjacency.shape)} (an (E, 2) edge list) and num_nodes=None"
+            )
+        if is_edge_list and num_nodes is not None:
+            if adjacency.is_floating_point() or adjacency.dtype == torch.bool:
+                raise ValueError(f"edge list must hold integer indices, got {adjacency.dtype}")
+            if int(num_nodes) < 1:
+                raise ValueError(f"num_nodes must be a positive int, got {num_nodes}")
+            adjacency = adjacency.long()
+            if adjacency.numel() and (adjacency.min() < 0 or adjacency.max() >= num_nodes):
+                raise ValueError(
+                    f"edge index out of range: the edge list holds nodes "
+                    f"{int(adjacency.min())}..{int(adjacency.max())}, "
+                    f"outside [0, num_nodes={num_nodes})"
+                )
             a = torch.zeros(num_nodes, num_nodes)
             a[adjacency[:, 0], adjacency[:, 1]] = 1.0
             a[adjacency[:, 1], adjacency[:, 0]] = 1.0
@@ -158,6 +199,8 @@ class GraphPriorVAE(PyroModule):
             adjacency = a
         if adjacency.dim() != 2 or adjacency.shape[0] != adjacency.shape[1]:
             raise ValueError("adjacency must be a square (N, N) matrix or an (E, 2) edge list")
+        if num_nodes is not None and adjacency.shape[0] != num_nodes:
+            raise ValueError(f"adjacency is {tuple(adjacency.shape)} but num_nodes={num_nodes}")
         if likelihood not in ("bernoulli", "normal"):
             raise ValueError(f"likelihood must be 'bernoulli' or 'normal', got {likelihood!r}")
         KroneckerNormal.from_affinity(adjacency.double(), strength, latent_dim)  # checks PD
@@ -182,8 +225,12 @@ class GraphPriorVAE(PyroModule):
         tril = torch.linalg.cholesky(eye + self.strength * a.double()).to(a.dtype)
         return KroneckerNormal(tril, self.latent_dim)
 
+    @property
+    def num_nodes(self) -> int:
+        return self.adjacency.shape[0]
+
     def forward(self, x, *args, idx=None, **kwargs):
-        xb = x if idx is None else x.index_select(-2, torch.as_tensor(idx, device=x.device))
+        xb, idx = _instance_rows(x, idx, self.num_nodes, self.obs_dim)
         z = pyro.sample("z", self.prior(idx))
         out = self.decoder(z)
         if self.likelihood == "bernoulli":
@@ -237,10 +284,18 @@ class ConstrainedClusteringVAE(PyroModule):
             raise ValueError(f"weights must have shape ({pairs.shape[0]},), got {tuple(w.shape)}")
         if not torch.isfinite(w).all():
             raise ValueError("constraint weights contain NaN or infinite values")
+        if num_nodes is not None and int(num_nodes) < 1:
+            raise ValueError(f"num_nodes must be a positive int, got {num_nodes}")
         if pairs.numel() and (
             pairs.min() < 0 or (num_nodes is not None and pairs.max() >= num_nodes)
         ):
-            raise ValueError("constraint index out of range")
+            raise ValueError(
+                f"constraint index out of range: the constraints hold instances "
+                f"{int(pairs.min())}..{int(pairs.max())}, outside [0, num_nodes={num_nodes})"
+            )
+        # the largest constrained instance: without num_nodes, checked against x's rows
+        self.max_constrained = int(pairs.max()) if pairs.numel() else -1
+        self.num_nodes = None if num_nodes is None else int(num_nodes)
         self.register_buffer("pairs", pairs)
         self.register_buffer("weights", w)
         self.num_clusters, self.latent_dim, self.obs_dim = num_clusters, latent_dim, obs_dim
@@ -281,6 +336,8 @@ class ConstrainedClusteringVAE(PyroModule):
         z_j)`` over the constraints inside the batch ``idx``: ``z`` of shape
         ``(..., |B|, D)`` gives ``(...)``. It is the model's only term that couples
         instances (the site ``"constraints"``; see :class:`~pyro_trees.guides.PairwiseELBO`)."""
+        if idx is None:
+            self._check_constraints(z.shape[-2], "z")
         pairs, w = self._batch_constraints(idx, z.shape[-2])
         if not pairs.numel():
             return z.new_zeros(z.shape[:-2])
@@ -288,8 +345,18 @@ class ConstrainedClusteringVAE(PyroModule):
         same = (r.index_select(-2, pairs[:, 0]) * r.index_select(-2, pairs[:, 1])).sum(-1)
         return (w * same).sum(-1)
 
+    def _check_constraints(self, n: int, name: str):
+        if self.max_constrained >= n:
+            raise ValueError(
+                f"constraint index out of range: a constraint names instance "
+                f"{self.max_constrained} but {name} has {n} instances (rows on dim -2)"
+            )
+
     def forward(self, x, *args, idx=None, **kwargs):
-        xb = x if idx is None else x.index_select(-2, torch.as_tensor(idx, device=x.device))
+        x = as_tensor(x, "x")
+        n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
+        xb, idx = _instance_rows(x, idx, n_all, self.obs_dim)
+        self._check_constraints(n_all, "x")
         n = xb.shape[-2]
         mix = dist.MixtureSameFamily(
             dist.Categorical(logits=self.cluster_logits), self._components()

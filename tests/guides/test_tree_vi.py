@@ -443,3 +443,31 @@ def test_grouped_mixture_guide_samples_outside_the_mixture_elbo():
     assert guide(x).shape == (7, 4, 4)
     draws = pyro.infer.Predictive(model, guide=guide, num_samples=3)(x)
     assert draws["z"].shape == (3, 7, 4, 4) and draws["x"].shape == (3, 7, 4, 4)
+
+
+@pytest.mark.parametrize("kind", ["mean_field", "tree", "exact"])
+def test_bad_inputs_at_call_time_raise_value_errors(kind):
+    x, _, parents = graph_data()
+    guide, _ = make_guide(kind, parents)
+    if kind != "mean_field":  # only a tree fixes N
+        with pytest.raises(ValueError, match=f"x has {N + 1} instances .* tree has {N} nodes"):
+            guide.distribution(torch.cat([x, x[:1]]))
+        with pytest.raises(ValueError, match="tree has"):
+            guide(x[:-1])
+    with pytest.raises(ValueError, match=rf"idx holds indices outside \[0, {N}\)"):
+        guide.distribution(x, torch.tensor([0, N]))
+    with pytest.raises(ValueError, match="idx holds indices outside"):
+        guide(x, idx=torch.tensor([-1, 3]))
+    with pytest.raises(ValueError, match="integer"):
+        guide.distribution(x, torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="idx holds indices outside"):
+        guide.median(x, torch.tensor([N + 5]))
+    bad = x.clone()
+    bad[4, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"x contains 1 NaN and 0 infinite values"):
+        guide.distribution(bad)
+    bad[4, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"x contains 0 NaN and 1 infinite"):
+        guide(bad, idx=torch.tensor([1, 4]))
+    # only the batch's rows are scanned: a bad row outside the batch is not this step's
+    assert guide.distribution(bad, torch.tensor([1, 2, 3])).event_shape == (3, D)

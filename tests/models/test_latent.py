@@ -88,3 +88,77 @@ def test_constrained_clustering_factor_and_guides():
         ConstrainedClusteringVAE(8, 3, constraints=pairs, weights=w[:2])
     with pytest.raises(ValueError, match="num_clusters"):
         ConstrainedClusteringVAE(8, 1)
+
+
+def test_synthetic_model_rejects_bad_x():
+    model = SyntheticGraphVAE()
+    x = model.generate(5, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"x must have shape \(G, N, F\) = \(G, 4, 4\)"):
+        model(torch.cat([x, x[:, :1]], 1))  # five instances per group
+    with pytest.raises(ValueError, match=r"x must have shape \(G, N, F\)"):
+        model(x[0])
+    bad = x.clone()
+    bad[2, 1, 3] = float("nan")
+    with pytest.raises(ValueError, match="x contains 1 NaN"):
+        model(bad)
+
+
+def test_graph_prior_vae_rejects_bad_graphs_and_inputs():
+    edges = torch.tensor([[0, 1], [2, 3], [1, 3]])
+    with pytest.raises(ValueError, match="num_nodes is required with an edge list"):
+        GraphPriorVAE(edges, 5)
+    with pytest.raises(ValueError, match=r"edge index out of range.*num_nodes=4"):
+        GraphPriorVAE(torch.tensor([[0, 1], [2, 4], [1, 3]]), 5, num_nodes=4)
+    with pytest.raises(ValueError, match="edge index out of range"):
+        GraphPriorVAE(torch.tensor([[0, 1], [-1, 3], [1, 3]]), 5, num_nodes=4)
+    with pytest.raises(ValueError, match="integer"):
+        GraphPriorVAE(edges.float(), 5, num_nodes=4)
+    with pytest.raises(ValueError, match=r"num_nodes=5"):
+        GraphPriorVAE(torch.zeros(4, 4), 5, num_nodes=5)
+    model = GraphPriorVAE(edges, 5, num_nodes=4, latent_dim=2, hidden=(4,))
+    x = (torch.rand(4, 5) < 0.5).float()
+    with pytest.raises(ValueError, match=r"x must have shape \(N, F\) = \(4, 5\)"):
+        model(torch.cat([x, x[:1]]))
+    with pytest.raises(ValueError, match=r"x must have shape \(N, F\)"):
+        model(x[:, :4])
+    with pytest.raises(ValueError, match=r"idx holds indices outside \[0, 4\)"):
+        model(x, idx=torch.tensor([0, 4]))
+    bad = x.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="x contains 1 NaN"):
+        model(bad)
+    with pytest.raises(ValueError, match="x contains 1 NaN"):
+        model(bad, idx=torch.tensor([1, 3]))
+    tr = poutine.trace(model).get_trace(bad, idx=torch.tensor([0, 1]))  # bad row not in B
+    assert tr.nodes["x"]["value"].shape == (2, 5)
+
+
+def test_constrained_clustering_rejects_out_of_range_constraints_and_bad_x():
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    x = (torch.rand(10, 8) < 0.4).float()
+    pairs = torch.tensor([[0, 1], [2, 12]])
+    w = torch.tensor([1.0, -1.0])
+    with pytest.raises(ValueError, match=r"constraint index out of range.*num_nodes=10"):
+        ConstrainedClusteringVAE(8, 3, constraints=pairs, weights=w, num_nodes=10)
+    with pytest.raises(ValueError, match="constraint index out of range"):
+        ConstrainedClusteringVAE(8, 3, constraints=-pairs, weights=w)
+    # without num_nodes the range is checked against x (and z) when the model runs
+    model = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(4,), constraints=pairs, weights=w)
+    with pytest.raises(ValueError, match="constraint names instance 12 but x has 10 instances"):
+        model(x)
+    with pytest.raises(ValueError, match="constraint names instance 12"):
+        model(x, idx=torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="constraint names instance 12 but z has 10"):
+        model.pairwise_log_factor(torch.randn(10, 2))
+    tr = poutine.trace(model).get_trace(torch.cat([x, x[:3]]))  # 13 rows hold instance 12
+    assert tr.nodes["z"]["value"].shape == (13, 2)
+    sized = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(4,), num_nodes=10)
+    with pytest.raises(ValueError, match=r"x must have shape \(N, F\) = \(10, 8\)"):
+        sized(x[:9])
+    with pytest.raises(ValueError, match=r"idx holds indices outside \[0, 10\)"):
+        sized(x, idx=torch.tensor([3, 10]))
+    bad = x.clone()
+    bad[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="x contains 0 NaN and 1 infinite"):
+        sized(bad)
