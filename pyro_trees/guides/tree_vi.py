@@ -11,8 +11,10 @@ plain ``pyro.infer.SVI``.
 samples ``z_B`` from the tree *restricted to B*: a node whose parent is outside ``B``
 becomes a root, so the edges leaving the batch are dropped and the cost of a step is
 :math:`O(|B| \\log |B|)`, independent of ``N``. With a model whose prior over the batch
-is the exact marginal ``p(z_B)`` (as the models of :mod:`pyro_trees.models.latent`), one
-step estimates
+is the exact marginal ``p(z_B)`` (as :class:`~pyro_trees.models.GraphPriorVAE`; the
+groups of :class:`~pyro_trees.models.SyntheticGraphVAE` are independent, so subsampling
+them with the group plate instead gives an unbiased estimate of the full ELBO), one step
+estimates
 
 .. math::
 
@@ -24,6 +26,22 @@ integrated out), with :math:`q_B` the forest induced by ``B``. It is not an unbi
 estimate of the full-data ELBO (the correlated prior does not factorise over batches);
 with ``idx=None`` or ``B`` = all instances it is exactly the full ELBO of eq. 13. Batches
 that are connected pieces of the tree (:func:`tree_batches`) keep most edges.
+
+**The exception: constrained clustering.** :class:`~pyro_trees.models.ConstrainedClusteringVAE`
+has no normalised prior over a batch. Its pairwise factor (eq. 19) keeps only the
+constraints with both ends in ``B`` (those leaving the batch are dropped, not integrated
+out) and, as in DC-GMM, omits the normaliser :math:`\\Omega(\\pi)`. A step then estimates
+
+.. math::
+
+    \\mathbb E_{q_B}\\Big[\\sum_{i \\in B} \\log p(x_i, z_i) + \\sum_{(i, j) \\in C_B}
+    W_{ij} \\sum_k q_{ik} q_{jk} - \\log q_B(z_B)\\Big],
+
+with :math:`C_B` the constraints inside ``B``, :math:`q_{ik} = p(c_i = k \\mid z_i)` the
+responsibilities and :math:`p(x_i, z_i)` the Gaussian-mixture VAE: DC-GMM's surrogate
+objective restricted to the batch. It is not a lower bound on :math:`\\log p(x_B)` (the
+factor is unnormalised: it exceeds 1 on every must-link), and with ``idx=None`` it is the
+full-data surrogate, still without :math:`\\Omega`.
 """
 
 from __future__ import annotations
@@ -373,7 +391,18 @@ class TreeVIGuide(PyroModule):
         return torch.where((parents < 0).unsqueeze(-1), torch.zeros_like(rho), rho)
 
     def distribution(self, x, idx=None):
-        """The posterior ``q(z | x)`` (over the batch ``idx`` if given) as a distribution."""
+        """The posterior ``q(z | x)`` over the batch ``idx`` (all instances if ``None``).
+
+        :param torch.Tensor x: ``(N, F)``, or ``(G, N, F)`` for ``G`` groups (any leading
+            batch shape); ``N`` must equal the tree's size.
+        :param idx: ``(B,)`` integer indices into the ``N`` instances, or ``None``
+            (``B = N``). Only the rows of the batch are encoded and checked for NaN/inf.
+        :returns: a :class:`~pyro_trees.distributions.TreeNormal` (over the forest the tree
+            induces on ``idx``), or for the mean-field guide a ``Normal(...).to_event(2)``,
+            with batch shape ``x.shape[:-2]`` and event shape ``(B, D)``.
+        :raises ValueError: if ``x`` does not have ``N`` rows on dim -2, ``idx`` is out of
+            range, or a row of the batch is not finite.
+        """
         xb, plan, idx = self._select(x, idx)
         loc, scale = self.encoder(xb)
         if plan is None:
@@ -392,6 +421,18 @@ class TreeVIGuide(PyroModule):
             yield x[i]
 
     def forward(self, x, *args, idx=None, subsample_size=None, **kwargs):
+        """Sample the model's latent site from :meth:`distribution` (the guide has the
+        model's signature; extra arguments, such as ``y``, are ignored).
+
+        :param torch.Tensor x: ``(N, F)``; with ``plate``, ``(G, N, F)`` with the groups
+            on dim 0 (the plate subsamples them).
+        :param idx: ``(B,)`` integer indices of the instances of a minibatch, or ``None``.
+        :param int subsample_size: the group plate's minibatch size (overrides the one
+            given at construction).
+        :returns: the draw of the site ``site``, ``(B, D)``, or ``(G', N, D)`` with a group
+            plate (``G'`` the subsample size); under :class:`MixtureTreeELBO` with a
+            leading component axis ``M``.
+        """
         with self._plate(x, subsample_size) as xb:
             return pyro.sample(self.site, self.distribution(xb, idx))
 
@@ -518,7 +559,9 @@ class TreeVIMixtureGuide(TreeVIGuide):
         return comps
 
     def distribution(self, x, idx=None):
-        """The mixture ``q(z | x)`` as a :class:`~pyro_trees.distributions.MixtureOfTreeNormals`."""
+        """The mixture ``q(z | x)`` as a :class:`~pyro_trees.distributions.MixtureOfTreeNormals`
+        with batch shape ``x.shape[:-2]`` and event shape ``(B, D)``; ``x`` and ``idx``
+        as in :meth:`TreeVIGuide.distribution`."""
         from pyro_trees.distributions.tree_mixture import MixtureOfTreeNormals
 
         comps = self._components(x, idx)

@@ -1,10 +1,13 @@
 """Latent-variable models with instance-correlated Gaussian priors (TreeVI experiments).
 
-Both models put a graph-correlated prior :math:`\\mathcal N(0, (I + \\lambda A) \\otimes
-I_D)` on the latent codes of related instances (Xiao & Su 2024, Secs. 4.1, 4.3, 4.4), so
-the exact posterior couples instances and a mean-field guide cannot represent it. They
-work with :class:`~pyro_trees.guides.TreeVIGuide` (and its mixture) and with the
-mean-field guide ``TreeVIGuide(encoder, parents=None)``.
+:class:`SyntheticGraphVAE` and :class:`GraphPriorVAE` put a graph-correlated prior
+:math:`\\mathcal N(0, (I + \\lambda A) \\otimes I_D)` on the latent codes of related
+instances (Xiao & Su 2024, Secs. 4.1, 4.3, 4.4); :class:`ConstrainedClusteringVAE` couples
+them through must-link and cannot-link constraints (Sec. 4.2, eq. 19). The exact
+posterior couples instances, so a mean-field guide cannot represent it. All three work
+with :class:`~pyro_trees.guides.TreeVIGuide` (and its mixture) and with the mean-field
+guide ``TreeVIGuide(encoder, parents=None)``; see :mod:`pyro_trees.guides.tree_vi` for the
+objective a minibatch step estimates with each.
 """
 
 from __future__ import annotations
@@ -98,6 +101,15 @@ class SyntheticGraphVAE(PyroModule):
         return self.prior_tril.shape[-1]
 
     def forward(self, x=None, *, num_groups: int | None = None, subsample_size=None, **kwargs):
+        """Run the generative story.
+
+        :param torch.Tensor x: observed data ``(G, N, F)``, or ``None`` to generate.
+        :param int num_groups: ``G`` when generating (``x=None``).
+        :param int subsample_size: minibatch size of the ``"groups"`` plate.
+        :returns: ``x`` of the (subsampled) groups, ``(G', N, F)``.
+        :raises ValueError: if ``x`` is not ``(G, N, F)`` or the subsampled rows are not
+            finite.
+        """
         if x is None and num_groups is None:
             raise ValueError("give the data x (G, N, F) or num_groups to generate")
         if x is not None:
@@ -230,6 +242,16 @@ class GraphPriorVAE(PyroModule):
         return self.adjacency.shape[0]
 
     def forward(self, x, *args, idx=None, **kwargs):
+        """Score (or, in ``Predictive``, sample) the instances of a step.
+
+        :param torch.Tensor x: ``(N, F)``, one row per node of the graph.
+        :param idx: ``(B,)`` integer indices of the batch's instances, or ``None`` for all
+            (``B = N``); the prior of site ``"z"`` is then the exact marginal over ``B``.
+        :returns: the observations of the batch, site ``"x"``, ``(B, F)``; the latent site
+            ``"z"`` has event shape ``(B, D)``.
+        :raises ValueError: if ``x`` is not ``(N, F)``, ``idx`` is out of range, or a row
+            of the batch is not finite (only the batch's rows are scanned).
+        """
         xb, idx = _instance_rows(x, idx, self.num_nodes, self.obs_dim)
         z = pyro.sample("z", self.prior(idx))
         out = self.decoder(z)
@@ -353,6 +375,19 @@ class ConstrainedClusteringVAE(PyroModule):
             )
 
     def forward(self, x, *args, idx=None, **kwargs):
+        """Score (or, in ``Predictive``, sample) the instances of a step.
+
+        :param torch.Tensor x: ``(N, F)``, one row per instance (``N`` as ``num_nodes``
+            when given).
+        :param idx: ``(B,)`` integer indices of the batch's instances, or ``None`` for all
+            (``B = N``); only the constraints with both ends in the batch enter the
+            factor ``"constraints"`` (a scalar, or ``(M,)`` under a component plate).
+        :returns: the observations of the batch, site ``"x"``, ``(B, F)``; the latent site
+            ``"z"`` has event shape ``(B, D)``.
+        :raises ValueError: if ``x`` is not ``(N, F)``, ``idx`` is out of range, a
+            constraint names an instance beyond the ``N`` rows, or a row of the batch is
+            not finite (only the batch's rows are scanned).
+        """
         x = as_tensor(x, "x")
         n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
         xb, idx = _instance_rows(x, idx, n_all, self.obs_dim)
