@@ -49,6 +49,67 @@ def _instance_rows(x, idx, num_nodes: int, obs_dim: int):
     return check_X(x, name="x"), idx
 
 
+#: Graphs up to this size get the exact (dense Cholesky) positive-definiteness check.
+DENSE_CHECK_MAX_NODES = 4096
+
+
+def _csr_rows(ptr: torch.Tensor, idx: torch.Tensor):
+    """The entries of the rows ``idx`` of a CSR layout with row pointers ``ptr``: their
+    positions in the column array and the position in ``idx`` of each entry's row.
+    ``O(|idx| + entries)``."""
+    start = ptr[idx]
+    counts = ptr[idx + 1] - start
+    rows = torch.repeat_interleave(torch.arange(idx.numel(), device=idx.device), counts)
+    first = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(rows.numel(), device=idx.device) - first[rows] + start[rows]
+    return pos, rows
+
+
+def _sorted_batch(idx: torch.Tensor):
+    """``idx`` sorted and the permutation; raises on repeated instances."""
+    sorted_idx, order = idx.sort()
+    if bool((sorted_idx[1:] == sorted_idx[:-1]).any()):
+        raise ValueError("idx contains repeated instances")
+    return sorted_idx, order
+
+
+def _find(sorted_idx: torch.Tensor, order: torch.Tensor, values: torch.Tensor):
+    """Position in ``idx`` of each of ``values`` and whether it is there at all
+    (binary search, ``O(len(values) log |idx|)``)."""
+    at = torch.searchsorted(sorted_idx, values).clamp_max(sorted_idx.numel() - 1)
+    return order[at], sorted_idx[at] == values
+
+
+def _check_sparse_pd(rows, cols, vals, n: int, strength: float, iters: int = 100):
+    """Certify ``I + strength * A`` positive definite without forming it. Every eigenvalue
+    of ``A`` is at most :math:`\\rho(|A|) = \\rho(|A|^2)^{1/2}` in modulus, and for any
+    positive ``v`` the Collatz-Wielandt bound :math:`\\max_i (|A|^2 v)_i / v_i \\ge
+    \\rho(|A|^2)`; ``v`` is refined by power iteration on :math:`|A|^2 + I` (squaring
+    makes it converge on bipartite graphs, where :math:`\\pm\\rho` are both eigenvalues).
+    Sufficient, not necessary (tight when :math:`\\lambda_{\\min}(A) = -\\rho(|A|)`, as for
+    bipartite 0/1 graphs): raises when it cannot certify ``strength * rho(|A|) < 1``."""
+    w = vals.abs().double()
+    v = torch.ones(n, dtype=torch.float64, device=vals.device)
+
+    def matvec(u):
+        return torch.zeros_like(u).index_add_(0, rows, w * u[cols])
+
+    bound = float("inf")
+    for _ in range(iters):
+        av = matvec(matvec(v))
+        bound = min(bound, float((av / v).max()) ** 0.5)
+        if abs(strength) * bound < 1:
+            return
+        v = av + v
+        v = (v / v.max()).clamp_min(1e-100)  # any positive v gives a valid bound
+    raise ValueError(
+        f"I + {strength} * adjacency could not be certified positive definite: the "
+        f"spectral radius of |adjacency| is bounded by {bound:.4g} only (a graph of {n} "
+        f"> {DENSE_CHECK_MAX_NODES} nodes gets this sufficient check instead of a dense "
+        f"Cholesky factorisation); lower the strength below {1 / bound:.4g}"
+    )
+
+
 class SyntheticGraphVAE(PyroModule):
     """The synthetic graph-structured latent-variable model of Sec. 4.1.
 
@@ -163,10 +224,20 @@ class GraphPriorVAE(PyroModule):
         X_B | Z_B ~ Bernoulli(logits = decoder(Z_B))  # site "x", event (|B|, F)
 
     ``A`` is the (symmetric, 0/1) affinity of a correlation graph: the two halves of a
-    user's history for user matching, the friendship graph for link prediction. The
-    prior over a batch costs one ``|B| x |B|`` Cholesky factorisation.
+    user's history for user matching, the friendship graph for link prediction. It is
+    stored sparse (rows sorted, CSR-like), never as an ``N x N`` matrix; the prior over a
+    batch takes the induced subgraph of ``B`` in ``O(|B| log |B| + d_B log |B|)`` (``d_B``
+    the number of edges incident to ``B``: each is looked up in the sorted batch) and
+    costs one ``|B| x |B|`` Cholesky factorisation.
 
-    :param adjacency: dense ``(N, N)`` tensor, or ``(E, 2)`` edge list with ``num_nodes``.
+    Positive definiteness of ``I + strength * A`` is checked at construction: exactly
+    (dense Cholesky) for graphs of at most :data:`DENSE_CHECK_MAX_NODES` nodes or given as
+    a dense matrix; for larger edge lists, by the sufficient condition ``strength *
+    rho(|A|) < 1`` (a Collatz-Wielandt bound on the spectral radius, ``O(edges)`` per
+    iteration), which may reject a strength that the exact check would accept.
+
+    :param adjacency: dense ``(N, N)`` tensor, or ``(E, 2)`` integer edge list with
+        ``num_nodes`` (duplicates and self-loops are ignored).
     :param float strength: :math:`\\lambda`; ``I + \\lambda A`` must be positive definite.
     :param int latent_dim: ``D``; :param int obs_dim: ``F``.
     :param hidden: hidden sizes of the decoder MLP.
@@ -204,19 +275,34 @@ class GraphPriorVAE(PyroModule):
                     f"{int(adjacency.min())}..{int(adjacency.max())}, "
                     f"outside [0, num_nodes={num_nodes})"
                 )
-            a = torch.zeros(num_nodes, num_nodes)
-            a[adjacency[:, 0], adjacency[:, 1]] = 1.0
-            a[adjacency[:, 1], adjacency[:, 0]] = 1.0
-            a.fill_diagonal_(0.0)
-            adjacency = a
-        if adjacency.dim() != 2 or adjacency.shape[0] != adjacency.shape[1]:
-            raise ValueError("adjacency must be a square (N, N) matrix or an (E, 2) edge list")
-        if num_nodes is not None and adjacency.shape[0] != num_nodes:
-            raise ValueError(f"adjacency is {tuple(adjacency.shape)} but num_nodes={num_nodes}")
+            n = int(num_nodes)
+            e = adjacency[adjacency[:, 0] != adjacency[:, 1]]  # no self-loops
+            keys = torch.cat([e[:, 0] * n + e[:, 1], e[:, 1] * n + e[:, 0]]).unique()
+            rows, cols = keys // n, keys % n  # both directions, sorted by row then column
+            vals = torch.ones(rows.numel())
+            dense = None
+        else:
+            if adjacency.dim() != 2 or adjacency.shape[0] != adjacency.shape[1]:
+                raise ValueError("adjacency must be a square (N, N) matrix or an (E, 2) edge list")
+            if num_nodes is not None and adjacency.shape[0] != num_nodes:
+                raise ValueError(f"adjacency is {tuple(adjacency.shape)} but num_nodes={num_nodes}")
+            n, dense = adjacency.shape[0], adjacency
+            a = adjacency.float()
+            rows, cols = a.nonzero(as_tuple=True)  # row-major: sorted by row then column
+            vals = a[rows, cols]
         if likelihood not in ("bernoulli", "normal"):
             raise ValueError(f"likelihood must be 'bernoulli' or 'normal', got {likelihood!r}")
-        KroneckerNormal.from_affinity(adjacency.double(), strength, latent_dim)  # checks PD
-        self.register_buffer("adjacency", adjacency.float())
+        if dense is None and n <= DENSE_CHECK_MAX_NODES:
+            dense = torch.zeros(n, n, dtype=torch.float64).index_put_((rows, cols), vals.double())
+        if dense is not None:  # symmetric, and positive definite exactly
+            KroneckerNormal.from_affinity(dense.double(), strength, latent_dim)
+        else:
+            _check_sparse_pd(rows, cols, vals, n, float(strength))
+        ptr = torch.zeros(n + 1, dtype=torch.long)
+        ptr[1:] = torch.bincount(rows, minlength=n).cumsum(0)
+        self.register_buffer("adj_ptr", ptr)
+        self.register_buffer("adj_cols", cols.long())
+        self.register_buffer("adj_vals", vals.float())
         self.strength = float(strength)
         self.latent_dim, self.obs_dim = latent_dim, obs_dim
         self.likelihood = likelihood
@@ -227,19 +313,33 @@ class GraphPriorVAE(PyroModule):
         if likelihood == "normal":
             self.log_noise = nn.Parameter(torch.zeros(()))
 
+    def adjacency_matrix(self, idx=None) -> torch.Tensor:
+        """The dense adjacency of the subgraph induced by ``idx`` (``(B,)`` distinct
+        indices, in their order), ``(B, B)``; the whole ``(N, N)`` matrix if ``None``.
+        ``O(B^2 + d_B log B)`` with ``d_B`` the edges incident to the batch."""
+        ptr, cols, vals = self.adj_ptr, self.adj_cols, self.adj_vals
+        n = ptr.numel() - 1
+        if idx is None:
+            rows = torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr.diff())
+            return vals.new_zeros(n, n).index_put_((rows, cols), vals)
+        idx = check_index(idx, n, device=ptr.device)
+        sorted_idx, order = _sorted_batch(idx)
+        pos, rows = _csr_rows(ptr, idx)
+        local, inside = _find(sorted_idx, order, cols[pos])
+        a = vals.new_zeros(idx.numel(), idx.numel())
+        return a.index_put_((rows[inside], local[inside]), vals[pos[inside]])
+
     def prior(self, idx=None) -> KroneckerNormal:
-        """The exact marginal prior of the instances ``idx``."""
-        a = self.adjacency
-        if idx is not None:
-            idx = torch.as_tensor(idx, device=a.device).long()
-            a = a[idx][:, idx]
+        """The exact marginal prior of the instances ``idx`` (``(B,)`` distinct indices,
+        or ``None`` for all): event shape ``(B, D)``."""
+        a = self.adjacency_matrix(idx)
         eye = torch.eye(a.shape[0], dtype=torch.float64, device=a.device)
         tril = torch.linalg.cholesky(eye + self.strength * a.double()).to(a.dtype)
         return KroneckerNormal(tril, self.latent_dim)
 
     @property
     def num_nodes(self) -> int:
-        return self.adjacency.shape[0]
+        return self.adj_ptr.numel() - 1
 
     def forward(self, x, *args, idx=None, **kwargs):
         """Score (or, in ``Predictive``, sample) the instances of a step.
@@ -277,8 +377,9 @@ class ConstrainedClusteringVAE(PyroModule):
     ``W_ij < 0``) enters, as in DC-GMM, through its expectation under the cluster
     posterior ``q(c_i | z_i) = p(c_i | z_i)`` (Bayes' rule under the mixture):
     ``sum_ij W_ij sum_k q_ik q_jk`` (a ``pyro.factor``); its normaliser ``Omega(pi)`` is
-    dropped, as DC-GMM does. Only constraints with both ends in the batch count, so a
-    step costs ``O(|B| + #constraints)``.
+    dropped, as DC-GMM does. Only constraints with both ends in the batch count (those
+    leaving it are dropped); they are found in ``O(|B| log |B| + c_B log |B|)``, with
+    ``c_B`` the constraints whose first instance is in the batch, not ``O(#constraints)``.
 
     :param int obs_dim: ``F``; :param int num_clusters: ``K``; :param int latent_dim: ``D``.
     :param constraints: ``(C, 2)`` integer pairs; :param weights: ``(C,)`` values
@@ -320,6 +421,15 @@ class ConstrainedClusteringVAE(PyroModule):
         self.num_nodes = None if num_nodes is None else int(num_nodes)
         self.register_buffer("pairs", pairs)
         self.register_buffer("weights", w)
+        # the constraints listed by their first instance (CSR-like), so that a batch finds
+        # its own in O(|B| log |B| + c_B log |B|); row max_constrained + 1 is empty, for
+        # every instance beyond the last constrained one
+        k = self.max_constrained + 1
+        ptr = torch.zeros(k + 2, dtype=torch.long)
+        ptr[1 : k + 1] = torch.bincount(pairs[:, 0], minlength=k).cumsum(0)
+        ptr[k + 1] = ptr[k]
+        self.register_buffer("_by_first_ptr", ptr)
+        self.register_buffer("_by_first", torch.argsort(pairs[:, 0], stable=True))
         self.num_clusters, self.latent_dim, self.obs_dim = num_clusters, latent_dim, obs_dim
         self.cluster_logits = nn.Parameter(torch.zeros(num_clusters))
         self.cluster_loc = nn.Parameter(torch.randn(num_clusters, latent_dim))
@@ -342,25 +452,35 @@ class ConstrainedClusteringVAE(PyroModule):
         """Hard cluster assignments ``(..., N)``."""
         return self.responsibilities(z).argmax(-1)
 
-    def _batch_constraints(self, idx, size):
-        if self.pairs.numel() == 0:
-            return self.pairs, self.weights
-        if idx is None:
+    def _batch_constraints(self, idx):
+        """The constraints with both ends in the batch, as positions in ``idx``
+        (``(C_B, 2)``), in their original order, and their weights ``(C_B,)``.
+
+        The constraints are listed by their first instance, so only the ``c_B``
+        constraints whose first instance is in ``B`` are visited, each with a binary
+        search of its second instance in the sorted batch: ``O(|B| log |B| + c_B log
+        |B|)``, never ``O(C)``."""
+        if self.pairs.numel() == 0 or idx is None:
             return self.pairs, self.weights
         idx = torch.as_tensor(idx, device=self.pairs.device).long()
-        sorted_idx, order = idx.sort()
-        pos = torch.searchsorted(sorted_idx, self.pairs).clamp_max(size - 1)
-        inside = (sorted_idx[pos] == self.pairs).all(-1)
-        return order[pos[inside]], self.weights[inside]
+        sorted_idx, order = _sorted_batch(idx)
+        last = self._by_first_ptr.numel() - 2  # the empty row
+        pos, rows = _csr_rows(self._by_first_ptr, idx.clamp(0, last))
+        ids = self._by_first[pos]
+        second, inside = _find(sorted_idx, order, self.pairs[ids, 1])
+        ids, keep = ids[inside].sort()  # the original order of the constraints
+        first, second = rows[inside][keep], second[inside][keep]
+        return torch.stack([first, second], -1), self.weights[ids]
 
     def pairwise_log_factor(self, z, idx=None):
         """The pairwise term of eq. 19, ``sum_ij W_ij sum_k q(c_i = k | z_i) q(c_j = k |
         z_j)`` over the constraints inside the batch ``idx``: ``z`` of shape
         ``(..., |B|, D)`` gives ``(...)``. It is the model's only term that couples
-        instances (the site ``"constraints"``; see :class:`~pyro_trees.guides.PairwiseELBO`)."""
+        instances (the site ``"constraints"``; see :class:`~pyro_trees.guides.PairwiseELBO`).
+        ``idx`` must hold distinct instances."""
         if idx is None:
             self._check_constraints(z.shape[-2], "z")
-        pairs, w = self._batch_constraints(idx, z.shape[-2])
+        pairs, w = self._batch_constraints(idx)
         if not pairs.numel():
             return z.new_zeros(z.shape[:-2])
         r = self.responsibilities(z)

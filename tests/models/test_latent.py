@@ -162,3 +162,90 @@ def test_constrained_clustering_rejects_out_of_range_constraints_and_bad_x():
     bad[0, 0] = float("inf")
     with pytest.raises(ValueError, match="x contains 0 NaN and 1 infinite"):
         sized(bad)
+
+
+def _dense_reference(edges, n):
+    """The dense adjacency the model used to store (before the sparse layout)."""
+    a = torch.zeros(n, n)
+    a[edges[:, 0], edges[:, 1]] = 1.0
+    a[edges[:, 1], edges[:, 0]] = 1.0
+    a.fill_diagonal_(0.0)
+    return a
+
+
+def test_graph_prior_vae_sparse_batches_equal_the_dense_path():
+    """The induced subgraph of a batch, from the sorted sparse layout, is bit-identical
+    to ``A[idx][:, idx]`` of the dense matrix, and so is the batch prior's factor."""
+    g = torch.Generator().manual_seed(0)
+    n = 30
+    edges = torch.randint(0, n, (70, 2), generator=g)  # duplicates and self-loops too
+    edges = torch.cat([edges, edges[:5].flip(1), torch.tensor([[3, 3]])])
+    dense = _dense_reference(edges, n)
+    w = torch.rand(n, n, generator=g) * (torch.rand(n, n, generator=g) < 0.1)
+    weighted = (w + w.T) / 2  # a weighted affinity given densely
+    for adjacency, ref, s in ((edges, dense, 0.05), (weighted, weighted, 0.3)):
+        model = GraphPriorVAE(adjacency, 5, num_nodes=n, strength=s, latent_dim=2, hidden=(4,))
+        assert sum(b.numel() for b in model.buffers()) < 3 * n + 2 * int((ref != 0).sum())
+        assert torch.equal(model.adjacency_matrix(), ref)
+        for size in (1, 2, 7, 19, n):
+            idx = torch.randperm(n, generator=g)[:size]
+            expected = ref[idx][:, idx]
+            assert torch.equal(model.adjacency_matrix(idx), expected)
+            eye = torch.eye(size, dtype=torch.float64)
+            tril = torch.linalg.cholesky(eye + s * expected.double()).float()
+            assert torch.equal(model.prior(idx).scale_tril, tril)
+        assert int((model.adjacency_matrix(idx) != 0).sum()) > 0  # the batches hold edges
+    with pytest.raises(ValueError, match="repeated"):
+        model.prior(torch.tensor([1, 4, 1]))
+
+
+def test_graph_prior_vae_large_graph_is_checked_without_a_dense_matrix():
+    """Beyond DENSE_CHECK_MAX_NODES nodes positive definiteness is certified from a
+    spectral-radius bound; for bipartite graphs (a chain, a star) that is exact."""
+    from pyro_trees.models.latent import DENSE_CHECK_MAX_NODES
+
+    n = DENSE_CHECK_MAX_NODES + 1
+    chain = torch.stack([torch.arange(n - 1), torch.arange(1, n)], 1)  # rho = 2 cos(pi/(n+1))
+    model = GraphPriorVAE(chain, 5, num_nodes=n, strength=0.499, latent_dim=2, hidden=(4,))
+    assert sum(b.numel() for b in model.buffers()) == (n + 1) + 2 * 2 * (n - 1)
+    idx = torch.tensor([10, 12, 11, 500])
+    expected = torch.tensor([[0.0, 0, 1, 0], [0, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    assert torch.equal(model.adjacency_matrix(idx), expected)
+    with pytest.raises(ValueError, match="could not be certified positive definite"):
+        GraphPriorVAE(chain, 5, num_nodes=n, strength=0.501)  # truly indefinite
+    star = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)], 1)
+    rho = (n - 1) ** 0.5  # the star's eigenvalues are +-rho and 0
+    GraphPriorVAE(star, 5, num_nodes=n, strength=0.99 / rho, latent_dim=2, hidden=(4,))
+    with pytest.raises(ValueError, match="positive definite"):
+        GraphPriorVAE(star, 5, num_nodes=n, strength=1.01 / rho)
+
+
+def _reference_batch_constraints(pairs, weights, idx):
+    """The former O(C) scan: every constraint looked up in the sorted batch."""
+    sorted_idx, order = idx.sort()
+    pos = torch.searchsorted(sorted_idx, pairs).clamp_max(idx.numel() - 1)
+    inside = (sorted_idx[pos] == pairs).all(-1)
+    return order[pos[inside]], weights[inside]
+
+
+def test_constrained_clustering_batch_constraints_equal_the_full_scan():
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    pairs = torch.randint(0, 30, (80, 2), generator=g)  # instances 30..39: unconstrained
+    pairs = torch.cat([pairs, pairs[:6], pairs[6:12].flip(1)])  # repeats, both orders
+    w = torch.randn(pairs.shape[0], generator=g)
+    model = ConstrainedClusteringVAE(5, 3, latent_dim=2, hidden=(4,), constraints=pairs, weights=w)
+    for size in (1, 2, 9, 25, n):
+        idx = torch.randperm(n, generator=g)[:size]
+        got, got_w = model._batch_constraints(idx)
+        ref, ref_w = _reference_batch_constraints(pairs, w, idx)
+        assert torch.equal(got, ref) and torch.equal(got_w, ref_w)
+        z = torch.randn(3, size, 2, generator=g)
+        r = model.responsibilities(z)
+        same = (r.index_select(-2, ref[:, 0]) * r.index_select(-2, ref[:, 1])).sum(-1)
+        assert torch.equal(model.pairwise_log_factor(z, idx=idx), (ref_w * same).sum(-1))
+    assert got.shape[0] == pairs.shape[0]  # the whole data holds every constraint
+    with pytest.raises(ValueError, match="repeated"):
+        model.pairwise_log_factor(torch.randn(3, 2), idx=torch.tensor([0, 5, 0]))
