@@ -356,15 +356,16 @@ class TreeVIGuide(PyroModule):
             return xb
         return torch.cat([loc, scale.log()], -1).detach()
 
-    def _inputs(self, x, idx):
+    def _inputs(self, x, idx, tree: bool = True):
         """The checked rows of a step: ``(x_B, idx)`` with ``x_B`` of shape ``(..., |B|, F)``
         and ``idx`` a long tensor (or ``None``). Raises :class:`ValueError` if ``x`` does
-        not have the tree's ``N`` rows on dim -2, if ``idx`` is out of range, or if a row
-        of the batch is not finite. Only the batch's rows are scanned (``O(|B| F)``)."""
+        not have the tree's ``N`` rows on dim -2 (unless ``tree=False``: the encoder alone
+        takes any number of instances), if ``idx`` is out of range, or if a row of the
+        batch is not finite. Only the batch's rows are scanned (``O(|B| F)``)."""
         x = as_tensor(x, "x")
         if x.dim() < 2:
             raise ValueError(f"x must have shape (..., N, F), got {tuple(x.shape)}")
-        if self.parents is not None and x.shape[-2] != self.parents.shape[-1]:
+        if tree and self.parents is not None and x.shape[-2] != self.parents.shape[-1]:
             raise ValueError(
                 f"x has {x.shape[-2]} instances (rows on dim -2) but the guide's tree has "
                 f"{self.parents.shape[-1]} nodes"
@@ -438,8 +439,10 @@ class TreeVIGuide(PyroModule):
 
     @torch.no_grad()
     def median(self, x, idx=None):
-        """Posterior means ``(..., N, D)``."""
-        return self.encoder(self._inputs(x, idx)[0])[0]
+        """Posterior means ``(..., B, D)`` of the rows ``idx`` of ``x`` (all if ``None``),
+        from the encoder alone: ``x`` may hold instances outside the tree (e.g. held-out
+        ones), ``(..., N', F)`` with any ``N'``."""
+        return self.encoder(self._inputs(x, idx, tree=False)[0])[0]
 
 
 class _StratifiedTreeMixture(TorchDistribution):

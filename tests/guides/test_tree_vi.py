@@ -462,6 +462,10 @@ def test_bad_inputs_at_call_time_raise_value_errors(kind):
         guide.distribution(x, torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="idx holds indices outside"):
         guide.median(x, torch.tensor([N + 5]))
+    # the encoder alone embeds any instances, held-out ones too
+    more = torch.cat([x, x[:3]])
+    assert torch.equal(guide.median(more)[:N], guide.median(x))
+    assert guide.median(more, torch.tensor([N + 2])).shape == (1, D)
     bad = x.clone()
     bad[4, 2] = float("nan")
     with pytest.raises(ValueError, match=r"x contains 1 NaN and 0 infinite values"):
