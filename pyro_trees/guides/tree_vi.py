@@ -40,7 +40,7 @@ out) and, as in DC-GMM, omits the normaliser :math:`\\Omega(\\pi)`. A step then 
 with :math:`C_B` the constraints inside ``B``, :math:`q_{ik} = p(c_i = k \\mid z_i)` the
 responsibilities and :math:`p(x_i, z_i)` the Gaussian-mixture VAE: DC-GMM's surrogate
 objective restricted to the batch. It is not a lower bound on :math:`\\log p(x_B)` (the
-factor is unnormalised: it exceeds 1 on every must-link), and with ``idx=None`` it is the
+factor is unnormalised: it is at least 1 on every must-link), and with ``idx=None`` it is the
 full-data surrogate, still without :math:`\\Omega`.
 """
 
