@@ -19,6 +19,7 @@ measured in this run (contended 2-core machine: the lead reruns timings).
 
 Run from the repository root: ``python -m benchmarks.dgp_uci [concrete|kin40k ...]``
 (``PYRO_TREES_SMOKE=1`` for a quick pass, ``DGP_STEPS`` to override the step count,
+``DGP_SAMPLES`` the Monte Carlo samples per step (default 4, every method alike),
 ``DGP_METHODS=joint`` to run only some of our guides beside GPyTorch's, written to
 ``dgp_uci_<names>_<methods>``; ``DGP_TIMING_ONLY=1`` to run only the paired timing of
 the factorised guide against GPyTorch's DeepGP, written to ``dgp_uci_<names>_timing``;
@@ -54,7 +55,8 @@ with warnings.catch_warnings():
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"
 HIDDEN = 4
-SAMPLES = 4
+# Monte Carlo samples per step, the same for every method (DGP_SAMPLES overrides)
+SAMPLES = int(os.environ.get("DGP_SAMPLES", 4))
 ALL_METHODS = ("factorised", "joint", "joint-lowrank", "intermediate", "intermediate-whitened")
 # DGP_METHODS=joint,... runs only those of ours (GPyTorch's always runs, as the reference)
 METHODS = tuple(os.environ.get("DGP_METHODS", ",".join(ALL_METHODS)).split(","))
