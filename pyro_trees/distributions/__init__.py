@@ -6,6 +6,9 @@ from pyro_trees.distributions.kronecker_normal import (
 from pyro_trees.distributions.mixture_quantiles import (
     gaussian_mixture_quantiles,
 )
+from pyro_trees.distributions.soft_tree_normal import (
+    SoftTreeNormal,
+)
 from pyro_trees.distributions.split_indicator import (
     RelaxedSplitIndicator,
     SplitIndicator,
@@ -30,6 +33,7 @@ __all__ = [
     "KroneckerNormal",
     "MixtureOfTreeNormals",
     "RelaxedSplitIndicator",
+    "SoftTreeNormal",
     "SplitIndicator",
     "TreeBalance",
     "TreeNormal",

@@ -37,6 +37,7 @@ from pyro_trees.infer.tree_structure import (
     parents_from_edges,
     parents_to_adjacency,
     similarity_dfs_tree,
+    soft_tree_elbo,
 )
 from pyro_trees.infer.vart_elbo import (
     VaRTELBO,
@@ -68,4 +69,5 @@ __all__ = [
     "restart_elbos",
     "select_topology",
     "similarity_dfs_tree",
+    "soft_tree_elbo",
 ]
