@@ -29,6 +29,7 @@ __all__ = [
     "acyclicity",
     "learn_tree_structure",
     "maximum_spanning_tree",
+    "model_log_joint",
     "parents_from_edges",
     "parents_to_adjacency",
     "similarity_dfs_tree",
@@ -395,10 +396,10 @@ def soft_tree_elbo(
 
         res = learn_tree_structure(objective, N, params=[loc, raw_scale, raw_rho])
 
-    For a Pyro model, ``log_joint`` is e.g. ``lambda z: torch.stack([poutine.trace(
-    poutine.condition(model, {"z": zs})).get_trace(x).log_prob_sum() for zs in z])``;
-    for a minibatch of a larger data set it must carry the same likelihood scaling as
-    the ELBO being estimated (this function adds nothing but the entropy).
+    For a Pyro model, ``log_joint = model_log_joint(model, "z", x)``
+    (:func:`model_log_joint`); for a minibatch of a larger data set it must carry the
+    same likelihood scaling as the ELBO being estimated (this function adds nothing but
+    the entropy).
 
     :param log_joint: callable mapping ``z`` of shape
         ``(num_particles,) + batch_shape + (N, D)`` to :math:`\log p(x, z)` of shape
@@ -423,6 +424,51 @@ def soft_tree_elbo(
             f"got {got}"
         )
     return lp.reshape(num_particles, -1).sum(-1).mean() + q.entropy().sum()
+
+
+def model_log_joint(model: Callable, site: str, *args, **kwargs) -> Callable:
+    r"""The log joint :math:`\log p(x, z)` of a Pyro model as a function of one latent site.
+
+    Returns ``log_joint(z)`` for :func:`soft_tree_elbo`: for each particle ``z[s]`` the
+    model is run with ``site`` conditioned on it and its trace's ``log_prob_sum()`` is
+    taken (observed sites, factors and ``site`` itself, with the scales of subsampled
+    plates), so the ELBO is that of a guide with a single site ``site``. Particles run in
+    a Python loop (:math:`O(S)` model calls).
+
+    :param model: a Pyro model whose only latent sample site is ``site``; its value must
+        have the guide's shape ``batch_shape + (N, D)``.
+    :param str site: name of the latent site.
+    :param args: model arguments (e.g. the data).
+    :returns: callable ``(S,) + batch_shape + (N, D) -> (S,)``.
+    :raises ValueError: (when called) if the model has other latent sites, or lacks
+        ``site``.
+    """
+    from pyro import poutine
+    from pyro.poutine.util import site_is_subsample
+
+    def log_joint(z: torch.Tensor) -> torch.Tensor:
+        out = []
+        for zs in z:
+            conditioned = poutine.condition(model, data={site: zs})
+            tr = poutine.trace(conditioned).get_trace(*args, **kwargs)
+            if site not in tr.nodes:
+                raise ValueError(f"the model has no sample site named {site!r}")
+            latent = [
+                name
+                for name, node in tr.nodes.items()
+                if node["type"] == "sample"
+                and not node["is_observed"]
+                and not site_is_subsample(node)  # plates record a subsample site
+            ]
+            if latent:
+                raise ValueError(
+                    f"the model has latent sites other than {site!r}: {latent}; "
+                    "model_log_joint covers single-site guides"
+                )
+            out.append(tr.log_prob_sum())
+        return torch.stack(out)
+
+    return log_joint
 
 
 def _cut_cycles(parents: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

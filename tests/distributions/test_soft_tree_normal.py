@@ -196,3 +196,24 @@ def test_bad_input_raises():
         q.whiten_inverse(torch.zeros(n + 1, d, dtype=torch.float64))
     with pytest.raises(ValueError, match="unbatched"):
         SoftTreeNormal(loc, scale, p.expand(2, n, n + 1), rho).hard_parents()
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    gen = torch.Generator().manual_seed(11)
+    n, d = 6, 2
+    loc, scale, rho = params(n, d, gen)
+    probs = random_soft(n, gen)
+    q = SoftTreeNormal(loc, scale, probs, rho)
+    qc = SoftTreeNormal(loc.cuda(), scale.cuda(), probs.cuda(), rho.cuda())
+    eps = torch.randn(3, n, d, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(qc.whiten_inverse(eps.cuda()).cpu(), q.whiten_inverse(eps))
+    z = q.rsample((2,))
+    torch.testing.assert_close(qc.log_prob(z.cuda()).cpu(), q.log_prob(z))
+    torch.testing.assert_close(qc.entropy().cpu(), q.entropy())
+    assert qc.rsample((4,)).device.type == "cuda"
+    parents = torch.tensor(TREES["forest"])
+    m = parents.numel()
+    lc, sc, rc = (t.cuda() for t in params(m, d, gen))
+    tree = SoftTreeNormal(lc, sc, one_hot(parents).cuda(), rc).to_tree_normal(parents)
+    assert tree.loc.device.type == "cuda"

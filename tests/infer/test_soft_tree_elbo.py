@@ -3,12 +3,20 @@
 import math
 import time
 
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributions.transforms import ReshapeTransform
 
 from pyro_trees.distributions import SoftTreeNormal, TreeNormal
-from pyro_trees.infer import learn_tree_structure, parents_to_adjacency, soft_tree_elbo
+from pyro_trees.infer import (
+    learn_tree_structure,
+    model_log_joint,
+    parents_to_adjacency,
+    soft_tree_elbo,
+)
 
 
 class TreePosteriorProblem:
@@ -105,6 +113,36 @@ def test_soft_tree_elbo_is_entropy_plus_expected_log_joint():
     torch.testing.assert_close(zero, t.entropy(), atol=1e-12, rtol=0)
     est = soft_tree_elbo(prob.log_joint, loc, scale, rho, hard, 20000)
     assert abs(float(est - prob.exact_elbo(t))) < 4 * math.sqrt(float(var) / 20000) + 0.05
+
+
+def test_model_log_joint_of_a_pyro_model():
+    prob = TreePosteriorProblem(6, seed=3)
+    n = prob.n
+
+    def model(x):
+        prior = dist.TransformedDistribution(prob.prior, [ReshapeTransform((n,), (n, 1))])
+        z = pyro.sample("z", prior)
+        with pyro.plate("data", n):
+            pyro.sample("x", dist.Normal(z[:, 0], math.sqrt(prob.sigma2)), obs=x)
+
+    z = torch.randn(3, n, 1, dtype=torch.float64)
+    log_joint = model_log_joint(model, "z", prob.x)
+    torch.testing.assert_close(log_joint(z), prob.log_joint(z), atol=1e-10, rtol=0)
+    loc = torch.zeros(n, 1, dtype=torch.float64)
+    scale = torch.ones(n, 1, dtype=torch.float64)
+    rho = torch.full((n, n, 1), 0.5, dtype=torch.float64)
+    probs = torch.full((n, n + 1), 1.0 / n, dtype=torch.float64).fill_diagonal_(0.0)
+    elbo = soft_tree_elbo(log_joint, loc, scale, rho, probs, 2)
+    assert elbo.dim() == 0 and torch.isfinite(elbo)
+
+    def two_latents(x):
+        model(x)
+        pyro.sample("w", dist.Normal(0.0, 1.0))
+
+    with pytest.raises(ValueError, match="latent sites other than 'z'"):
+        model_log_joint(two_latents, "z", prob.x)(z)
+    with pytest.raises(ValueError, match="no sample site named 'u'"):
+        model_log_joint(model, "u", prob.x)(z)
 
 
 def test_soft_tree_elbo_gradients_and_bad_input():
