@@ -59,7 +59,9 @@ class SoftTreeNormal(TorchDistribution):
     (eq. 12, :class:`~pyro_trees.guides.tree_vi.PairNet`), and eq. 17 reads the learned
     tree's correlations off that function at the selected edges. Evaluating the pair
     network on all pairs of a minibatch, ``pair_net(x[:, None], x[None, :])``, gives
-    exactly this tensor, so the relaxation and the hard tree share one parameterisation.
+    exactly this tensor (``N^2`` evaluations), so the relaxation and the hard tree share
+    one parameterisation. (``PairNet(num_nodes=N)``'s per-child offsets are indexed for
+    a fixed tree and do not apply to all pairs.)
     A per-child correlation ``(..., N, D)`` (as in :class:`TreeNormal`) is the special
     case ``rho.unsqueeze(-2).expand(..., N, N, D)``.
 
