@@ -280,6 +280,14 @@ def learn_tree_structure(
     every call. Without ``params`` the behaviour is exactly that of the logits-only
     solver.
 
+    The oriented relaxation has local optima: joining two trees of a forest, or moving an
+    edge, can require re-orienting a whole subtree, which a gradient step does not do.
+    On an 8-node Gaussian model whose posterior is a tree (``tests/infer/
+    test_soft_tree_elbo.py``), ``lr=0.1``, ``param_lr=0.05``, 16 particles and 100 inner
+    steps recovered the exact tree from near-uniform logits in 17 of 20 problems (the
+    others missed one edge); run a few restarts (``generator``) and keep the hard tree
+    with the best ELBO.
+
     :param init_parents: parent array ``(N,)`` to start from (default: near-uniform
         logits, small random perturbations drawn from ``generator``).
     :param float init_strength: logit bonus of ``init_parents`` (the start puts weight
