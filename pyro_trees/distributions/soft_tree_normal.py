@@ -98,7 +98,7 @@ class SoftTreeNormal(TorchDistribution):
 
     #: lower bound of the noise scale ``c`` (guards rounding, not a modelling choice).
     min_c = 1e-6
-    #: tolerance of the row-sum check of ``probs``.
+    #: tolerance of the row-sum check of ``probs`` (at least ``(N + 1)`` machine epsilons).
     row_tol = 1e-5
 
     def __init__(self, loc, scale, probs, rho, *, validate_args=None):
@@ -169,7 +169,8 @@ class SoftTreeNormal(TorchDistribution):
                     "the root is the last column)"
                 )
             rows = probs.sum(-1)
-            tol = SoftTreeNormal.row_tol
+            # rounding of a sum of N + 1 terms grows with N (float32 softmax rows)
+            tol = max(SoftTreeNormal.row_tol, (n + 1) * torch.finfo(probs.dtype).eps)
             if probs.shape[-1] == n + 1:
                 bad = (rows - 1).abs() > tol
                 what = "sum to 1 (last column = root)"
