@@ -41,6 +41,7 @@ __all__ = [
     "num_internal",
     "num_leaves",
     "parent",
+    "require_memory",
     "right_child",
     "route_by_rules",
 ]
@@ -152,19 +153,50 @@ def check_depth(
     need = float(copies) * max(num_points, 1) * float(2**depth) * max(width, 1) * itemsize
     if max_bytes is None and need <= 2**20:
         return depth  # too small to matter: spare the device query (called per step)
+    if what is None:
+        what = f"the exact sum over leaves for {num_points:,} points"
+        advice = "Use a smaller depth or smaller minibatches (subsample_size)."
+    else:
+        advice = "Use a smaller depth."
+    require_memory(
+        need,
+        what,
+        advice,
+        head=f"depth {depth} means 2**{depth} = {2**depth:,} leaves; ",
+        device=device,
+        max_bytes=max_bytes,
+    )
+    return depth
+
+
+def require_memory(
+    need: float,
+    what: str,
+    advice: str,
+    *,
+    head: str = "",
+    device=None,
+    max_bytes: int | None = None,
+) -> None:
+    """Raise a ``ValueError`` when ``need`` bytes exceed the memory budget, saying how
+    much ``what`` would need and how much there is (the check behind
+    :func:`check_depth`, for callers that count their memory themselves).
+
+    :param float need: the bytes needed.
+    :param str what: what needs them (``"training on 256 rows at a time"``).
+    :param str advice: how to need less, a sentence (``"Use a smaller depth."``).
+    :param str head: the start of the message: where the size comes from
+        (``"depth 30 means 2**30 = 1,073,741,824 leaves; "``).
+    :param device: whose memory: a CUDA device's free memory (with the blocks PyTorch
+        has cached but does not use), else the machine's physical memory.
+    :param max_bytes: a budget to use instead of the device's memory.
+    """
     budget = _available_memory_bytes(device) if max_bytes is None else max_bytes
     if need > budget:
-        if what is None:
-            what = f"the exact sum over leaves for {num_points:,} points"
-            advice = "Use a smaller depth or smaller minibatches (subsample_size)."
-        else:
-            advice = "Use a smaller depth."
         raise ValueError(
-            f"depth {depth} means 2**{depth} = {2**depth:,} leaves; {what} would need "
-            f"about {_format_bytes(need)} but only {_format_bytes(budget)} is available. "
-            f"{advice}"
+            f"{head}{what} would need about {_format_bytes(need)} but only "
+            f"{_format_bytes(budget)} is available. {advice}"
         )
-    return depth
 
 
 def depth_logits_to_node_logits(depth_logits: torch.Tensor) -> torch.Tensor:

@@ -43,13 +43,13 @@ def _require_memory(depth: int, need: float, what: str, hint: str, device=None) 
     :param str what: what needs the memory (``"training on 256 rows at a time"``).
     :param str hint: how to need less (``"a smaller depth or batch_size"``).
     """
-    budget = trees._available_memory_bytes(device)
-    if need > budget:
-        raise ValueError(
-            f"depth {depth} means 2**{depth + 1} - 1 = {2 ** (depth + 1) - 1:,} nodes; "
-            f"{what} would need about {trees._format_bytes(need)} but only "
-            f"{trees._format_bytes(budget)} is available. Use {hint}."
-        )
+    trees.require_memory(
+        need,
+        what,
+        f"Use {hint}.",
+        head=f"depth {depth} means 2**{depth + 1} - 1 = {2 ** (depth + 1) - 1:,} nodes; ",
+        device=device,
+    )
 
 
 @dataclass(frozen=True)
