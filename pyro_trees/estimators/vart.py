@@ -694,9 +694,10 @@ class VaRTRegressor(TreeEstimatorMixin):
         want = per_round if num_samples is None else int(num_samples)
         if want < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        rounds = [self._predictive(Xs, ("obs",), 3)["obs"]]
-        for r in range(1, -(-want // per_round)):  # seeds seed_ + 4, seed_ + 5, ...
-            rounds.append(self._predictive(Xs, ("obs",), 3 + r)["obs"])
+        # round r draws with seed seed_ + 3 + r, so the first round is the default call's
+        rounds = [
+            self._predictive(Xs, ("obs",), 3 + r)["obs"] for r in range(-(-want // per_round))
+        ]
         return torch.cat(rounds)[:want].cpu().numpy()
 
     def _take(self, draws: torch.Tensor, num_samples) -> np.ndarray:
