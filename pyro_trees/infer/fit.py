@@ -109,6 +109,23 @@ def _snapshot(*modules: torch.nn.Module) -> list[dict]:
     return [copy.deepcopy(m.state_dict()) for m in modules]
 
 
+def _cuda_rng_state():
+    """Every CUDA device's generator state, or ``None`` when CUDA has not been used (so
+    a CPU run never initialises CUDA for its checkpoint)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return [t.cpu() for t in torch.cuda.get_rng_state_all()]
+    return None
+
+
+def _set_cuda_rng_state(states) -> None:
+    """Restore :func:`_cuda_rng_state`'s states where this machine has as many CUDA
+    devices; otherwise (a CUDA checkpoint resumed on CPU, say) leave CUDA alone."""
+    if states is None or not torch.cuda.is_available():
+        return
+    if len(states) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([t.cpu() for t in states])
+
+
 def fit(
     model: Callable,
     guide: Callable,
@@ -167,7 +184,8 @@ def fit(
         ``{"model", "guide", "optimizer", "scheduler", "step", "result", "best_state",
         "bad_evals", "rng"}`` (a plain ``torch.save``; ``"scheduler"`` is ``None``
         without ``lr_scheduler``, ``"best_state"`` without validation; ``"rng"`` holds
-        :func:`pyro.util.get_rng_state`, the CPU generators).
+        :func:`pyro.util.get_rng_state`, the CPU generators, and ``"cuda_rng"`` the
+        states of every CUDA device's generator when CUDA is in use, else ``None``).
     :param resume: a checkpoint to continue from: loads the model's, the guide's, the
         optimiser's and the scheduler's states, the history, early stopping's best
         state and count, and the random generators (these override ``seed``), then
@@ -235,6 +253,7 @@ def fit(
                 rng = dict(state["rng"])
                 rng["torch"] = rng["torch"].cpu()
                 set_rng_state(rng)
+            _set_cuda_rng_state(state.get("cuda_rng"))
 
         def evaluate() -> float:
             if val_metric is not None:
@@ -261,6 +280,7 @@ def fit(
                 "best_state": best_state,
                 "bad_evals": bad_evals,
                 "rng": get_rng_state(),
+                "cuda_rng": _cuda_rng_state(),
             }
 
         bar = None
