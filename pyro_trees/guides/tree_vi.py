@@ -173,6 +173,16 @@ class PairNet(nn.Module):
     ``(x_i, x_j)``, hence nearly the same correlation. It needs every call to see all
     ``N`` nodes in order on dim -2 (a plate over groups; not ``idx`` minibatches).
 
+    With ``num_nodes=N`` and ``offsets="pair"`` the learnt offset belongs to the ordered
+    pair instead, :math:`\\rho_{ij} = \\rho_{\\max}\\tanh(f(x_i, x_j) + b_{ij})` with ``b``
+    of shape ``(N, N, D)`` (child, parent, dimension; the diagonal is never used), so the
+    same network scores any pair: the edges of a fixed tree (``b[i, parents[i]]``), the
+    edges a minibatch keeps, and all ``N^2`` candidate edges of the structure learning of
+    eq. 17 (:meth:`TreeVIGuide.learn_tree`). The caller then says which nodes each pair
+    joins with ``nodes=(child, parent)``, integer tensors broadcastable to the output's
+    batch shape (:class:`TreeVIGuide` does). The offset of ``(i, j)`` is not that of
+    ``(j, i)``: ``rho`` is symmetric in ``(x_i, x_j)`` but not in the node identities.
+
     With ``zero_init=True`` the last layer starts at zero, so every :math:`\\rho` starts
     at 0: the guide starts as the mean-field guide and moves away from it only where
     the ELBO's gradient asks (random initial correlations otherwise perturb the early
@@ -180,6 +190,8 @@ class PairNet(nn.Module):
 
     :param int edge_features: ``E``, size of the per-edge features (0: none).
     :param int num_nodes: ``N`` for per-edge offsets, or ``None`` (default).
+    :param str offsets: with ``num_nodes``, ``"child"`` (default: one offset per child,
+        ``(N, D)``, for a fixed tree) or ``"pair"`` (one per ordered pair, ``(N, N, D)``).
     :param bool zero_init: start with :math:`\\rho = 0` on every edge.
     """
 
@@ -192,12 +204,17 @@ class PairNet(nn.Module):
         num_nodes: int | None = None,
         edge_features: int = 0,
         zero_init: bool = False,
+        offsets: str = "child",
     ):
         super().__init__()
         if not 0 < max_rho < 1:
             raise ValueError(f"max_rho must lie in (0, 1), got {max_rho}")
         if num_nodes is not None and num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive int, got {num_nodes}")
+        if offsets not in ("child", "pair"):
+            raise ValueError(f"offsets must be 'child' or 'pair', got {offsets!r}")
+        if offsets == "pair" and num_nodes is None:
+            raise ValueError("offsets='pair' needs num_nodes (the size of the offset table)")
         if edge_features < 0:
             raise ValueError(f"edge_features must be >= 0, got {edge_features}")
         self.net = _mlp([2 * in_features + edge_features, *hidden, latent_dim])
@@ -206,11 +223,33 @@ class PairNet(nn.Module):
             nn.init.zeros_(self.net[-1].bias)
         self.max_rho = max_rho
         self.edge_features = edge_features
+        pair = offsets == "pair"
         self.edge_bias = (
-            None if num_nodes is None else nn.Parameter(torch.zeros(num_nodes, latent_dim))
+            None if num_nodes is None or pair else nn.Parameter(torch.zeros(num_nodes, latent_dim))
+        )
+        self.pair_bias = (
+            nn.Parameter(torch.zeros(num_nodes, num_nodes, latent_dim)) if pair else None
         )
 
-    def forward(self, xi, xj, edge=None):
+    @property
+    def offsets(self) -> str | None:
+        """``"child"``, ``"pair"`` or ``None``: which learnt offsets the network adds."""
+        if getattr(self, "pair_bias", None) is not None:
+            return "pair"
+        return "child" if self.edge_bias is not None else None
+
+    def forward(self, xi, xj, edge=None, *, nodes=None):
+        """Correlations of the pairs ``(x_i, x_j)``.
+
+        :param torch.Tensor xi: child inputs ``(..., F)``; :param torch.Tensor xj: parent
+            inputs ``(..., F)`` (broadcast together; e.g. ``x[:, None]`` and ``x[None, :]``
+            for all pairs).
+        :param edge: per-edge features ``(..., E)`` with ``edge_features=E``.
+        :param nodes: ``(child, parent)`` integer node indices of each pair, broadcastable
+            to the output's batch shape; required with ``offsets="pair"`` (ignored
+            otherwise).
+        :returns: ``rho`` of shape ``broadcast(xi, xj).shape[:-1] + (D,)``.
+        """
         h = torch.cat([xi + xj, xi * xj], dim=-1)
         if self.edge_features:
             if edge is None or edge.shape[-1] != self.edge_features:
@@ -230,7 +269,32 @@ class PairNet(nn.Module):
                     f"{self.edge_bias.shape[0]} nodes on dim -2, got input {tuple(xi.shape)}"
                 )
             h = h + self.edge_bias
+        elif self.offsets == "pair":
+            h = h + self._pair_offsets(nodes, h.shape[:-1])
         return self.max_rho * torch.tanh(h)
+
+    def _pair_offsets(self, nodes, batch_shape):
+        n = self.pair_bias.shape[0]
+        if nodes is None or len(nodes) != 2:
+            raise ValueError(
+                "PairNet(offsets='pair') needs nodes=(child, parent): the node indices of "
+                "each pair, to look up its offset"
+            )
+        child, parent = (torch.as_tensor(t, device=self.pair_bias.device) for t in nodes)
+        if child.is_floating_point() or parent.is_floating_point():
+            raise ValueError("nodes must be integer tensors (child, parent)")
+        try:
+            shape = torch.broadcast_shapes(child.shape, parent.shape)
+            torch.broadcast_shapes(shape, batch_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"nodes of shapes {tuple(child.shape)} and {tuple(parent.shape)} do not "
+                f"broadcast with the pairs' batch shape {tuple(batch_shape)}"
+            ) from None
+        for name, t in (("child", child), ("parent", parent)):
+            if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
+                raise ValueError(f"{name} node index out of range [0, {n - 1}]")
+        return self.pair_bias[child.long(), parent.long()]
 
 
 def induced_forest(parents: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -327,6 +391,12 @@ class TreeVIGuide(PyroModule):
             if pair_net is None:
                 raise ValueError("a tree-structured guide needs a pair_net for the correlations")
             parents = validate_parents(parents)
+            table = getattr(pair_net, "pair_bias", None)
+            if table is not None and table.shape[0] != parents.numel():
+                raise ValueError(
+                    f"the pair network's offset table is for {table.shape[0]} nodes but the "
+                    f"tree has {parents.numel()}"
+                )
         self.register_buffer("parents", parents)
         self.register_buffer("edge_features", self._check_edges(edge_features, parents))
         self.pair_net = pair_net
@@ -388,7 +458,11 @@ class TreeVIGuide(PyroModule):
             if idx is not None:
                 edges = edges.index_select(0, torch.as_tensor(idx, device=edges.device).long())
             args += (edges.to(xb.device),)
-        rho = pair_net(*args)
+        kwargs = {}
+        if getattr(pair_net, "offsets", None) == "pair":  # offsets looked up by node ids
+            child = torch.arange(parents.numel(), device=xb.device) if idx is None else idx
+            kwargs["nodes"] = (child, child[safe])
+        rho = pair_net(*args, **kwargs)
         return torch.where((parents < 0).unsqueeze(-1), torch.zeros_like(rho), rho)
 
     def distribution(self, x, idx=None):
@@ -411,6 +485,350 @@ class TreeVIGuide(PyroModule):
         feats = self._pair_features(xb, loc, scale)
         rho = self._rho(feats, plan.parents, self.pair_net, self.edge_features, idx)
         return TreeNormal(loc, scale, plan, rho)
+
+    def _all_pair_rho(self, feats: torch.Tensor, latent_dim: int) -> torch.Tensor:
+        """The pair network on every ordered pair of the ``N`` rows of ``feats``
+        ``(..., N, F')``: ``rho[..., i, j, :] = f(x_i, x_j)`` (child ``i``, parent ``j``),
+        shape ``(..., N, N, D)``. Raises :class:`ValueError` for a pair network that
+        cannot score all pairs."""
+        net = self.pair_net
+        n = feats.shape[-2]
+        if net is None:
+            raise ValueError(
+                "the guide has no pair_net: build it with pair_net=PairNet(...) to score "
+                "candidate edges"
+            )
+        if self.edge_features is not None:
+            raise ValueError(
+                "the guide has edge_features, which exist only for the edges of its fixed "
+                "tree; its pair network cannot score all N^2 candidate edges"
+            )
+        offsets = getattr(net, "offsets", None)
+        if offsets == "child":
+            raise ValueError(
+                "PairNet(num_nodes=N) adds one offset per child of a fixed tree, which "
+                "cannot score all pairs; use PairNet(..., num_nodes=N, offsets='pair') "
+                "(one offset per ordered pair) or no offsets"
+            )
+        kwargs = {}
+        if offsets == "pair":
+            if net.pair_bias.shape[0] != n:
+                raise ValueError(
+                    f"the pair network's offset table is for {net.pair_bias.shape[0]} "
+                    f"nodes but x has {n} instances on dim -2"
+                )
+            ar = torch.arange(n, device=feats.device)
+            kwargs["nodes"] = (ar[:, None], ar[None, :])
+        try:
+            rho = net(feats.unsqueeze(-2), feats.unsqueeze(-3), **kwargs)
+        except (RuntimeError, IndexError) as e:
+            raise ValueError(
+                "the pair network cannot score all pairs: calling it on the broadcast "
+                f"inputs {tuple(feats.unsqueeze(-2).shape)} and "
+                f"{tuple(feats.unsqueeze(-3).shape)} failed ({e})"
+            ) from None
+        want = feats.shape[:-2] + (n, n)
+        if (
+            not isinstance(rho, torch.Tensor)
+            or rho.shape[:-1] != want
+            or (rho.shape[-1] not in (1, latent_dim))
+        ):
+            got = tuple(rho.shape) if isinstance(rho, torch.Tensor) else type(rho).__name__
+            raise ValueError(
+                f"the pair network scored all pairs with shape {got}; expected "
+                f"{tuple(want) + (latent_dim,)} (child, parent, dimension)"
+            )
+        return rho
+
+    def soft_distribution(self, x, probs):
+        """The relaxed posterior of eq. 17 for soft parents ``probs``: a
+        :class:`~pyro_trees.distributions.SoftTreeNormal` with the encoder's ``loc`` and
+        ``scale`` and the pair network's correlations on all ``N^2`` ordered pairs.
+        At one-hot ``probs`` it equals :meth:`distribution` of that tree (the pair
+        network is the same; a ``PairNet(offsets="pair")`` looks its offsets up by node).
+
+        :param torch.Tensor x: ``(..., N, F)`` (all ``N`` instances).
+        :param torch.Tensor probs: soft parents ``(N, N + 1)`` (last column: root).
+        :returns: ``SoftTreeNormal`` with batch shape ``x.shape[:-2]``, event ``(N, D)``.
+        :raises ValueError: for a guide whose pair network cannot score all pairs, or
+            inputs of the wrong shape.
+        """
+        from pyro_trees.distributions.soft_tree_normal import SoftTreeNormal
+
+        xb, _ = self._inputs(x, None)
+        loc, scale = self.encoder(xb)
+        rho = self._all_pair_rho(self._pair_features(xb, loc, scale), loc.shape[-1])
+        return SoftTreeNormal(loc, scale, probs.to(loc), rho)
+
+    def learn_tree(
+        self,
+        model,
+        x,
+        *args,
+        subsample_size: int | None = None,
+        num_particles: int = 2,
+        restarts: int = 1,
+        init_parents=None,
+        init_strength: float = 2.0,
+        temperature: float = 0.3,
+        max_outer: int = 15,
+        inner_steps: int = 100,
+        lr: float = 0.1,
+        param_lr: float = 0.01,
+        eval_particles: int = 16,
+        refine_steps: int = 100,
+        single_root: bool = True,
+        generator: torch.Generator | None = None,
+        **kwargs,
+    ):
+        r"""Learn the guide's tree jointly with its parameters (eq. 17) and install it.
+
+        The relaxed family of :meth:`soft_distribution` (the encoder's means and scales,
+        the pair network on all ordered pairs, soft parents ``P``) is trained by
+        :func:`~pyro_trees.infer.learn_tree_structure` on its ELBO
+        (:func:`~pyro_trees.infer.soft_tree_elbo` with
+        :func:`~pyro_trees.infer.model_log_joint`), jointly over ``P`` and every
+        parameter of the guide (encoder and pair network), under the acyclicity
+        constraint :math:`h(A) = 0` (augmented Lagrangian). The hard tree (row-wise
+        argmax, cycles cut) then becomes the guide's ``parents`` (cached batch plans are
+        dropped) and the guide keeps the jointly learnt parameters, so plain ``SVI``
+        continues from there on the learned tree. The model's own parameters are held
+        fixed. With ``restarts > 1`` each restart starts from the guide's parameters as
+        they were and from fresh random logits; its hard tree's parameters are refined
+        (``refine_steps``) and the hard tree with the best Monte Carlo ELBO
+        (``eval_particles`` draws over every group) wins, with its parameters.
+
+        **The objective.** For ``x`` of shape ``(N, F)`` (one tree over all instances)
+        it is the ELBO of the whole data. With a group plate (``x`` of shape
+        ``(G, N, F)``, ``plate`` set) each inner step draws ``B`` groups
+        (``subsample_size``, else the guide's, else all ``G``) and the model runs with its
+        plate conditioned on those groups, as ``SVI`` replays a guide's subsample; the
+        log joint keeps the plate's scale :math:`G / B` and the entropy gets the same
+        scale, so the estimate is unbiased for the full-data ELBO of the relaxed guide.
+        The solver sees it divided by the number of trees (:math:`G`, or 1): the ELBO
+        *per tree*, whose size does not grow with the data, so that the Lagrangian's
+        penalty schedule behaves alike on any data size.
+
+        **Why a method.** The guide owns the pieces this needs (its encoder, the pair
+        network's all-pairs evaluation, its plate and site) and the state it changes
+        (the tree buffer and the cached batch plans); the solver and the relaxed ELBO
+        stay generic functions in :mod:`pyro_trees.infer.tree_structure`.
+
+        Cost per inner step: ``num_particles`` model calls and a dense ``N x N`` solve
+        per tree and latent dimension, :math:`O(B D N^3)`: meant for trees of up to a few
+        hundred nodes (a memory check raises before an oversized problem starts). The
+        oriented relaxation has local optima (see
+        :func:`~pyro_trees.infer.learn_tree_structure`): use a few ``restarts``.
+
+        :param model: the Pyro model; its only latent site must be the guide's ``site``,
+            of the shape the guide draws (``(N, D)``, or ``(B, N, D)`` under the plate).
+        :param torch.Tensor x: the data, ``(N, F)`` or ``(G, N, F)`` with a group plate.
+        :param args: further model arguments (the model is called as
+            ``model(x, *args, **kwargs)``, like ``SVI`` calls it).
+        :param int subsample_size: groups per inner step (group plate only).
+        :param int num_particles: draws of the relaxed guide per inner step.
+        :param int restarts: independent runs; the best hard tree is kept.
+        :param init_parents: parent array ``(N,)`` to start from (default: near-uniform
+            logits); ``init_strength``, ``temperature``, ``max_outer``, ``inner_steps``,
+            ``lr`` (logits) and ``param_lr`` (guide parameters) are passed to
+            :func:`~pyro_trees.infer.learn_tree_structure`.
+        :param int refine_steps: Adam steps (``param_lr``) on the guide's parameters
+            with the hard tree fixed, after each restart and before its ELBO is taken:
+            the parameters learnt at soft parents are not yet those of the hard tree, and
+            ranking restarts by unrefitted ELBOs picked wrong trees (0 to skip).
+        :param int eval_particles: draws for the ELBO that ranks the restarts.
+        :param bool single_root: learn a spanning tree (one unit of root mass, see
+            :func:`~pyro_trees.infer.learn_tree_structure`; default) rather than a
+            forest: with free root options the solver tends to the empty forest when the
+            posterior's correlations are weak, and a spanning tree loses nothing since
+            its correlations are learnt (an edge with ``rho = 0`` is a missing edge).
+        :param torch.Generator generator: seeds the restarts' logits and the groups drawn.
+        :param kwargs: further keyword arguments of the model (not ``idx``: the tree is
+            learnt over all ``N`` instances).
+        :returns: the winning :class:`~pyro_trees.infer.LearnedTree`, with ``elbo`` its
+            per-tree Monte Carlo ELBO on the hard tree.
+        :raises ValueError: for a mixture guide, a guide whose pair network cannot score
+            all pairs, a model with other latent sites or a site of another shape, a
+            missing plate, or data of the wrong shape.
+        """
+        from pyro_trees.infer.tree_structure import (
+            learn_tree_structure,
+            model_log_joint,
+            soft_tree_elbo,
+        )
+        from pyro_trees.trees import require_memory
+
+        if isinstance(self, TreeVIMixtureGuide):
+            raise ValueError(
+                "learn_tree learns a single tree; for a mixture learn each tree with a "
+                "TreeVIGuide and pass the parent arrays to TreeVIMixtureGuide"
+            )
+        if kwargs.get("idx") is not None:
+            raise ValueError(
+                "learn_tree learns the tree over all N instances; idx minibatches are not "
+                "supported (the tree of a minibatch is not the tree of the data)"
+            )
+        for name, v in (("num_particles", num_particles), ("restarts", restarts)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(eval_particles, int) or eval_particles < 1:
+            raise ValueError(f"eval_particles must be a positive int, got {eval_particles!r}")
+        if not isinstance(refine_steps, int) or refine_steps < 0:
+            raise ValueError(f"refine_steps must be a non-negative int, got {refine_steps!r}")
+        x = as_tensor(x, "x")
+        if self.plate is not None and x.dim() != 3:
+            raise ValueError(
+                f"with the group plate {self.plate!r}, x must have shape (G, N, F), got "
+                f"{tuple(x.shape)}"
+            )
+        xall, _ = self._inputs(x, None)  # shape and finiteness of all rows, once
+        table = getattr(self.pair_net, "pair_bias", None)
+        if table is not None and table.shape[0] != xall.shape[-2]:
+            raise ValueError(
+                f"the pair network's offset table is for {table.shape[0]} nodes but x has "
+                f"{xall.shape[-2]} instances on dim -2"
+            )
+        n = xall.shape[-2]
+        with torch.no_grad():
+            x1 = xall[:1] if self.plate is not None else xall
+            loc0, scale0 = self.encoder(x1)
+        d = loc0.shape[-1]
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        if self.plate is not None:
+            num_groups = x.shape[0]
+            size = subsample_size if subsample_size is not None else self.subsample_size
+            size = num_groups if size is None else min(int(size), num_groups)
+            if size < 1:
+                raise ValueError(f"subsample_size must be positive, got {size}")
+        else:
+            if subsample_size is not None:
+                raise ValueError("subsample_size needs a guide with a group plate")
+            num_groups = size = 1
+        # rho (N, N, D), B = I - P * rho, its inverse and their gradients, per tree
+        need = 12.0 * size * n * n * d * xall.element_size() * max(num_particles, 2)
+        require_memory(
+            need,
+            f"learning a {n}-node tree on {size} tree(s) at a time",
+            "Use a smaller subsample_size or fewer instances per tree.",
+            device=xall.device,
+        )
+        with torch.no_grad():  # fails early for a pair network that cannot score all pairs
+            self._all_pair_rho(self._pair_features(x1, loc0, scale0), d)
+
+        def draw():
+            if self.plate is None:
+                return None
+            if size >= num_groups:
+                return torch.arange(num_groups, device=x.device)
+            return torch.randperm(num_groups, generator=gen)[:size].to(x.device)
+
+        def conditioned(sel):
+            if sel is None:
+                return model
+            return poutine.condition(model, data={self.plate: sel})
+
+        def site_scale(sel, z):
+            cond = poutine.condition(conditioned(sel), data={self.site: z})
+            tr = poutine.trace(cond).get_trace(x, *args, **kwargs)
+            node = tr.nodes.get(self.site)
+            if node is None or node["type"] != "sample":
+                raise ValueError(f"the model has no sample site named {self.site!r}")
+            if self.plate is not None and self.plate not in tr.nodes:
+                raise ValueError(
+                    f"the model has no plate named {self.plate!r} (the guide's group plate)"
+                )
+            shape = node["fn"].shape()
+            if tuple(shape) != tuple(z.shape):
+                raise ValueError(
+                    f"the model's site {self.site!r} has shape {tuple(shape)} but the guide "
+                    f"draws {tuple(z.shape)}"
+                )
+            s = node["scale"]
+            return float(s) if not isinstance(s, torch.Tensor) else float(s.reshape(-1)[0])
+
+        def elbo_per_tree(p, sel, particles, scale_):
+            xb = xall if sel is None else xall.index_select(0, sel)
+            loc, scale = self.encoder(xb)
+            rho = self._all_pair_rho(self._pair_features(xb, loc, scale), d)
+            log_joint = model_log_joint(conditioned(sel), self.site, x, *args, **kwargs)
+            elbo = soft_tree_elbo(
+                lambda z: log_joint(z) / scale_, loc, scale, rho, p.to(loc), particles
+            )
+            return elbo / max(1, loc.shape[:-2].numel())
+
+        probe = None if self.plate is None else torch.arange(size, device=x.device)
+        with torch.no_grad():
+            z0 = self.encoder(xall if probe is None else xall.index_select(0, probe))[0]
+            site_scale_ = site_scale(probe, z0)
+            # the other latent sites are named by model_log_joint's check
+            model_log_joint(conditioned(probe), self.site, x, *args, **kwargs)(z0.unsqueeze(0))
+
+        def objective(p):
+            return elbo_per_tree(p, draw(), num_particles, site_scale_)
+
+        def evaluate(p):
+            """Per-tree ELBO over every group (in chunks of the step's size)."""
+            if self.plate is None:
+                return float(elbo_per_tree(p, None, eval_particles, site_scale_))
+            total = 0.0
+            for sel in torch.arange(num_groups, device=x.device).split(size):
+                chunk_scale = site_scale_ * size / sel.numel()
+                total += sel.numel() * float(elbo_per_tree(p, sel, eval_particles, chunk_scale))
+            return total / num_groups
+
+        params = [q for q in self.parameters() if q.requires_grad]
+        start = [q.detach().clone() for q in params]
+        best, best_state = None, None
+        for _ in range(restarts):
+            with torch.no_grad():
+                for q, q0 in zip(params, start, strict=True):
+                    q.copy_(q0)
+            seed = int(torch.randint(0, 2**31 - 1, (), generator=gen))
+            res = learn_tree_structure(
+                objective,
+                n,
+                init_parents=init_parents,
+                init_strength=init_strength,
+                temperature=temperature,
+                max_outer=max_outer,
+                inner_steps=inner_steps,
+                lr=lr,
+                params=params,
+                param_lr=param_lr,
+                single_root=single_root,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            hard = torch.zeros(n, n + 1, dtype=torch.float64)
+            hard[torch.arange(n), torch.where(res.parents < 0, n, res.parents)] = 1.0
+            if refine_steps and params:  # fit the hard tree's parameters before ranking
+                opt = torch.optim.Adam(params, lr=param_lr)
+                for _ in range(refine_steps):
+                    opt.zero_grad()
+                    (-objective(hard)).backward()
+                    opt.step()
+            with torch.no_grad():
+                res.elbo = evaluate(hard)
+            if best is None or res.elbo > best.elbo:
+                best, best_state = res, [q.detach().clone() for q in params]
+        with torch.no_grad():
+            for q, q1 in zip(params, best_state, strict=True):
+                q.copy_(q1)
+        self._clear_grads(model, params)
+        device = params[0].device if params else x.device
+        self.parents = validate_parents(best.parents, n).to(device)
+        _PLANS.pop(self, None)  # plans of the old tree
+        return best
+
+    @staticmethod
+    def _clear_grads(model, params):
+        """Drop the gradients the solver left (SVI accumulates onto existing ones)."""
+        for q in params:
+            q.grad = None
+        if isinstance(model, nn.Module):
+            for q in model.parameters():
+                q.grad = None
+        for _, q in pyro.get_param_store().named_parameters():
+            q.grad = None
 
     @contextlib.contextmanager
     def _plate(self, x, subsample_size=None):

@@ -220,6 +220,9 @@ class LearnedTree:
     :ivar h: acyclicity of the soft parent matrix at the end.
     :ivar h_hard: acyclicity of the hard parent matrix (0 for a valid forest).
     :ivar history: ``(outer_iteration, objective, h, rho)`` per outer iteration.
+    :ivar elbo: a Monte Carlo ELBO per tree of the hard tree with the learnt parameters,
+        where the caller computes one (:meth:`~pyro_trees.guides.TreeVIGuide.learn_tree`
+        does, to rank restarts); ``None`` otherwise.
     """
 
     parents: torch.Tensor
@@ -227,6 +230,7 @@ class LearnedTree:
     h: float
     h_hard: float
     history: list = field(default_factory=list)
+    elbo: float | None = None
 
 
 def learn_tree_structure(
@@ -246,6 +250,7 @@ def learn_tree_structure(
     generator: torch.Generator | None = None,
     params: Iterable[torch.Tensor] | None = None,
     param_lr: float | None = None,
+    single_root: bool = False,
 ) -> LearnedTree:
     r"""Learn a forest by the acyclicity-constrained optimisation of eqs. 16-17.
 
@@ -297,6 +302,17 @@ def learn_tree_structure(
     :param float lr: Adam step size of the logits.
     :param params: extra tensors optimised jointly with the logits (default none).
     :param float param_lr: Adam step size of ``params`` (default ``lr``).
+    :param bool single_root: relax spanning trees instead of forests: the root
+        probabilities form one softmax over the nodes (logit ``L[i, N]``), so the soft
+        parents hold exactly one unit of root mass, and node ``i`` spreads the rest,
+        ``1 - r_i``, over its parents (``softmax(L[i, :N] / T)``). The hard tree is the
+        most probable root plus each other node's most probable parent (cycles cut as
+        above). With learnt edge correlations nothing is lost: a forest is a spanning
+        tree whose extra edges have zero correlation. What is gained: in the free
+        relaxation every root option lowers :math:`h` for all nodes at once, so when
+        the objective's gain per edge is small next to the penalty (weakly correlated
+        posteriors) the solver escapes to the empty forest, which is acyclic; with one
+        unit of root mass it must orient edges instead.
     :returns: :class:`LearnedTree`.
     """
     if isinstance(objective, torch.Tensor):
@@ -334,7 +350,11 @@ def learn_tree_structure(
     mask[torch.arange(n), torch.arange(n)] = True
 
     def soft(lg):
-        return torch.softmax(lg.masked_fill(mask, -math.inf) / temperature, dim=1)
+        if not single_root or n == 1:
+            return torch.softmax(lg.masked_fill(mask, -math.inf) / temperature, dim=1)
+        root = torch.softmax(lg[:, n] / temperature, dim=0)  # one unit of root mass
+        par = torch.softmax(lg[:, :n].masked_fill(mask[:, :n], -math.inf) / temperature, dim=1)
+        return torch.cat([par * (1 - root).unsqueeze(1), root.unsqueeze(1)], 1)
 
     alpha, rho, h_prev = 0.0, rho_init, math.inf
     history = []
@@ -364,7 +384,11 @@ def learn_tree_structure(
         h_prev = h
     with torch.no_grad():
         p = soft(logits)
-        best = p.argmax(1)
+        if single_root and n > 1:
+            best = p[:, :n].argmax(1)
+            best[p[:, n].argmax()] = n
+        else:
+            best = p.argmax(1)
         parents = torch.where(best == n, torch.tensor(-1), best)
         parents = _cut_cycles(parents, p)
         a = torch.zeros(n, n, dtype=torch.float64)
