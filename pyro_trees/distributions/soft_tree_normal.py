@@ -61,7 +61,9 @@ class SoftTreeNormal(TorchDistribution):
     network on all pairs of a minibatch, ``pair_net(x[:, None], x[None, :])``, gives
     exactly this tensor (``N^2`` evaluations), so the relaxation and the hard tree share
     one parameterisation. (``PairNet(num_nodes=N)``'s per-child offsets are indexed for
-    a fixed tree and do not apply to all pairs.)
+    a fixed tree and do not apply to all pairs; ``PairNet(num_nodes=N, offsets="pair")``
+    has one offset per ordered pair and does, see
+    :meth:`~pyro_trees.guides.TreeVIGuide.learn_tree`.)
     A per-child correlation ``(..., N, D)`` (as in :class:`TreeNormal`) is the special
     case ``rho.unsqueeze(-2).expand(..., N, N, D)``.
 

@@ -5,7 +5,10 @@
 x_j)` (a pair network, eq. 12 of Xiao & Su 2024), and samples the latent site from a
 :class:`~pyro_trees.distributions.TreeNormal`. :class:`TreeVIMixtureGuide` does the same
 for a mixture of trees (MTreeVI) and trains with :class:`MixtureTreeELBO`. Both train with
-plain ``pyro.infer.SVI``.
+plain ``pyro.infer.SVI``. The tree is given, initialised (e.g.
+:func:`~pyro_trees.infer.similarity_dfs_tree`), or learnt jointly with the guide's
+networks by the acyclicity-constrained optimisation of eqs. 16-17
+(:meth:`TreeVIGuide.learn_tree`), after which SVI continues on the learnt tree.
 
 **Minibatches.** A guide called with ``idx`` (indices of a batch ``B`` of instances)
 samples ``z_B`` from the tree *restricted to B*: a node whose parent is outside ``B``
@@ -171,7 +174,8 @@ class PairNet(nn.Module):
     (e.g. groups of ``N`` exchangeable-looking instances with a fixed tree, the synthetic
     model of Sec. 4.1): without it every edge of a tree gets the same function of
     ``(x_i, x_j)``, hence nearly the same correlation. It needs every call to see all
-    ``N`` nodes in order on dim -2 (a plate over groups; not ``idx`` minibatches).
+    ``N`` nodes in order on dim -2 (a plate over groups; not ``idx`` minibatches), and
+    cannot score all pairs (structure learning): ``offsets="pair"`` can.
 
     With ``num_nodes=N`` and ``offsets="pair"`` the learnt offset belongs to the ordered
     pair instead, :math:`\\rho_{ij} = \\rho_{\\max}\\tanh(f(x_i, x_j) + b_{ij})` with ``b``

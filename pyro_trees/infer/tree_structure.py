@@ -9,7 +9,9 @@ Three ways to obtain the ``parents`` array of a :class:`~pyro_trees.distribution
   probability increasing in the similarity of the neighbours (App. D.2);
 * :func:`learn_tree_structure`: the acyclicity-constrained continuous optimisation of
   eqs. 16-17, solved by an augmented Lagrangian, jointly with the variational parameters
-  when the objective is the ELBO of the relaxed family (:func:`soft_tree_elbo`).
+  when the objective is the ELBO of the relaxed family (:func:`soft_tree_elbo`). For an
+  amortised guide, :meth:`~pyro_trees.guides.TreeVIGuide.learn_tree` builds that
+  objective from a Pyro model and the guide's networks and installs the learned tree.
 """
 
 from __future__ import annotations

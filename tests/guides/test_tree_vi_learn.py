@@ -285,3 +285,15 @@ def test_instance_level_guide_learns_over_all_instances():
     assert math.isfinite(svi.step(x))
     with pytest.raises(ValueError, match="subsample_size needs a guide with a group plate"):
         guide.learn_tree(model, x, subsample_size=2)
+
+
+@pytest.mark.cuda
+def test_learn_tree_on_cuda():
+    model = TreeGroups(TRUE, latent_dim=1).cuda()
+    x = model.generate(16, seed=0).cuda()
+    guide = tree_guide(5, 1).cuda()
+    res = guide.learn_tree(model, x, subsample_size=8, max_outer=2, inner_steps=5)
+    assert res.h_hard == 0.0 and guide.parents.device.type == "cuda"
+    assert guide.distribution(x).rsample().device.type == "cuda"
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+    assert math.isfinite(svi.step(x, subsample_size=8))

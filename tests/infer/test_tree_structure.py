@@ -112,3 +112,22 @@ def test_learned_structure_is_acyclic_and_near_chow_liu():
     assert res2.h_hard == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ValueError, match="square"):
         learn_tree_structure(torch.zeros(3, 4))
+
+
+def test_single_root_relaxes_spanning_trees_where_the_free_one_empties():
+    """With weak edge scores beside a root option worth more, the free relaxation's best
+    acyclic point is the empty forest; ``single_root=True`` keeps one unit of root mass,
+    so the solver must orient edges and returns a spanning tree."""
+    n = 6
+    w = 0.2 * chow_liu_weights(n, seed=2) / chow_liu_weights(n, seed=2).max()
+    free = learn_tree_structure(w, root_score=0.5, inner_steps=60, max_outer=15, lr=0.1)
+    assert free.parents.tolist() == [-1] * n
+    one = learn_tree_structure(
+        w, root_score=0.5, inner_steps=60, max_outer=15, lr=0.1, single_root=True
+    )
+    assert one.h_hard == 0.0 and int((one.parents < 0).sum()) == 1
+    validate_parents(one.parents)
+    torch.testing.assert_close(one.probs.sum(1), torch.ones(n, dtype=torch.float64))
+    assert float(one.probs[:, n].sum()) == pytest.approx(1.0, abs=1e-9)  # one root's mass
+    got = float((parents_to_adjacency(one.parents) * w).sum() / 2)
+    assert got >= 0.9 * brute_force_best_tree_weight(w)
