@@ -21,7 +21,7 @@ the guide (:meth:`~pyro_trees.guides.TreeVIGuide.learn_tree`: the relaxed ELBO o
 amortised guide, jointly over the soft parents and the guide's parameters, on minibatches
 of 250 groups, 3 restarts) with per-pair correlation offsets
 (``PairNet(num_nodes=4, offsets="pair")``), then trains with the same SVI protocol as the
-other rows. A second table gives the family-best ELBO of each of the 16 labelled spanning
+other rows. A second table gives the exact family-best ELBO of each of the 16 labelled spanning
 trees of the 4 nodes, so that one sees whether the learned tree is the best single tree.
 """
 
@@ -163,6 +163,47 @@ def family_optimum(model, parents_list, steps=3000):
     return -float(kl) / n  # per instance, for one latent dimension
 
 
+def tree_optimum_exact(model, parents):
+    """Best ELBO of the single-tree family for the exact posterior, per instance and
+    latent dimension, without Monte Carlo: with the means at the posterior's, KL(q || p)
+    is :math:`\\tfrac12(\\operatorname{tr}(\\Lambda \\Sigma_q) - n - \\log\\det\\Sigma_q -
+    \\log\\det\\Lambda)` with ``Sigma_q`` the tree's dense covariance (eq. 3), minimised
+    over the scales and edge correlations by L-BFGS in float64 (a forest of roots gives
+    the closed-form mean-field value to 1e-15). :func:`family_optimum` reaches the same
+    optimum only up to its stochastic optimiser's noise."""
+    c = (model.prior_tril @ model.prior_tril.T).double()
+    n = c.shape[0]
+    prec = torch.linalg.inv(c) + torch.eye(n, dtype=torch.float64) / model.noise_var
+    logdet_prec = torch.logdet(prec)
+    parents = torch.as_tensor(parents)
+    log_s = torch.zeros(n, 1, dtype=torch.float64, requires_grad=True)
+    pre = torch.zeros(n, 1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [log_s, pre],
+        lr=1,
+        max_iter=500,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
+
+    def kl():
+        zero = torch.zeros(n, 1, dtype=torch.float64)
+        cov = TreeNormal(zero, log_s.exp(), parents, torch.tanh(pre)).covariance_matrix
+        return 0.5 * (torch.trace(prec @ cov) - n - torch.logdet(cov) - logdet_prec)
+
+    def closure():
+        opt.zero_grad()
+        value = kl()
+        value.backward()
+        return value
+
+    for _ in range(3):
+        opt.step(closure)
+    with torch.no_grad():
+        return -float(kl()) / n
+
+
 def guide_is_bound(guide):
     return isinstance(guide, TreeVIMixtureGuide) and guide.entropy == "bound"
 
@@ -248,11 +289,14 @@ def main(argv=None):
         "TreeVI (T2)": family_optimum(model, [T2], 400 if args.smoke else 3000),
         "MTreeVI (T1, T2)": family_optimum(model, [T1, T2], 400 if args.smoke else 3000),
     }
-    # every labelled spanning tree of the 4 nodes (T1 and T2 among them, same optimiser)
-    tree_best = {}
-    for parents in spanning_trees(n):
-        tree_best[edge_set(parents)] = family_optimum(model, [parents], 400 if args.smoke else 3000)
-    optimum_gap[LEARNED] = sum(tree_best[edge_set(t)] for t in learned_trees) / len(learned_trees)
+    # every labelled spanning tree of the 4 nodes (T1 and T2 among them), exactly
+    tree_best = {edge_set(t): tree_optimum_exact(model, t) for t in spanning_trees(n)}
+    exact_gap = {
+        "mean-field": optimum_gap["mean-field"],  # closed form already
+        "TreeVI (T1)": tree_best[edge_set(T1)],
+        "TreeVI (T2)": tree_best[edge_set(T2)],
+        LEARNED: sum(tree_best[edge_set(t)] for t in learned_trees) / len(learned_trees),
+    }
     rows = []
     for name in names:
         vals = torch.tensor(per_seed[name])
@@ -266,6 +310,7 @@ def main(argv=None):
                 "± std": float(vals.std()) if len(vals) > 1 else 0.0,
                 "gap to exact (ours)": exact - float(vals.mean()),
                 "family-best gap": None if best is None else -best * d,
+                "family-best gap (exact)": None if name not in exact_gap else -exact_gap[name] * d,
                 "paper ELBO": None if no_paper else paper,
                 "paper gap": None if no_paper else PAPER["exact log p(x)"] - paper,
                 "train s (ratio to MF)": sum(seconds[name]) / sum(seconds["mean-field"]),
@@ -278,6 +323,7 @@ def main(argv=None):
             "± std": float(torch.tensor(exacts).std()) if len(exacts) > 1 else 0.0,
             "gap to exact (ours)": 0.0,
             "family-best gap": 0.0,
+            "family-best gap (exact)": 0.0,
             "paper ELBO": PAPER["exact log p(x)"],
             "paper gap": 0.0,
             "train s (ratio to MF)": None,
@@ -312,7 +358,7 @@ def main(argv=None):
         {
             "rank": k + 1,
             "tree (edges, 1-based)": " ".join(f"({i},{j})" for i, j in edges),
-            "family-best gap": -value * d,
+            "family-best gap (exact)": -value * d,
             "family-best ELBO": exact + value * d,
             "paper's": "T1" if edges == edge_set(T1) else ("T2" if edges == edge_set(T2) else ""),
             "learned (seeds)": ", ".join(str(sd) for sd, e in enumerate(found) if e == edges),
@@ -324,9 +370,13 @@ def main(argv=None):
     learn_note = (
         "\n\nTreeVI (learned): eq. 17 through the guide (learn_tree: 250 groups a step, 3 "
         "restarts, each refined 100 steps on its hard tree and ranked by an ELBO over all "
-        "groups; spanning-tree relaxation), then the same SVI protocol as the other rows; its "
-        "'family-best gap' is that of the tree each seed learned (mean over seeds), its "
-        "time ratio counts SVI only. Trees learned per seed: "
+        "groups; spanning-tree relaxation), then the same SVI protocol as the other rows; it has "
+        "no Monte Carlo 'family-best gap' (the trees differ by seed): its exact one is that "
+        "of the tree each seed learned (mean over seeds); its time ratio counts SVI only. "
+        "'family-best gap (exact)' minimises the closed-form KL of a single tree by L-BFGS "
+        "(tree_optimum_exact); the Monte Carlo optimiser of the 'family-best gap' column "
+        "overstates the gaps by a few thousandths (T1, T2 above), within which the SVI "
+        "rows' gaps can fall below it. Trees learned per seed: "
         + "; ".join(
             f"seed {sd} {' '.join(f'({i},{j})' for i, j in e)} (rank {rank_of[e]} of "
             f"{len(ranked)}, ELBO/instance after eq. 17 {learn_elbos[sd]:.4f})"
@@ -341,7 +391,7 @@ def main(argv=None):
         + note
         + learn_note
         + "\n\nFamily-best ELBO per instance of every labelled spanning tree of the 4 nodes "
-        "(non-amortised optimum, same optimiser as above), best first:\n\n"
+        "(non-amortised optimum, exact: tree_optimum_exact), best first:\n\n"
         + markdown_table(tree_rows)
     )
     print(md)
