@@ -118,13 +118,13 @@ def test_learn_tree_recovers_the_posterior_tree_and_svi_continues():
     assert all(p.grad is None for p in guide.parameters())  # nothing stale for SVI
     assert torch.equal(guide.parents, res.parents)
     assert edges(guide.parents) == edges(TRUE)
-    assert res.elbo is not None and res.elbo <= model.log_evidence(x) + 0.5
+    exact = model.log_evidence(x)
+    assert exact - 0.3 < res.elbo <= exact + 0.05  # a bound, near it on the exact family
     # plain SVI continues on the learned tree; a wrong fixed tree is worse, even with
-    # five times the SVI steps (its ELBO has levelled off by then)
+    # three times the SVI steps
     learned_before = mc_elbo(model, guide, x, 20)
     learned = train_and_score(model, guide, x, 200)
-    wrong_elbo = train_and_score(model, tree_guide(5, 1, WRONG), x, 1000)
-    exact = model.log_evidence(x)
+    wrong_elbo = train_and_score(model, tree_guide(5, 1, WRONG), x, 600)
     assert learned > wrong_elbo + 0.1
     assert learned <= exact + 0.05  # a bound (up to Monte Carlo noise)
     assert learned > learned_before - 0.1
