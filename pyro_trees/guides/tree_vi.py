@@ -595,8 +595,9 @@ class TreeVIGuide(PyroModule):
         parameter of the guide (encoder and pair network), under the acyclicity
         constraint :math:`h(A) = 0` (augmented Lagrangian). The hard tree (the most
         probable root and every other node's most probable parent, cycles cut) then
-        becomes the guide's ``parents`` (cached batch plans are dropped) and the guide keeps the jointly learnt parameters, so plain ``SVI``
-        continues from there on the learned tree. The model's own parameters are held
+        becomes the guide's ``parents`` (cached batch plans are dropped) and the guide
+        keeps the jointly learnt parameters, so plain ``SVI`` continues from there on the
+        learned tree. The model's own parameters are held
         fixed. With ``restarts > 1`` each restart starts from the guide's parameters as
         they were and from fresh random logits; its hard tree's parameters are refined
         (``refine_steps``) and the hard tree with the best Monte Carlo ELBO
