@@ -167,16 +167,20 @@ def test_resume_into_fresh_objects_continues_the_run_exactly(tmp_path, interrupt
             assert torch.equal(sa[key], sb[key]), key
 
 
-def test_resume_continues_the_random_streams(tmp_path):
-    """Soft feedback feeds back quantisation noise, so every step draws random numbers:
-    the checkpoint's generators make the resumed run the uninterrupted one."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_resume_continues_the_random_streams(tmp_path, device):
+    """Soft feedback feeds back quantisation noise, drawn on the device, so every step
+    draws random numbers: the checkpoint's generators (the CPU's, and every CUDA
+    device's when CUDA is in use) make the resumed run the uninterrupted one."""
 
     def run(seed, **kwargs):
         pyro.set_rng_seed(seed)
         x = torch.linspace(-2, 2, 60).unsqueeze(-1)
         y = torch.where(x[:, 0] > 0, 1.0, -1.0)
         model, guide = HME(1, 2, noise_scale=None), RNNTreeGuide(1, 2, feedback="soft")
-        result = fit(model, guide, x, y, loss=TreeELBO(), lr=0.05, progress=False, **kwargs)
+        result = fit(
+            model, guide, x, y, loss=TreeELBO(), lr=0.05, progress=False, device=device, **kwargs
+        )
         return guide, result
 
     guide, full = run(0, num_steps=20)
@@ -187,6 +191,8 @@ def test_resume_continues_the_random_streams(tmp_path):
 
     path = tmp_path / "ckpt.pt"
     run(0, num_steps=20, callback=interrupt, checkpoint=path)
+    if device == "cuda":
+        assert torch.load(path, weights_only=False)["cuda_rng"] is not None
     guide2, resumed = run(1, num_steps=20, resume=path)
     assert resumed.losses == full.losses
     for key, value in guide.state_dict().items():
@@ -290,34 +296,3 @@ def test_cpu_checkpoint_does_not_touch_cuda(tmp_path):
     assert "cuda_rng" in state
     if not torch.cuda.is_initialized():
         assert state["cuda_rng"] is None
-
-
-@pytest.mark.cuda
-def test_resume_on_cuda_continues_the_cuda_random_streams(tmp_path):
-    """Soft feedback draws its quantisation noise on the device: the checkpoint's CUDA
-    generator states make a resumed CUDA run the uninterrupted one, step by step."""
-
-    def run(seed, **kwargs):
-        pyro.set_rng_seed(seed)
-        x = torch.linspace(-2, 2, 60).unsqueeze(-1)
-        y = torch.where(x[:, 0] > 0, 1.0, -1.0)
-        model, guide = HME(1, 2, noise_scale=None), RNNTreeGuide(1, 2, feedback="soft")
-        result = fit(
-            model, guide, x, y, loss=TreeELBO(), lr=0.05, progress=False, device="cuda", **kwargs
-        )
-        return guide, result
-
-    guide, full = run(0, num_steps=20)
-
-    def interrupt(step, loss):
-        if step == 8:
-            raise KeyboardInterrupt
-
-    path = tmp_path / "ckpt.pt"
-    run(0, num_steps=20, callback=interrupt, checkpoint=path)
-    assert torch.load(path, weights_only=False)["cuda_rng"] is not None
-    torch.cuda.manual_seed_all(12345)  # the resumed run must not depend on the current state
-    guide2, resumed = run(1, num_steps=20, resume=path)
-    assert resumed.losses == full.losses
-    for key, value in guide.state_dict().items():
-        assert torch.equal(guide2.state_dict()[key], value), key
