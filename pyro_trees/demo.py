@@ -30,6 +30,13 @@ def _fmt(value) -> str:
 
 
 def main(argv=None) -> int:
+    """Run the demos of :mod:`pyro_trees.demos` and print their summary table.
+
+    :param argv: command-line arguments (``--out DIR``, ``--smoke``, ``--only NAME ...``);
+        ``None`` reads ``sys.argv``.
+    :returns: the exit status: 0, or 1 when a demo raised (the others still run).
+    :rtype: int
+    """
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="demo_output", help="folder for figures")
     parser.add_argument("--smoke", action="store_true", help="tiny runs (for tests)")

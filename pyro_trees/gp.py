@@ -27,9 +27,10 @@ Shapes: inputs ``x`` are ``batch_shape + (N, D)`` and inducing inputs ``z`` are
 **References**
 
 [1] H. Salimbeni, M. Deisenroth, *Doubly stochastic variational inference for deep
-    Gaussian processes*, NeurIPS 2017.
+Gaussian processes*, NeurIPS 2017.
+
 [2] J. Hensman, A. Matthews, Z. Ghahramani, *Scalable variational Gaussian process
-    classification*, AISTATS 2015.
+classification*, AISTATS 2015.
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ def gaussian_kl(
             + (\\mu_p-\\mu_q)^\\top S_p^{-1}(\\mu_p-\\mu_q) - M
             + \\log|S_p| - \\log|S_q|\\big)
 
-    :param q_loc: ``batch_shape + (M,)``; :param q_scale_tril: ``batch_shape + (M, M)``.
+    :param q_loc: ``batch_shape + (M,)``.
+    :param q_scale_tril: ``batch_shape + (M, M)``.
     :returns: ``batch_shape``.
     """
     M = q_loc.shape[-1]

@@ -134,18 +134,22 @@ class Topology:
     # ------------------------------------------------------------------ structure
     @property
     def gates(self) -> tuple[int, ...]:
+        """The gates' heap indices, sorted."""
         return self._gates
 
     @property
     def experts(self) -> tuple[int, ...]:
+        """The experts' heap indices, left to right (in-order)."""
         return self._experts
 
     @property
     def num_gates(self) -> int:
+        """Number of gates (internal nodes)."""
         return len(self._gates)
 
     @property
     def num_experts(self) -> int:
+        """Number of experts (leaves): ``num_gates + 1``."""
         return len(self._experts)
 
     @property

@@ -355,6 +355,7 @@ class DecisionRules:
 
     @property
     def depth(self) -> int:
+        """Depth ``D`` of the tree (``2**D - 1`` internal nodes)."""
         return (self.feature.shape[-1] + 1).bit_length() - 1
 
     def route(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ All generators return NumPy arrays; the random ones draw from
 **References**
 
 [1] J. Antorán, J. Yao, W. Pan, J. M. Hernández-Lobato, F. Doshi-Velez,
-    *Amortised Variational Inference for Hierarchical Mixture Models*, Appendix F.
+*Amortised Variational Inference for Hierarchical Mixture Models*, Appendix F.
 """
 
 from __future__ import annotations

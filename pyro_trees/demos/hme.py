@@ -14,6 +14,16 @@ __all__ = ["run"]
 
 
 def run(out_dir: Path, smoke: bool = False) -> list[dict]:
+    """Fit the RNN-Tree to the 8-level pulse (F.1) and to 6-bit noisy parity (F.2).
+
+    Writes ``hme_pulse_rules.txt`` and, with matplotlib, ``hme_pulse.png`` into
+    ``out_dir``.
+
+    :param out_dir: folder for the outputs (created if missing).
+    :param bool smoke: tiny step counts, for the tests.
+    :returns: rows for the pulse (regions used, training MSE) and the parity test
+        accuracy.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -55,6 +55,7 @@ class KroneckerNormal(TorchDistribution):
 
     @property
     def covariance_matrix(self):
+        """The row covariance ``C = scale_tril @ scale_tril.T``, ``batch_shape + (N, N)``."""
         return self.scale_tril @ self.scale_tril.transpose(-1, -2)
 
     def expand(self, batch_shape, _instance=None):

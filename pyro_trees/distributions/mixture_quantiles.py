@@ -27,7 +27,8 @@ def gaussian_mixture_quantiles(
 
     :param weight: component weights, broadcastable with ``loc``, summing to one over
         ``dim``; components of weight 0 are ignored.
-    :param loc: component means; :param scale: their standard deviations (same shape).
+    :param loc: component means.
+    :param scale: their standard deviations (same shape).
     :param probs: probabilities in ``(0, 1)``.
     :param dim: the component dim or dims, summed over.
     :returns: ``(len(probs),) + shape``, where ``shape`` is ``loc``'s (broadcast) shape

@@ -187,6 +187,7 @@ class SoftTreeNormal(TorchDistribution):
     # ----------------------------------------------------------------- structure
     @property
     def num_nodes(self) -> int:
+        """Number of nodes ``N`` (the event size)."""
         return self.event_shape[0]
 
     @lazy_property

@@ -106,6 +106,7 @@ class RelaxedSplitIndicator(TorchDistribution):
 
     @property
     def probs(self):
+        """The split probabilities ``sigmoid(logits)``, shape ``batch_shape``."""
         return torch.sigmoid(self.logits)
 
     def rsample(self, sample_shape=_EMPTY):

@@ -204,12 +204,14 @@ class BalancedLeaf(dist.Categorical):
         super().__init__(logits=logits, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
+        """A copy with batch shape ``batch_shape``, keeping ``depth`` and ``num_points``."""
         new = self._get_checked_instance(BalancedLeaf, _instance)
         new.depth, new.num_points = self.depth, self.num_points
         return super().expand(batch_shape, _instance=new)
 
     @property
     def joint(self) -> TreeBalance:
+        """The joint over all ``num_points`` points: :class:`TreeBalance`."""
         return TreeBalance(self.depth, self.num_points)
 
 

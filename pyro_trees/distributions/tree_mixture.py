@@ -82,6 +82,7 @@ class MixtureOfTreeNormals(TorchDistribution):
 
     @property
     def num_components(self) -> int:
+        """Number of mixture components (trees)."""
         return len(self.components)
 
     @lazy_property

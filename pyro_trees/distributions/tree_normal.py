@@ -455,6 +455,7 @@ class TreeNormal(TorchDistribution):
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes ``N`` (the event size)."""
         return self._plan.n
 
     @lazy_property

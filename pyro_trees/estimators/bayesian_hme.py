@@ -159,7 +159,8 @@ class BayesianHMERegressor(TreeEstimatorMixin):
     def fit(self, X, y):
         """Search the topologies and keep the one with the highest bound.
 
-        :param X: inputs ``(N, L)``; :param y: targets ``(N,)`` or ``(N, D)``.
+        :param X: inputs ``(N, L)``.
+        :param y: targets ``(N,)`` or ``(N, D)``.
         :raises ValueError: for NaN/inf, mismatched lengths, fewer points than experts,
             an invalid topology or invalid settings.
         """

@@ -147,7 +147,8 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         random streams (Python, NumPy, torch) as it found them; with ``None`` it draws
         from them.
 
-        :param X: ``(N, L)`` array-like; :param y: ``(N,)`` real targets.
+        :param X: ``(N, L)`` array-like.
+        :param y: ``(N,)`` real targets.
         :returns: ``self``.
         """
         with local_seed(self.random_state):

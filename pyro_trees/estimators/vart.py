@@ -80,7 +80,8 @@ def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> fl
     :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (the one-sided 95 % profile likelihood
     bound).
 
-    :param grid: increasing candidate factors ``(K,)``; :param log_density: ``(K,)``.
+    :param grid: increasing candidate factors ``(K,)``.
+    :param log_density: ``(K,)``.
     """
     best = int(log_density.argmax())
     if grid[best] >= 1.0:
@@ -573,7 +574,8 @@ class VaRTRegressor(TreeEstimatorMixin):
         factor from these scores on the held-out rows (:func:`noise_factor_from_scores`).
         ``predict_interval`` estimates the same interval from ``num_samples`` draws.
 
-        :param X: ``(N, L)``; :param y: ``(N,)``.
+        :param X: ``(N, L)``.
+        :param y: ``(N,)``.
         :param level: default ``calibration_level``.
         :returns: ``(N,)`` scores.
         """

@@ -54,6 +54,7 @@ class RestartPlate(PyroModule):
         self.num_restarts = num_restarts
 
     def forward(self, *args, **kwargs):
+        """Call the model with the same arguments inside the ``"restarts"`` plate."""
         with pyro.plate("restarts", self.num_restarts, dim=-2):
             return self.model(*args, **kwargs)
 
@@ -160,7 +161,8 @@ class BayesianHMEGuide(PyroModule):
         data beyond that one weighted regression, so different generators give
         different, data-sensible starts.
 
-        :param x: inputs ``(N, L)``; :param y: targets ``(N,)`` or ``(N, D)``.
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)`` or ``(N, D)``.
         """
         from pyro_trees.infer import bayesian_hme_vb as vb
 

@@ -57,9 +57,17 @@ class HeteroscedasticGPGuide(PyroModule):
 
     @property
     def depth(self) -> int:
+        """Depth of the routing tree."""
         return self.tree.depth
 
     def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
+        """Sample ``"u"`` (sparse model only), then each point's ``"leaf"`` in ``"data"``.
+
+        :param torch.Tensor x: inputs ``(N, L)``.
+        :param y: ignored (the model's signature).
+        :param int subsample_size: minibatch size of the ``"data"`` plate; must match the
+            model's.
+        """
         if self.num_inducing:
             loc = self.u_loc.to(x.dtype)
             pyro.sample("u", dist.MultivariateNormal(loc, scale_tril=self.u_scale_tril.to(x.dtype)))

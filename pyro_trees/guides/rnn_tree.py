@@ -596,6 +596,7 @@ class RNNTreeGuide(PyroModule):
 
     @property
     def depth(self) -> int:
+        """Depth ``D`` of the tree (``2**D`` leaves)."""
         return self.tree.depth
 
     def conditional_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
@@ -607,6 +608,16 @@ class RNNTreeGuide(PyroModule):
         return self.tree.aggregate_posteriors(x, noise=noise)
 
     def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
+        """Sample each point's ``"leaf"`` from :class:`RNNTree` inside the ``"data"`` plate.
+
+        The site is marked for parallel enumeration, so :class:`~pyro_trees.infer.TreeELBO`
+        sums over the ``2**D`` leaves exactly.
+
+        :param torch.Tensor x: inputs ``(N, L)``.
+        :param y: ignored (the model's signature).
+        :param int subsample_size: minibatch size of the ``"data"`` plate; must match the
+            model's.
+        """
         n = x.shape[0]
         with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
             logits = self.tree(x[idx])

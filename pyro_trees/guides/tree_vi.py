@@ -129,6 +129,7 @@ class GaussianEncoder(nn.Module):
         self.latent_dim = latent_dim
 
     def forward(self, x):
+        """``(loc, scale)`` of ``q(z | x)``: ``(..., F) -> (..., D), (..., D)``."""
         out = self.net(x)
         loc, s = out.split(self.latent_dim, dim=-1)
         return loc, nn.functional.softplus(s) + 1e-4
@@ -153,6 +154,7 @@ class GroupEncoder(nn.Module):
         self.log_scale = nn.Parameter(torch.full((num_nodes, latent_dim), -0.5))
 
     def forward(self, x):
+        """``(loc, scale)`` of each instance: ``(..., N, F) -> (..., N, D), (..., N, D)``."""
         loc = self.lin(x.flatten(-2)).unflatten(-1, (self.n, self.d))
         return loc, self.log_scale.exp().expand_as(loc)
 
@@ -245,9 +247,9 @@ class PairNet(nn.Module):
     def forward(self, xi, xj, edge=None, *, nodes=None):
         """Correlations of the pairs ``(x_i, x_j)``.
 
-        :param torch.Tensor xi: child inputs ``(..., F)``; :param torch.Tensor xj: parent
-            inputs ``(..., F)`` (broadcast together; e.g. ``x[:, None]`` and ``x[None, :]``
-            for all pairs).
+        :param torch.Tensor xi: child inputs ``(..., F)``.
+        :param torch.Tensor xj: parent inputs ``(..., F)``, broadcast together with ``xi``
+            (e.g. ``x[:, None]`` and ``x[None, :]`` for all pairs).
         :param edge: per-edge features ``(..., E)`` with ``edge_features=E``.
         :param nodes: ``(child, parent)`` integer node indices of each pair, broadcastable
             to the output's batch shape; required with ``offsets="pair"`` (ignored
@@ -965,6 +967,7 @@ class TreeVIMixtureGuide(TreeVIGuide):
 
     @property
     def num_trees(self) -> int:
+        """Number of trees ``T`` in the mixture."""
         return self.parents.shape[0]
 
     def tree_probs(self):
@@ -1077,7 +1080,8 @@ class PairwiseELBO(DifferentiableLossELBO):
     ``num_pair_particles`` draws of the pairwise term.
 
     :param int num_pair_particles: draws of ``q`` for the pairwise term.
-    :param str site: the latent site; :param str pair_site: the model's pairwise factor.
+    :param str site: the latent site.
+    :param str pair_site: the model's pairwise factor.
     """
 
     def __init__(self, num_pair_particles: int = 8, *, site: str = "z", pair_site="constraints"):

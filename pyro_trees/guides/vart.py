@@ -162,10 +162,12 @@ class VaRTGuide(PyroModule):
 
     @property
     def model(self) -> VaRT:
+        """The :class:`~pyro_trees.models.VaRT` this guide approximates."""
         return self._model[0]
 
     @property
     def temperature(self) -> float:
+        """The relaxation temperature of the split indicators (``0``: hard trees)."""
         return self._temperature
 
     @temperature.setter
@@ -328,6 +330,7 @@ class VaRTGuide(PyroModule):
         return split
 
     def extra_repr(self) -> str:
+        """Depth, input size and temperature, for ``repr``."""
         return (
             f"depth={self.depth}, in_features={self.model.in_features}, "
             f"temperature={self.temperature:.4g}"

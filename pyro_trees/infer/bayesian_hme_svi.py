@@ -109,6 +109,7 @@ class SVIRestarts:
 
     @property
     def elbo(self) -> float:
+        """The best restart's ELBO estimate: ``elbos[best]``."""
         return float(self.elbos[self.best])
 
 

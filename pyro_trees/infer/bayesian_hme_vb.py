@@ -174,9 +174,11 @@ class VBState:
 
     ``G`` gates, ``E`` experts, ``P`` inputs (with bias), ``D`` outputs, ``N`` points.
 
-    :ivar v_mean: ``batch_shape + (G, P)``; :ivar v_cov: ``batch_shape + (G, P, P)``.
+    :ivar v_mean: ``batch_shape + (G, P)``.
+    :ivar v_cov: ``batch_shape + (G, P, P)``.
     :ivar beta_a, beta_b: Gamma shape/rate of the gate precisions, ``batch_shape + (G,)``.
-    :ivar w_mean: ``batch_shape + (E, D, P)``; :ivar w_cov: ``batch_shape + (E, P, P)``
+    :ivar w_mean: ``batch_shape + (E, D, P)``.
+    :ivar w_cov: ``batch_shape + (E, P, P)``
         (shared by the ``D`` rows).
     :ivar alpha_a, alpha_b: expert weight precisions, ``batch_shape + (E,)``.
     :ivar tau_a, tau_b: expert noise precisions, ``batch_shape + (E,)``.
@@ -199,6 +201,7 @@ class VBState:
 
     @property
     def batch_shape(self) -> torch.Size:
+        """The leading batch dims shared by every factor (``()`` for one state)."""
         return self.beta_a.shape[:-1]
 
     def index(self, idx) -> VBState:

@@ -59,6 +59,7 @@ class FitResult:
 
     @property
     def num_steps(self) -> int:
+        """Number of steps taken: ``len(losses)``."""
         return len(self.losses)
 
 

@@ -34,9 +34,10 @@ inducing sites; the map to the layer outputs is this model's, shared by all.
 **References**
 
 [1] I. Ustyuzhaninov, I. Kazlauskaite, M. Kaiser, E. Bodin, N. Campbell, C. H. Ek,
-    *Compositional uncertainty in deep Gaussian processes*, UAI 2020.
+*Compositional uncertainty in deep Gaussian processes*, UAI 2020.
+
 [2] H. Salimbeni, M. Deisenroth, *Doubly stochastic variational inference for deep
-    Gaussian processes*, NeurIPS 2017.
+Gaussian processes*, NeurIPS 2017.
 """
 
 from __future__ import annotations

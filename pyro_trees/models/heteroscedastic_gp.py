@@ -95,9 +95,11 @@ guide:
 **References**
 
 [1] J. Antorán, J. Yao, W. Pan, J. M. Hernández-Lobato, F. Doshi-Velez, *Amortised
-    Variational Inference for Hierarchical Mixture Models*, Sec. 5.2 and App. E.
+Variational Inference for Hierarchical Mixture Models*, Sec. 5.2 and App. E.
+
 [2] M. Lázaro-Gredilla, M. Titsias, *Variational heteroscedastic Gaussian process
-    regression*, ICML 2011.
+regression*, ICML 2011.
+
 [3] J. Hensman, N. Fusi, N. Lawrence, *Gaussian processes for big data*, UAI 2013.
 """
 
@@ -220,6 +222,7 @@ class HeteroscedasticGP(PyroModule):
 
     @property
     def num_leaves(self) -> int:
+        """Number of leaves (experts), ``2**depth``."""
         return trees.num_leaves(self.depth)
 
     @property
@@ -264,7 +267,8 @@ class HeteroscedasticGP(PyroModule):
     ) -> torch.Tensor:
         r""":math:`\mathcal{L}_2(q(M))` of App. E for the exact GP (module docs).
 
-        :param x: ``(N, L)``; :param y: ``(N,)``.
+        :param x: ``(N, L)``.
+        :param y: ``(N,)``.
         :param leaf_logits: ``(N, 2**D)`` routing posterior :math:`q(\ell_n)` (logits).
         :param float balance_weight: weight of the tree-balance coupling (1: the bound).
         :param float entropy_weight: weight of

@@ -114,6 +114,7 @@ class HME(PyroModule):
 
     @property
     def num_leaves(self) -> int:
+        """Number of leaves (experts), ``2**depth``."""
         return trees.num_leaves(self.depth)
 
     def scale(self) -> torch.Tensor:

@@ -125,7 +125,8 @@ class SyntheticGraphVAE(PyroModule):
 
     :param torch.Tensor adjacency: ``(N, N)`` symmetric affinity (default eq. 18).
     :param float strength: :math:`\\lambda` (0.5 in the paper).
-    :param int latent_dim: ``D``; :param int obs_dim: ``F`` (4 and 4 in the paper).
+    :param int latent_dim: ``D``.
+    :param int obs_dim: ``F`` (4 and 4 in the paper).
     :param float noise_var: :math:`\\sigma^2` (0.5 in the paper).
     """
 
@@ -159,6 +160,7 @@ class SyntheticGraphVAE(PyroModule):
 
     @property
     def num_instances(self) -> int:
+        """Number of instances ``N`` per group (the size of the prior's covariance)."""
         return self.prior_tril.shape[-1]
 
     def forward(self, x=None, *, num_groups: int | None = None, subsample_size=None, **kwargs):
@@ -239,7 +241,8 @@ class GraphPriorVAE(PyroModule):
     :param adjacency: dense ``(N, N)`` tensor, or ``(E, 2)`` integer edge list with
         ``num_nodes`` (duplicates and self-loops are ignored).
     :param float strength: :math:`\\lambda`; ``I + \\lambda A`` must be positive definite.
-    :param int latent_dim: ``D``; :param int obs_dim: ``F``.
+    :param int latent_dim: ``D``.
+    :param int obs_dim: ``F``.
     :param hidden: hidden sizes of the decoder MLP.
     :param str likelihood: ``"bernoulli"`` (bag-of-words) or ``"normal"``.
     """
@@ -339,6 +342,7 @@ class GraphPriorVAE(PyroModule):
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes of the graph (rows of ``x``)."""
         return self.adj_ptr.numel() - 1
 
     def forward(self, x, *args, idx=None, **kwargs):
@@ -381,8 +385,11 @@ class ConstrainedClusteringVAE(PyroModule):
     leaving it are dropped); they are found in ``O(|B| log |B| + c_B log |B|)``, with
     ``c_B`` the constraints whose first instance is in the batch, not ``O(#constraints)``.
 
-    :param int obs_dim: ``F``; :param int num_clusters: ``K``; :param int latent_dim: ``D``.
-    :param constraints: ``(C, 2)`` integer pairs; :param weights: ``(C,)`` values
+    :param int obs_dim: ``F``.
+    :param int num_clusters: ``K``.
+    :param int latent_dim: ``D``.
+    :param constraints: ``(C, 2)`` integer pairs.
+    :param weights: ``(C,)`` values
         ``W_ij`` (positive must-link, negative cannot-link; the paper uses ``±1e4``).
     """
 

@@ -112,10 +112,13 @@ class VaRT(PyroModule):
 
     :param int in_features: number of inputs :math:`L`.
     :param float lam: :math:`\lambda` of eq. 4 (``1e-3`` in the paper's regression runs).
-    :param float split_alpha: :math:`\alpha`; :param float split_beta: :math:`\beta`
-        (the depth decay of Chipman et al.'s split probabilities; defaults 0.95 and 2).
-    :param float split_scale: :math:`s_\beta`; :param float leaf_scale: :math:`s_\theta`.
-    :param float noise_loc: :math:`m_\sigma`; :param float noise_scale: :math:`v_\sigma`.
+    :param float split_alpha: :math:`\alpha`, the base of Chipman et al.'s split
+        probabilities :math:`\alpha (1 + d)^{-\beta}` at depth ``d`` (default 0.95).
+    :param float split_beta: :math:`\beta`, their depth decay (default 2).
+    :param float split_scale: :math:`s_\beta`.
+    :param float leaf_scale: :math:`s_\theta`.
+    :param float noise_loc: :math:`m_\sigma`.
+    :param float noise_scale: :math:`v_\sigma`.
 
     **Per-node priors** (the general form of Sec. 2.3, :math:`s_i \sim
     \mathrm{Bernoulli}(\gamma_i)`, :math:`\beta_i \sim \mathcal N(\mu_i, S_i)`,
@@ -296,7 +299,8 @@ class VaRT(PyroModule):
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample a tree (scaled by ``lam``), then ``obs`` for each point in ``data``.
 
-        :param x: inputs ``(N, L)``. :param y: targets ``(N,)`` or ``None``.
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)`` or ``None``.
         :returns: the ``obs`` values of the (sub)sampled points, ``batch_shape + (B,)``.
         """
         self._check_x(x, y)
