@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine with only Python:
 #   make demo   creates .venv, installs, fits the models on their papers' toy problems
 #   make test   same install, runs the whole test suite
+#   make docs   same install plus Sphinx, builds the API reference into docs/_build/html
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ PYRO_TREES_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(HOME)/.cache
 export PYRO_TREES_DATA
 DEMO_OUT ?= demo_output
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test docs lint clean
 
 install: $(VENV)/.installed
 
@@ -28,9 +29,17 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# The API reference; -W: a docstring Sphinx warns about fails the build.
+docs: $(VENV)/.docs-installed
+	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
 lint: install
 	$(BIN)/ruff check pyro_trees tests benchmarks
 	$(BIN)/ruff format --check pyro_trees tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache docs/_build

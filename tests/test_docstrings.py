@@ -39,6 +39,11 @@ FIELD_IN_TEXT = re.compile(
 )
 
 
+NAMED_FIELD = re.compile(
+    r"^(param|parameter|arg|argument|key|keyword|kwarg|kwparam|ivar|var|cvar)\s+(.+)$"
+)
+
+
 def _inert_role(name, rawtext, text, lineno, inliner, options=None, content=None):
     return [nodes.literal(rawtext, utils.unescape(text))], []
 
@@ -118,6 +123,14 @@ def reST_problems(doc):
             out.append(
                 f"(WARNING/2) field marker {match.group(0).strip()!r} inside running text: "
                 "each field must start its own line"
+            )
+    # ``:ivar a, b:``: Sphinx reads ``a,`` as the type of ``b``. One field per name.
+    for name in tree.findall(nodes.field_name):
+        match = NAMED_FIELD.match(name.astext())
+        if match and "," in match.group(2) and not re.search(r"[\[(]", match.group(2)):
+            out.append(
+                f"(WARNING/2) field ':{name.astext()}:' names several objects: "
+                "Sphinx reads all but the last as a type; give each its own field"
             )
     return out
 
@@ -223,6 +236,7 @@ def test_public_docstrings_are_valid_rest():
         "Unknown role :klass:`HME`.",
         "List\n\n* item\nnot indented",
         "Two fields on a line.\n\n:param a: one; :param b: two",
+        "Two names in a field.\n\n:ivar a, b: shape and rate",
     ],
 )
 def test_check_catches_broken_rest(doc):
@@ -241,6 +255,7 @@ def test_check_accepts_sphinx_markup():
             \\log p(y \\mid x) = \\log \\sum_l \\pi_l(x) \\, p_l(y \\mid x)
 
         :param torch.Tensor x: inputs, shape ``(N, D)``.
+        :param tuple[int, int] shape: a type with a comma.
         :returns: a tensor of shape ``(N,)``.
         :rtype: torch.Tensor
 

@@ -176,12 +176,14 @@ class VBState:
 
     :ivar v_mean: ``batch_shape + (G, P)``.
     :ivar v_cov: ``batch_shape + (G, P, P)``.
-    :ivar beta_a, beta_b: Gamma shape/rate of the gate precisions, ``batch_shape + (G,)``.
+    :ivar beta_a: Gamma shape of the gate precisions, ``batch_shape + (G,)``.
+    :ivar beta_b: Gamma rate of the gate precisions, ``batch_shape + (G,)``.
     :ivar w_mean: ``batch_shape + (E, D, P)``.
-    :ivar w_cov: ``batch_shape + (E, P, P)``
-        (shared by the ``D`` rows).
-    :ivar alpha_a, alpha_b: expert weight precisions, ``batch_shape + (E,)``.
-    :ivar tau_a, tau_b: expert noise precisions, ``batch_shape + (E,)``.
+    :ivar w_cov: ``batch_shape + (E, P, P)`` (shared by the ``D`` rows).
+    :ivar alpha_a: Gamma shape of the expert weight precisions, ``batch_shape + (E,)``.
+    :ivar alpha_b: Gamma rate of the expert weight precisions, ``batch_shape + (E,)``.
+    :ivar tau_a: Gamma shape of the expert noise precisions, ``batch_shape + (E,)``.
+    :ivar tau_b: Gamma rate of the expert noise precisions, ``batch_shape + (E,)``.
     :ivar xi: Jaakkola-Jordan parameters, ``batch_shape + (G, N)``.
     :ivar log_r: log responsibilities ``batch_shape + (N, E)``.
     """
