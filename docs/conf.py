@@ -35,10 +35,11 @@ if os.environ.get("PYRO_TREES_DOCS_INTERSPHINX"):
         "numpy": ("https://numpy.org/doc/stable", None),
     }
 
-# Each API page is one ``automodule`` of a subpackage: its ``__all__`` decides what is
-# documented, including the names it re-exports from its submodules.
+# Each API page is an ``automodule`` of a subpackage with ``:members:``: its ``__all__``
+# decides what is documented, including the names it re-exports from its submodules
+# (hence ``imported-members``). ``members`` is not set here: a default ``True`` would
+# override a page's explicit ``:members: a, b`` list (Sphinx 8.2).
 autodoc_default_options = {
-    "members": True,
     "imported-members": True,
     "show-inheritance": True,
 }

@@ -13,6 +13,7 @@ is in the built docs. Sphinx's roles (``:math:``, ``:class:``, ...) and directiv
 import importlib
 import inspect
 import io
+import pathlib
 import pkgutil
 import re
 import types
@@ -267,3 +268,46 @@ def test_check_accepts_sphinx_markup():
         """
     )
     assert reST_problems(doc) == []
+
+
+DOCS_API = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api"
+
+
+def _documented_by_api_pages():
+    """Ids of the objects the ``docs/api`` pages document (``automodule``/``autodata``)."""
+    ids = set()
+    for page in sorted(DOCS_API.glob("*.rst")):
+        text = page.read_text()
+        # ``.. automodule:: M`` then ``:members:`` (all of ``__all__``) or a name list.
+        for match in re.finditer(
+            r"^\.\. automodule:: (\S+)\n((?:   :[^\n]*\n(?:      [^\n]*\n)*)*)", text, re.M
+        ):
+            mod = importlib.import_module(match.group(1))
+            opts = re.search(r":members:(.*?)(?=\n   :|\Z)", match.group(2), re.S)
+            if opts is None:
+                continue
+            names = [n.strip() for n in opts.group(1).split(",") if n.strip()]
+            if names:
+                ids.update(id(getattr(mod, n)) for n in names)
+            else:  # autodoc skips re-exported data (its ``#:`` comment is elsewhere)
+                objs = (getattr(mod, n) for n in mod.__all__)
+                ids.update(id(o) for o in objs if inspect.isclass(o) or callable(o))
+        for match in re.finditer(r"^\.\. autodata:: (\S+)\.(\w+)$", text, re.M):
+            ids.add(id(getattr(importlib.import_module(match.group(1)), match.group(2))))
+    return ids
+
+
+def test_api_pages_cover_every_public_name():
+    """Every name in a public ``__all__`` is on an API page (demos and the root aside)."""
+    documented = _documented_by_api_pages()
+    missing = []
+    for mod in public_modules():
+        if mod is pyro_trees or mod.__name__.startswith(("pyro_trees.demo",)):
+            continue
+        if not hasattr(mod, "__all__"):
+            missing.append(f"{mod.__name__} (no __all__)")
+        for name in getattr(mod, "__all__", ()):
+            obj = getattr(mod, name)
+            if not isinstance(obj, types.ModuleType) and id(obj) not in documented:
+                missing.append(f"{mod.__name__}.{name}")
+    assert not missing, "add these to a page in docs/api/:\n" + "\n".join(missing)
