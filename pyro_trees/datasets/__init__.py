@@ -2,8 +2,8 @@
 
 Public files are read from a cache directory (:func:`data_home`: ``$PYRO_TREES_DATA``,
 default ``~/.cache/pyro_trees``) and verified against the SHA-256 checksums in
-:data:`REGISTRY`. A missing file raises :class:`FileNotFoundError` saying where to get
-it and where to put it; :func:`fetch` downloads it on a machine with internet access.
+:data:`~pyro_trees.datasets.cache.REGISTRY`. A missing file raises :class:`FileNotFoundError` saying
+where to get it and where to put it; :func:`fetch` downloads it on a machine with internet access.
 
 Each paper's synthetic generators live in their own module (:mod:`.hme` for
 Antorán et al.); :mod:`.public` holds the loaders, :mod:`.cache` the cache itself.

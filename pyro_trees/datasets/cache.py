@@ -1,9 +1,9 @@
 """The public-data cache: where files live, their checksums and where to obtain them.
 
 Files are looked up under :func:`data_home` by their path relative to it (for example
-``"uci/housing/data.csv.gz"``). Every file the loaders read is listed in :data:`REGISTRY`
-with its SHA-256 and the public address it comes from; :func:`cached_path` finds and
-verifies a file, :func:`fetch` downloads one (needs internet access).
+``"uci/housing/data.csv.gz"``). Every file the loaders read is listed in
+:data:`~pyro_trees.datasets.cache.REGISTRY` with its SHA-256 and the public address it comes from;
+:func:`cached_path` finds and verifies a file, :func:`fetch` downloads one (needs internet access).
 """
 
 from __future__ import annotations
@@ -509,7 +509,8 @@ def _build_registry() -> dict[str, RemoteFile]:
     return dict(sorted(registry.items()))
 
 
-#: Every public file the loaders read, keyed by its path relative to :func:`data_home`.
+#: Every public file the loaders read, keyed by its path relative to
+#: :func:`~pyro_trees.datasets.data_home`.
 REGISTRY: dict[str, RemoteFile] = _build_registry()
 
 # Files already verified in this process, keyed by (path, size, mtime_ns) so that a
@@ -571,7 +572,8 @@ def cached_path(relpath: str, verify: bool = True) -> pathlib.Path:
     Verified files are remembered for the rest of the process (until they change on
     disk), so large files are hashed once.
 
-    :param str relpath: path relative to :func:`data_home`, a key of :data:`REGISTRY`.
+    :param str relpath: path relative to :func:`data_home`, a key of
+        :data:`~pyro_trees.datasets.cache.REGISTRY`.
     :param bool verify: check the checksum (files without a recorded one are not checked).
     :raises ValueError: for an unknown ``relpath`` or a checksum mismatch (the message
         names the file, the expected and the actual hash).
@@ -604,7 +606,7 @@ def fetch(relpath: str, *, force: bool = False, timeout: float = 60.0) -> pathli
     The download goes to a
     temporary file next to the target, which replaces the target only once verified.
 
-    :param str relpath: a key of :data:`REGISTRY`.
+    :param str relpath: a key of :data:`~pyro_trees.datasets.cache.REGISTRY`.
     :param bool force: download again even when a valid copy exists.
     :param float timeout: seconds to wait for each server.
     :returns: the file's path in the cache.

@@ -60,7 +60,8 @@ def pulse_function(x) -> np.ndarray:
     """The eight-level pulse of F.1: unit-width steps on ``[-4, 4]``.
 
     :param x: array of any shape with values in ``[-4, 4]``.
-    :returns: float64 array of the same shape with values from :data:`PULSE_LEVELS`.
+    :returns: float64 array of the same shape with values from
+        :data:`~pyro_trees.datasets.hme.PULSE_LEVELS`.
     """
     return _step(_check_domain(x, -4.0, 4.0, "pulse_function"), _PULSE_EDGES, PULSE_LEVELS)
 
@@ -128,7 +129,7 @@ def noise_log_sigma(x) -> np.ndarray:
 
     :param x: array of any shape with values in ``[-2, 1]``.
     :returns: float64 array of the same shape with values from
-        :data:`NOISE_LOG_SIGMA_LEVELS` (0, 2/3, 2, 10/3).
+        :data:`~pyro_trees.datasets.hme.NOISE_LOG_SIGMA_LEVELS` (0, 2/3, 2, 10/3).
     """
     x = _check_domain(x, -2.0, 1.0, "noise_log_sigma")
     return _step(x, _NOISE_EDGES, NOISE_LOG_SIGMA_LEVELS)

@@ -52,7 +52,8 @@ UCI_DATASETS = (
     "yacht",
 )
 
-#: Names accepted by :func:`load_sklearn` (``"boston"`` is read from the cache).
+#: Names accepted by :func:`~pyro_trees.datasets.load_sklearn` (``"boston"`` is read from the
+#: cache).
 SKLEARN_DATASETS = ("boston", "breast_cancer", "diabetes", "digits", "iris", "wine")
 
 _UCI_SPLITS = 10
@@ -74,7 +75,7 @@ def load_uci(name: str, *, verify: bool = True) -> tuple[np.ndarray, np.ndarray,
     The values are as shipped there (for several sets, such as ``housing``, the columns
     are centred). Standardise with training statistics before fitting.
 
-    :param str name: one of :data:`UCI_DATASETS`.
+    :param str name: one of :data:`~pyro_trees.datasets.public.UCI_DATASETS`.
     :returns: ``X`` of shape ``(N, D)`` float64, ``y`` of shape ``(N,)`` float64 and
         ``test_mask`` of shape ``(N, 10)`` bool, column ``s`` marking the test points of
         the ``s``-th random 90/10 split.
@@ -246,7 +247,7 @@ def load_sklearn(name: str, *, verify: bool = True) -> tuple[np.ndarray, np.ndar
     ``"boston"`` (Boston housing, regression) is read from ``uci/housing`` in the cache,
     since scikit-learn no longer ships it; its columns are centred as stored there.
 
-    :param str name: one of :data:`SKLEARN_DATASETS`.
+    :param str name: one of :data:`~pyro_trees.datasets.public.SKLEARN_DATASETS`.
     :returns: ``X`` ``(N, D)`` float64 and ``y`` ``(N,)``, int64 class labels for
         classification and float64 targets for regression.
     """

@@ -353,7 +353,7 @@ class TreeNormal(TorchDistribution):
 
     Cost: ``log_prob`` and ``entropy`` are one gather, :math:`O(N D)` time and memory,
     fully parallel. ``rsample`` solves the linear recursion along the tree with
-    :math:`O(N D)` work in one of three orders (see :class:`_TreePlan`): level by level
+    :math:`O(N D)` work in one of three orders (see the private ``_TreePlan``): level by level
     (``height`` sequential steps), along heavy paths (a segmented parallel scan per
     round, at most ``log2 N`` rounds, so :math:`O(\log^2 N)` sequential steps whatever
     the height: a chain of a million nodes takes about 40 steps, not a million), or by

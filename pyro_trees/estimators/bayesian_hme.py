@@ -67,7 +67,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         ``grow`` starts per way of growing it out of the best solution of a topology
         with one expert fewer (split one leaf into a gate and two copies of its expert,
         then ``n_iter // 2`` cycles at temperature 1; smallest sizes first, see
-        :func:`~pyro_trees.infer.bayesian_hme_vb.grow_selection`); a topology keeps the
+        :func:`~pyro_trees.infer.grow_selection`); a topology keeps the
         higher bound. ``0`` turns this off.
     :param str predict_mode: ``"expert"`` (mean of the most probable expert, the paper's
         choice for multi-modal inverse problems) or ``"mixture"`` (the predictive mean).

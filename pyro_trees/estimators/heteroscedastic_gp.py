@@ -1,7 +1,7 @@
 """Scikit-learn style heteroscedastic GP regression with an RNN-Tree noise model.
 
 Wraps :class:`~pyro_trees.models.HeteroscedasticGP` and
-:class:`~pyro_trees.guides.HeteroscedasticGPGuide`, trained by :func:`pyro_trees.fit`:
+:class:`~pyro_trees.guides.HeteroscedasticGPGuide`, trained by :func:`~pyro_trees.infer.fit`:
 the exact GP with :class:`~pyro_trees.infer.CollapsedELBO` (default), or the sparse
 model with :class:`~pyro_trees.infer.TreeELBO` and minibatches (``num_inducing``).
 Inputs and targets are standardised internally; predictions, noise levels and rules

@@ -1,5 +1,5 @@
 """Scikit-learn style RNN-Tree estimators: an HME with the tree-balance prior and the
-RNN-Tree guide, trained by :func:`pyro_trees.fit` with :class:`~pyro_trees.infer.TreeELBO`.
+RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with :class:`~pyro_trees.infer.TreeELBO`.
 """
 
 from __future__ import annotations
@@ -311,10 +311,9 @@ class RNNTreeRegressor(_RNNTreeBase):
     :param str feedback: ``"hard"`` (per-node GRU states; default) or ``"soft"`` (the
         paper's single roll-out with quantisation noise, eq. 14).
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
-    :param str init: ``"balanced"`` (:meth:`RNNTree.init_balanced`: median cuts, split
-        dimensions chosen with the targets), ``"greedy"`` (the start CART would grow:
-        impurity-reducing cuts), each followed by one M-step for the experts, or
-        ``"random"``.
+    :param str init: ``"balanced"`` (:meth:`~pyro_trees.guides.RNNTree.init_balanced`: median cuts,
+        split dimensions chosen with the targets), ``"greedy"`` (the start CART would grow:
+        impurity-reducing cuts), each followed by one M-step for the experts, or ``"random"``.
     :param noise_scale: fixed observation noise, or ``None`` (default) to learn it.
     :param int num_steps: gradient steps; ``lr``, ``lr_decay`` (total factor over the
         run, exponential), ``optim`` (``"adam"``, ``"radam"``, ``"clipped_adam"``...).

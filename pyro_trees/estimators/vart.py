@@ -96,7 +96,7 @@ def noise_factor_from_scores(
     """The ``calibrate_noise="coverage"`` rule of :class:`VaRTRegressor` from the
     held-out coverage scores :math:`s_j` (the least noise factor from which row
     :math:`j` lies inside the central ``level`` interval; see
-    :meth:`VaRTRegressor.coverage_scores`).
+    :meth:`~pyro_trees.estimators.VaRTRegressor.coverage_scores`).
 
     With the sorted scores :math:`s_{(1)} \\le \\dots \\le s_{(n)}`, a new exchangeable
     row is covered by :math:`s_{(k)}` with probability :math:`k / (n + 1)`. The rule
@@ -106,10 +106,10 @@ def noise_factor_from_scores(
     the expected coverage is the level rather than up to :math:`1/(n+1)` above it), and
     returns :math:`c = \\hat c` when :math:`\\hat c \\ge 1`. Below one, the fitted noise
     is shrunk only as far as the rows make certain, as in
-    :func:`noise_factor_from_curve`: :math:`c = \\min(1, s_{(u)})` with :math:`s_{(u)}`
-    the one-sided ``confidence`` upper bound of the ``level`` quantile of the scores
-    (:math:`u` the least index with :math:`P(\\mathrm{Bin}(n, \\mathrm{level}) < u)
-    \\ge` ``confidence``; :math:`c = 1` when :math:`u > n`).
+    :func:`~pyro_trees.estimators.vart.noise_factor_from_curve`: :math:`c = \\min(1, s_{(u)})` with
+    :math:`s_{(u)}` the one-sided ``confidence`` upper bound of the ``level`` quantile of the scores
+    (:math:`u` the least index with :math:`P(\\mathrm{Bin}(n, \\mathrm{level}) < u) \\ge`
+    ``confidence``; :math:`c = 1` when :math:`u > n`).
 
     :param scores: held-out scores ``(n,)`` (``inf`` for a row no factor covers).
     :param float level: the interval's probability, in ``(0, 1)``.
@@ -233,7 +233,7 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     Fits :class:`~pyro_trees.models.VaRT` with the truncated guide
     :class:`~pyro_trees.guides.VaRTGuide` by maximising the :math:`\\lambda`-weighted ELBO
-    (eq. 4) with ClippedAdam through :func:`pyro_trees.fit`, annealing the Gumbel-softmax
+    (eq. 4) with ClippedAdam through :func:`~pyro_trees.infer.fit`, annealing the Gumbel-softmax
     temperature geometrically from ``temperature_start`` to ``temperature_end``. Inputs
     and targets are standardised internally; predictions are in the original units.
 
@@ -260,9 +260,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         trains on every row for ``num_steps`` steps without either (the paper's runs).
         At least ``min(10, N // 5)`` rows are held out; none when that is below 4.
     :param int patience: early stopping: evaluations (every ``eval_every`` steps) of the
-        held-out RMSE of :meth:`VaRTGuide.mean_tree` without improvement before training
-        stops; the best parameters are kept. ``None`` trains all ``num_steps`` and
-        keeps the best.
+        held-out RMSE of :meth:`~pyro_trees.guides.VaRTGuide.mean_tree` without improvement before
+        training stops; the best parameters are kept. ``None`` trains all ``num_steps`` and keeps
+        the best.
     :param int eval_every: steps between held-out evaluations.
     :param calibrate_noise: how the held-out rows set one factor :math:`c` that
         multiplies every leaf's noise scale (stored as ``noise_factor_``; ``None`` or
@@ -273,7 +273,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         both rules read is kept in ``noise_calibration_``.
 
         * ``"coverage"`` (default): split conformal calibration of the interval
-          (:func:`noise_factor_from_scores`). Each held-out row's score
+          (:func:`~pyro_trees.estimators.vart.noise_factor_from_scores`). Each held-out row's score
           (:meth:`coverage_scores`) is the least factor from which it lies inside the
           central ``calibration_level`` interval of the posterior predictive (eq. 32
           over the ``num_samples`` trees, computed exactly from the Gaussian mixture);
@@ -297,16 +297,16 @@ class VaRTRegressor(TreeEstimatorMixin):
           no noise factor takes the coverage below about 0.90).
         * ``"likelihood"`` (``True``): :math:`c` read off the held-out log posterior
           predictive density :math:`\\ell(c)` (log grid over :math:`[1/8, 64]`,
-          :func:`noise_factor_from_curve`): :math:`c = \\hat c` when the maximiser
-          :math:`\\hat c \\ge 1`; otherwise the noise is shrunk only as far as the
+          :func:`~pyro_trees.estimators.vart.noise_factor_from_curve`): :math:`c = \\hat c` when the
+          maximiser :math:`\\hat c \\ge 1`; otherwise the noise is shrunk only as far as the
           held-out rows make certain, :math:`c = \\min(1, c_+)` with :math:`c_+` the
           upper end of the profile likelihood interval
           :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (one-sided 95 %).
     :param float calibration_level: the central interval probability whose held-out
         coverage ``calibrate_noise="coverage"`` sets, in ``(0, 1)``.
     :param str init: ``"data"`` (default) starts the split rules through random
-        training points (:meth:`VaRTGuide.init_splits_from_data`); ``"random"`` uses
-        random hyperplanes through the origin of the standardised inputs.
+        training points (:meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`); ``"random"``
+        uses random hyperplanes through the origin of the standardised inputs.
     :param str elbo: ``"vectorised"`` (default) trains with
         :class:`~pyro_trees.infer.VaRTELBO`, the same estimator of the
         :math:`\\lambda`-weighted ELBO as ``Trace_ELBO`` computed without Pyro's per-site
@@ -571,8 +571,9 @@ class VaRTRegressor(TreeEstimatorMixin):
 
         A row is inside the ``level`` interval of the calibrated predictive iff its
         score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
-        factor from these scores on the held-out rows (:func:`noise_factor_from_scores`).
-        ``predict_interval`` estimates the same interval from ``num_samples`` draws.
+        factor from these scores on the held-out rows
+        (:func:`~pyro_trees.estimators.vart.noise_factor_from_scores`). ``predict_interval``
+        estimates the same interval from ``num_samples`` draws.
 
         :param X: ``(N, L)``.
         :param y: ``(N,)``.
@@ -775,8 +776,9 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     @torch.no_grad()
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
-        """The most probable tree under the guide (:meth:`VaRTGuide.most_probable_structure`)
-        as indented text in the style of ``sklearn.tree.export_text``.
+        """The most probable tree under the guide
+        (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style
+        of ``sklearn.tree.export_text``.
 
         Splits are oblique (:math:`x` goes left iff :math:`\\tilde\\mu_i^\\top x > 0`); each
         is printed as its dominant feature (largest standardised weight, its share in

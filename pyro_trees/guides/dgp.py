@@ -11,9 +11,10 @@ variational distribution and variational strategy).
   closed-form KL.
 * :class:`DGPJointGuide`: :math:`q(U_1, \\dots, U_L) = N(\\mu, \\Sigma)` with covariance
   across layers, full or low-rank plus diagonal (``rank=``). The full factor samples
-  the layers in turn from the joint's conditionals (:class:`JointGaussianSlice`) and
-  gives :class:`~pyro.infer.TraceMeanField_ELBO` the exact KL of the joint; the
-  low-rank one draws the joint vector at an auxiliary site with each ``u_i`` a
+  the layers in turn from the joint's conditionals
+  (:class:`~pyro_trees.guides.dgp.JointGaussianSlice`) and gives
+  :class:`~pyro.infer.TraceMeanField_ELBO` the exact KL of the joint; the low-rank one draws the
+  joint vector at an auxiliary site with each ``u_i`` a
   :class:`~pyro.distributions.Delta` on its slice, as in
   :class:`~pyro.infer.autoguide.AutoMultivariateNormal`: train it with
   :class:`~pyro.infer.Trace_ELBO` (Monte Carlo KL).
@@ -133,11 +134,10 @@ class DGPJointGuide(PyroModule):
     against GPyTorch's DeepGP, the joint guide trained with a Monte Carlo KL loses 0.40
     nats unscaled, 0.15 with ``c = 0.11`` (cross part 10%), 0.055 with the default
     ``c = 0.035``, and 0.041 with the default and the closed-form KL of
-    :class:`JointGaussianSlice`: couplings the data do not support cost accuracy in
-    proportion to their diffusion. Couplings the data do
-    support still grow, ``1 / c`` times more slowly per step; raise ``cross_scale``
-    (up to 1, the plain factor) when cross-layer dependence is the point, as on the
-    composition toy problem.
+    :class:`~pyro_trees.guides.dgp.JointGaussianSlice`: couplings the data do not support cost
+    accuracy in proportion to their diffusion. Couplings the data do support still grow, ``1 / c``
+    times more slowly per step; raise ``cross_scale`` (up to 1, the plain factor) when cross-layer
+    dependence is the point, as on the composition toy problem.
 
     **Why relative to the row's diagonal.** With an absolute scale the diffusion has a
     fixed size while the posterior shrinks with the data: on kin40k (36,000 points) the
@@ -249,9 +249,9 @@ class DGPJointGuide(PyroModule):
         :math:`\\epsilon_j = L_{jj}^{-1}(u_j - \\text{loc}_j)` the standard noise of the earlier
         layers; the product of the conditionals is the joint, and
         :class:`~pyro.infer.TraceMeanField_ELBO` gets a closed-form KL per site (see
-        :class:`JointGaussianSlice`). Low rank: one auxiliary draw of the joint vector,
-        then each ``u_i`` a :class:`~pyro.distributions.Delta` on its slice (train with
-        :class:`~pyro.infer.Trace_ELBO`).
+        :class:`~pyro_trees.guides.dgp.JointGaussianSlice`). Low rank: one auxiliary draw of the
+        joint vector, then each ``u_i`` a :class:`~pyro.distributions.Delta` on its slice (train
+        with :class:`~pyro.infer.Trace_ELBO`).
         """
         out = {}
         if self.rank is None:

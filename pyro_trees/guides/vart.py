@@ -63,7 +63,7 @@ class TemperatureSchedule:
     :param int num_steps: :math:`T`.
 
     Drive it from a training loop with ``guide.temperature = schedule(step)``, or pass
-    ``schedule.callback(guide)`` as ``callback`` of :func:`pyro_trees.fit`.
+    ``schedule.callback(guide)`` as ``callback`` of :func:`~pyro_trees.infer.fit`.
     """
 
     num_steps: int
@@ -262,8 +262,8 @@ class VaRTGuide(PyroModule):
 
     @torch.no_grad()
     def mean_tree(self) -> dict:
-        """The guide's central tree in the format of :meth:`VaRT.sample_tree`: hard split
-        indicators :math:`\\tilde\\gamma_i > 1/2` (all leaves at depth ``D``) and the
+        """The guide's central tree in the format of :meth:`~pyro_trees.models.VaRT.sample_tree`:
+        hard split indicators :math:`\\tilde\\gamma_i > 1/2` (all leaves at depth ``D``) and the
         locations of the Gaussians; feed it to :func:`~pyro_trees.models.vart.mixture_params`
         for a fast point prediction (used for early stopping)."""
         split = torch.cat(

@@ -18,8 +18,8 @@ gradient against the sampling noise). So, like the pruning of the closed-form se
 the best ``keep`` restarts (by a Monte Carlo ELBO estimate) can go on for
 ``polish_steps`` more steps with ``polish_particles`` vectorised samples per step and a
 small learning rate. At the end the ELBO of every restart is estimated with many
-vectorised samples (:func:`restart_elbos`) and the best restart is returned as a plain,
-unbatched guide.
+vectorised samples (:func:`~pyro_trees.infer.restart_elbos`) and the best restart is returned as a
+plain, unbatched guide.
 """
 
 from __future__ import annotations

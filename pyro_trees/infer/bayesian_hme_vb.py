@@ -118,8 +118,8 @@ class VBData:
     @classmethod
     def build(cls, x, t, topology, *, prior_a: float = 1e-3, prior_b: float = 1e-3) -> VBData:
         """From raw inputs ``x`` ``(N, L)`` (a bias column is appended), targets ``(N,)`` or
-        ``(N, D)``, and a :class:`Topology`, a sequence of topologies with the same number of
-        experts (stacked along a leading batch dim), or a sign tensor."""
+        ``(N, D)``, and a :class:`~pyro_trees.topology.Topology`, a sequence of topologies with the
+        same number of experts (stacked along a leading batch dim), or a sign tensor."""
         x = torch.as_tensor(x)
         x = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)
         t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
@@ -792,8 +792,8 @@ def select_topology(
 
     :param x: inputs ``(N, L)`` (no bias column; one is appended).
     :param t: targets ``(N,)`` or ``(N, D)``.
-    :param topologies: a list of :class:`Topology`, or an int ``E``: every topology
-        with ``1..E`` experts.
+    :param topologies: a list of :class:`~pyro_trees.topology.Topology`, or an int ``E``: every
+        topology with ``1..E`` experts.
     """
     import time
 
@@ -1053,8 +1053,8 @@ def split_directions(
 
 def split_gain(data: VBData, parent: VBState, grown: VBState, gate: int, expert: int):
     """The closed-form change of the bound from ``parent`` to the output of
-    :func:`grow_state` (``gate`` and ``expert`` are the positions of the new gate and of
-    the split expert); see :func:`grow_state`."""
+    :func:`~pyro_trees.infer.bayesian_hme_vb.grow_state` (``gate`` and ``expert`` are the positions
+    of the new gate and of the split expert)."""
     p = data.x.shape[-1]
     d = data.t.shape[-1]
     a0, b0 = data.prior_a, data.prior_b
@@ -1103,11 +1103,11 @@ def grow_selection(
     For every topology with ``E`` experts and every one of its cherries (a gate whose two
     children are experts), removing the cherry gives a topology with ``E - 1`` experts;
     if its mirror class was searched, its best state is split at that leaf
-    (:func:`grow_state`; ``starts_per_split`` gates through the leaf's data,
-    :func:`split_directions`) and the grown starts of all topologies of the size run
-    together as one batch for up to ``num_iters`` cycles at temperature 1 (in
-    ``search_dtype``, the best per topology polished in the dtype of ``x`` as in
-    :func:`select_topology`). A topology keeps the better of its previous best and its
+    (:func:`~pyro_trees.infer.bayesian_hme_vb.grow_state`; ``starts_per_split`` gates through the
+    leaf's data, :func:`~pyro_trees.infer.bayesian_hme_vb.split_directions`) and the grown starts
+    of all topologies of the size run together as one batch for up to ``num_iters`` cycles at
+    temperature 1 (in ``search_dtype``, the best per topology polished in the dtype of ``x`` as
+    in :func:`select_topology`). A topology keeps the better of its previous best and its
     best grown start, so its bound never decreases; sizes are done in increasing order,
     so grown solutions seed the next size. The choice uses the training bound only.
 

@@ -102,8 +102,8 @@ def vart_elbo(
     :math:`\\psi_i` on ``beta``, :math:`\\kappa_i` on ``theta`` and ``log_sigma``)
     evaluated at the drawn indicators.
 
-    :param values: the guide's draws keyed by site name (as :func:`sample_guide`
-        returns them); drawn afresh when ``None``.
+    :param values: the guide's draws keyed by site name (as
+        :func:`~pyro_trees.infer.vart_elbo.sample_guide` returns them); drawn afresh when ``None``.
     :param subsample: indices of the minibatch; drawn like ``pyro.plate`` draws them
         (``torch.randperm(N)[:B]``) when ``None`` and ``subsample_size < N``.
     :returns: the ELBO estimate (a scalar tensor; maximise it).

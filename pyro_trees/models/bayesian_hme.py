@@ -84,12 +84,12 @@ class BayesianHME(PyroModule):
 
     @property
     def num_gates(self) -> int:
-        """Number of gates of :attr:`topology`."""
+        """Number of gates of ``topology``."""
         return self.topology.num_gates
 
     @property
     def num_experts(self) -> int:
-        """Number of experts of :attr:`topology`."""
+        """Number of experts of ``topology``."""
         return self.topology.num_experts
 
     def _check(self, x, y):

@@ -233,9 +233,9 @@ class GraphPriorVAE(PyroModule):
     costs one ``|B| x |B|`` Cholesky factorisation.
 
     Positive definiteness of ``I + strength * A`` is checked at construction: exactly
-    (dense Cholesky) for graphs of at most :data:`DENSE_CHECK_MAX_NODES` nodes or given as
-    a dense matrix; for larger edge lists, by the sufficient condition ``strength *
-    rho(|A|) < 1`` (a Collatz-Wielandt bound on the spectral radius, ``O(edges)`` per
+    (dense Cholesky) for graphs of at most :data:`~pyro_trees.models.latent.DENSE_CHECK_MAX_NODES`
+    nodes or given as a dense matrix; for larger edge lists, by the sufficient condition
+    ``strength * rho(|A|) < 1`` (a Collatz-Wielandt bound on the spectral radius, ``O(edges)`` per
     iteration), which may reject a strength that the exact check would accept.
 
     :param adjacency: dense ``(N, N)`` tensor, or ``(E, 2)`` integer edge list with

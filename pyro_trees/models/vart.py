@@ -102,8 +102,8 @@ class VaRT(PyroModule):
 
     **Weighting** (eqs. 4, 23-24). Each node's prior terms are weighted by its indicator
     (:math:`A_i` for ``split``, :math:`\psi_i` for ``beta``, :math:`\kappa_i` for the leaf
-    parameters, see :func:`weighted`) and every latent site by ``lam`` through
-    ``poutine.scale``, so plain :class:`pyro.infer.Trace_ELBO` estimates the
+    parameters, see :func:`~pyro_trees.models.vart.weighted`) and every latent site by ``lam``
+    through ``poutine.scale``, so plain :class:`pyro.infer.Trace_ELBO` estimates the
     :math:`\lambda`-weighted ELBO :math:`E_q \log p(Y|X,T,\Theta) - \lambda\, KL(q\|p)`.
 
     Observations live in the plate ``data`` (``dim=-1``, ``subsample_size`` for
@@ -389,7 +389,8 @@ def _bcat_event(tensors):
 def mixture_params(tree: dict, x1: torch.Tensor):
     """Mixture logits, component means and scales of eq. 27 for inputs ``x1``.
 
-    :param tree: output of :meth:`VaRT.sample_tree` (batch shape ``B``, ``M`` nodes).
+    :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape ``B``, ``M``
+        nodes).
     :param x1: inputs with the intercept column, ``(N, L + 1)``.
     :returns: ``(logits, means, sigma)`` of shapes ``B + (N, M)``; ``logits`` is
         :math:`\\log\\kappa_i + \\log P(x \\to i)` (``-inf`` for absent nodes).
