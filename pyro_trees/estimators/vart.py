@@ -29,7 +29,7 @@ from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.models.vart import VaRT, mixture_params, with_bias
 from pyro_trees.validation import check_level, check_X, check_X_y
 
-__all__ = ["VaRTRegressor"]
+__all__ = ["VaRTRegressor", "noise_factor_from_curve", "noise_factor_from_scores"]
 
 _PREDICT_BYTES = 256 * 2**20  # memory for one prediction batch
 _CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)

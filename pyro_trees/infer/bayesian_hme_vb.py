@@ -60,7 +60,10 @@ from pyro_trees.topology import Topology, enumerate_topologies, mirror_map
 
 __all__ = [
     "ModelSelection",
+    "SCHEDULES",
+    "UPDATES",
     "VBData",
+    "VBResult",
     "VBState",
     "bound",
     "expected_expert_loglik",

@@ -28,7 +28,7 @@ from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.models.vart import VaRT, gaussian, with_bias
 
-__all__ = ["VaRTELBO", "vart_elbo"]
+__all__ = ["VaRTELBO", "sample_guide", "vart_elbo"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
