@@ -27,7 +27,6 @@ puts inside, the sets outside, and the worst single split of the ``free`` rule.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -41,36 +40,18 @@ BAND = (0.85, 0.95)
 RULES = ("coverage", "free", "widen only", "none", "floor")
 
 
-def conformal_quantile(scores, level: float = LEVEL) -> float | None:
-    """The split conformal quantile of ``scores`` at position ``level (n + 1)``,
-    interpolated in log scale as :func:`noise_factor_from_scores` does (``None`` with too
-    few rows)."""
-    s = np.sort(np.asarray(scores, dtype=float))
-    n = len(s)
-    pos = level * (n + 1)
-    if n == 0 or pos > n + 1e-9:
-        return None
-    lo = max(int(math.floor(pos + 1e-9)), 1)
-    hi = min(lo + 1, n)
-    t = min(max(pos - lo, 0.0), 1.0)
-    top = 2.0 ** _SCORE_GRID[1]
-    a, b = min(s[lo - 1], top), min(s[hi - 1], top)
-    return float(math.exp((1 - t) * math.log(a) + t * math.log(b)))
-
-
 def factor(rule: str, held_out) -> float:
     """The noise factor ``rule`` takes from a fit's held-out scores."""
-    if rule == "coverage":
-        c = noise_factor_from_scores(torch.as_tensor(held_out, dtype=torch.float64), LEVEL)
-        return 1.0 if c is None else min(c, 2.0 ** _SCORE_GRID[1])
     if rule == "none":
         return 1.0
     if rule == "floor":
         return 2.0 ** _SCORE_GRID[0]
-    q = conformal_quantile(held_out)
-    if q is None:
+    scores = torch.as_tensor(held_out, dtype=torch.float64)
+    c = noise_factor_from_scores(scores, LEVEL, confidence=None if rule == "free" else 0.95)
+    if c is None:  # too few rows for the quantile: the fitted noise
         return 1.0
-    return q if rule == "free" else max(q, 1.0)
+    c = min(c, 2.0 ** _SCORE_GRID[1])
+    return max(c, 1.0) if rule == "widen only" else c
 
 
 def main():

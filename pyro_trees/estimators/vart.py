@@ -91,7 +91,7 @@ def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> fl
 
 
 def noise_factor_from_scores(
-    scores: torch.Tensor, level: float, confidence: float = 0.95
+    scores: torch.Tensor, level: float, confidence: float | None = 0.95
 ) -> float | None:
     """The ``calibrate_noise="coverage"`` rule of :class:`VaRTRegressor` from the
     held-out coverage scores :math:`s_j` (the least noise factor from which row
@@ -109,11 +109,13 @@ def noise_factor_from_scores(
     :func:`~pyro_trees.estimators.vart.noise_factor_from_curve`: :math:`c = \\min(1, s_{(u)})` with
     :math:`s_{(u)}` the one-sided ``confidence`` upper bound of the ``level`` quantile of the scores
     (:math:`u` the least index with :math:`P(\\mathrm{Bin}(n, \\mathrm{level}) < u) \\ge`
-    ``confidence``; :math:`c = 1` when :math:`u > n`).
+    ``confidence``; :math:`c = 1` when :math:`u > n`). With ``confidence=None`` the
+    factor is :math:`\\hat c` either way (shrinking on the point estimate; compared with
+    the default in ``benchmarks/vart_calibration_rules.py``).
 
     :param scores: held-out scores ``(n,)`` (``inf`` for a row no factor covers).
     :param float level: the interval's probability, in ``(0, 1)``.
-    :param float confidence: of the upper bound used when shrinking.
+    :param confidence: of the upper bound used when shrinking, or ``None``.
     :returns: the factor, or ``None`` when :math:`p > n` (fewer than
         :math:`\\mathrm{level} / (1 - \\mathrm{level})` rows, e.g. 9 at 0.9).
     """
@@ -125,8 +127,14 @@ def noise_factor_from_scores(
     lo = max(int(math.floor(pos + 1e-9)), 1)
     hi = min(lo + 1, n)
     t = min(max(pos - lo, 0.0), 1.0)
-    c = math.exp((1 - t) * math.log(float(s[lo - 1])) + t * math.log(float(s[hi - 1])))
-    if c >= 1.0:
+    a, b = float(s[lo - 1]), float(s[hi - 1])
+    if t == 0.0 or a == b:  # (also keeps 0 * log(inf) out of the interpolation)
+        c = a
+    elif math.isinf(b):
+        c = math.inf
+    else:
+        c = math.exp((1 - t) * math.log(a) + t * math.log(b))
+    if c >= 1.0 or confidence is None:
         return c
     # least u with P(Bin(n, level) <= u - 1) >= confidence
     k = torch.arange(n + 1, dtype=torch.float64)

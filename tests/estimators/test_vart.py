@@ -238,10 +238,19 @@ def test_noise_factor_from_scores_exact_order_statistics():
     assert noise_factor_from_scores(s, 0.5) == pytest.approx(2.0**5.5)
     assert noise_factor_from_scores(s[:8], 0.9) is None  # 8 < 0.9 / 0.1 rows
     assert noise_factor_from_scores(torch.tensor([1.0, math.inf] * 10), 0.9) == math.inf
+    # position on an order statistic with an uncovered (inf) row above it: that order
+    # statistic, and inf when it is the uncovered row itself (0 * log(inf) = nan used to
+    # make both fall through to the shrink branch, which returned 1: no widening)
+    s = torch.cat([torch.linspace(1.0, 3.0, 18), torch.tensor([math.inf])])
+    assert noise_factor_from_scores(s, 0.9) == pytest.approx(3.0)
+    assert noise_factor_from_scores(torch.tensor([1.0] * 8 + [math.inf]), 0.9) == math.inf
     # below one: shrink only to the 95 % upper bound s_(u) of the quantile, with u the
     # least index with P(Bin(n, 0.9) <= u - 1) >= 0.95 (none below 29 rows: c = 1)
-    small = torch.linspace(0.1, 0.5, 28)
+    small = torch.linspace(0.1, 0.5, 28, dtype=torch.float64)
     assert noise_factor_from_scores(small, 0.9) == 1.0
+    # confidence=None: the point estimate, position 0.9 * 29 = 26.1, log-linear
+    free = math.exp(0.9 * math.log(float(small[25])) + 0.1 * math.log(float(small[26])))
+    assert noise_factor_from_scores(small, 0.9, confidence=None) == pytest.approx(free)
     for n in (29, 100, 400):
         s = torch.linspace(0.1, 0.5, n, dtype=torch.float64)
         cdf = np.cumsum([math.comb(n, k) * 0.9**k * 0.1 ** (n - k) for k in range(n + 1)])
