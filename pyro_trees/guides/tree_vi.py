@@ -661,6 +661,7 @@ class TreeVIGuide(PyroModule):
         from pyro_trees.infer.tree_structure import (
             learn_tree_structure,
             model_log_joint,
+            parents_to_probs,
             soft_tree_elbo,
         )
         from pyro_trees.trees import require_memory
@@ -805,8 +806,7 @@ class TreeVIGuide(PyroModule):
                 single_root=single_root,
                 generator=torch.Generator().manual_seed(seed),
             )
-            hard = torch.zeros(n, n + 1, dtype=torch.float64)
-            hard[torch.arange(n), torch.where(res.parents < 0, n, res.parents)] = 1.0
+            hard = parents_to_probs(res.parents, n)
             if refine_steps and params:  # fit the hard tree's parameters before ranking
                 opt = torch.optim.Adam(params, lr=param_lr)
                 for _ in range(refine_steps):

@@ -37,6 +37,7 @@ from pyro_trees.infer.tree_structure import (
     model_log_joint,
     parents_from_edges,
     parents_to_adjacency,
+    parents_to_probs,
     similarity_dfs_tree,
     soft_tree_elbo,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "model_log_joint",
     "parents_from_edges",
     "parents_to_adjacency",
+    "parents_to_probs",
     "restart_elbos",
     "select_topology",
     "similarity_dfs_tree",

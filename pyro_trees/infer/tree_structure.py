@@ -34,6 +34,7 @@ __all__ = [
     "model_log_joint",
     "parents_from_edges",
     "parents_to_adjacency",
+    "parents_to_probs",
     "similarity_dfs_tree",
     "soft_tree_elbo",
 ]
@@ -200,6 +201,25 @@ def parents_to_adjacency(parents, num_nodes: int | None = None) -> torch.Tensor:
     return a + a.T
 
 
+def parents_to_probs(parents, num_nodes: int | None = None) -> torch.Tensor:
+    """One-hot soft parents ``(N, N + 1)`` (float64) of a forest: row ``i`` puts its mass
+    on ``parents[i]``, or on the last column (root) where ``parents[i] = -1``. The hard
+    point of the relaxation of :func:`learn_tree_structure` and
+    :class:`~pyro_trees.distributions.SoftTreeNormal`, where that distribution equals the
+    forest's :class:`~pyro_trees.distributions.TreeNormal`; the inverse of
+    :meth:`~pyro_trees.distributions.SoftTreeNormal.hard_parents`. Its first ``N`` columns
+    are the oriented parent-pointer matrix that :func:`acyclicity` scores.
+
+    :param parents: parent array ``(N,)`` (validated: in range, acyclic).
+    :param int num_nodes: ``N``, if ``parents`` must have that length.
+    """
+    parents = validate_parents(parents, num_nodes)
+    n = parents.numel()
+    probs = torch.zeros(n, n + 1, dtype=torch.float64, device=parents.device)
+    probs[torch.arange(n, device=parents.device), torch.where(parents < 0, n, parents)] = 1.0
+    return probs
+
+
 def acyclicity(adjacency: torch.Tensor) -> torch.Tensor:
     r"""NOTEARS acyclicity :math:`h(A) = \operatorname{tr} e^{A \circ A} - N` (eq. 16).
 
@@ -344,9 +364,7 @@ def learn_tree_structure(
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     logits = 0.01 * torch.randn(n, n + 1, generator=gen, dtype=torch.float64)
     if init_parents is not None:
-        init_parents = validate_parents(init_parents, n)
-        col = torch.where(init_parents < 0, torch.tensor(n), init_parents)
-        logits[torch.arange(n), col] += init_strength
+        logits += init_strength * parents_to_probs(init_parents, n)
     logits.requires_grad_()
     mask = torch.zeros(n, n + 1, dtype=torch.bool)
     mask[torch.arange(n), torch.arange(n)] = True
@@ -393,10 +411,7 @@ def learn_tree_structure(
             best = p.argmax(1)
         parents = torch.where(best == n, torch.tensor(-1), best)
         parents = _cut_cycles(parents, p)
-        a = torch.zeros(n, n, dtype=torch.float64)
-        child = (parents >= 0).nonzero().squeeze(-1)
-        a[child, parents[child]] = 1.0
-        h_hard = float(acyclicity(a))
+        h_hard = float(acyclicity(parents_to_probs(parents, n)[:, :n]))
     return LearnedTree(parents=parents, probs=p.detach(), h=h, h_hard=h_hard, history=history)
 
 

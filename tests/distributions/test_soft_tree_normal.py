@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pyro_trees.distributions import SoftTreeNormal, TreeNormal
+from pyro_trees.infer import parents_to_probs
 
 TREES = {
     "chain": [-1, 0, 1, 2, 3, 4],
@@ -12,14 +13,6 @@ TREES = {
     "random": [5, 7, 0, 8, 5, -1, 4, 2, 2, 0],
     "isolated": [-1, -1, -1],
 }
-
-
-def one_hot(parents, dtype=torch.float64):
-    parents = torch.as_tensor(parents)
-    n = parents.numel()
-    p = torch.zeros(n, n + 1, dtype=dtype)
-    p[torch.arange(n), torch.where(parents < 0, n, parents)] = 1.0
-    return p
 
 
 def random_soft(n, gen, dtype=torch.float64):
@@ -42,7 +35,7 @@ def test_exact_at_hard_parents(name, d):
     parents = torch.tensor(TREES[name])
     n = parents.numel()
     loc, scale, rho = params(n, d, gen)
-    q = SoftTreeNormal(loc, scale, one_hot(parents), rho)
+    q = SoftTreeNormal(loc, scale, parents_to_probs(parents), rho)
     safe = parents.clamp_min(0)
     edge_rho = torch.where((parents < 0)[:, None], 0.0, rho[torch.arange(n), safe])
     t = TreeNormal(loc, scale, parents, edge_rho)
@@ -64,7 +57,7 @@ def test_exact_at_hard_parents(name, d):
     assert torch.equal(q.hard_parents(), parents)
     t2 = q.to_tree_normal()
     torch.testing.assert_close(t2.log_prob(z), t.log_prob(z), atol=1e-12, rtol=0)
-    q2 = SoftTreeNormal(loc, scale, one_hot(parents)[:, :n], rho)
+    q2 = SoftTreeNormal(loc, scale, parents_to_probs(parents)[:, :n], rho)
     torch.testing.assert_close(q2.log_prob(z), q.log_prob(z), atol=1e-12, rtol=0)
 
 
@@ -74,7 +67,9 @@ def test_per_child_rho_is_tree_normal_rho():
     n, d = parents.numel(), 2
     loc, scale, _ = params(n, d, gen)
     rho_child = torch.rand(n, d, generator=gen, dtype=torch.float64) - 0.5
-    q = SoftTreeNormal(loc, scale, one_hot(parents), rho_child.unsqueeze(-2).expand(n, n, d))
+    q = SoftTreeNormal(
+        loc, scale, parents_to_probs(parents), rho_child.unsqueeze(-2).expand(n, n, d)
+    )
     t = TreeNormal(loc, scale, parents, rho_child)
     z = t.rsample((3,))
     torch.testing.assert_close(q.log_prob(z), t.log_prob(z), atol=1e-12, rtol=0)
@@ -215,5 +210,5 @@ def test_cuda_matches_cpu():
     parents = torch.tensor(TREES["forest"])
     m = parents.numel()
     lc, sc, rc = (t.cuda() for t in params(m, d, gen))
-    tree = SoftTreeNormal(lc, sc, one_hot(parents).cuda(), rc).to_tree_normal(parents)
+    tree = SoftTreeNormal(lc, sc, parents_to_probs(parents).cuda(), rc).to_tree_normal(parents)
     assert tree.loc.device.type == "cuda"

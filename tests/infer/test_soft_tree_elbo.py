@@ -15,6 +15,7 @@ from pyro_trees.infer import (
     learn_tree_structure,
     model_log_joint,
     parents_to_adjacency,
+    parents_to_probs,
     soft_tree_elbo,
 )
 
@@ -106,8 +107,7 @@ def test_soft_tree_elbo_is_entropy_plus_expected_log_joint():
     var = prob.log_joint(q.rsample((2000,))).var()
     assert abs(float(est - exact)) < 4 * math.sqrt(float(var) / 20000)
     # at one-hot parents it is the ELBO of the hard tree's TreeNormal
-    hard = torch.zeros(n, n + 1, dtype=torch.float64)
-    hard[torch.arange(n), torch.where(prob.parents < 0, n, prob.parents)] = 1.0
+    hard = parents_to_probs(prob.parents, n)
     t = SoftTreeNormal(loc, scale, hard, rho).to_tree_normal()
     zero = soft_tree_elbo(lambda z: z.new_zeros(z.shape[0]), loc, scale, rho, hard, 2)
     torch.testing.assert_close(zero, t.entropy(), atol=1e-12, rtol=0)
@@ -221,8 +221,7 @@ def learn(prob, init_parents=None, init_strength=2.0, restart=0):
     )
     with torch.no_grad():
         n = prob.n
-        hard = torch.zeros(n, n + 1, dtype=torch.float64)
-        hard[torch.arange(n), torch.where(res.parents < 0, n, res.parents)] = 1.0
+        hard = parents_to_probs(res.parents, n)
         scale = F.softplus(raw_scale)
         # model selection as a user would do it: a Monte Carlo ELBO of the hard tree
         mc_elbo = float(soft_tree_elbo(prob.log_joint, loc, scale, rho(), hard, 1024))

@@ -1,13 +1,14 @@
 import pytest
 import torch
 
-from pyro_trees.distributions import validate_parents
+from pyro_trees.distributions import SoftTreeNormal, validate_parents
 from pyro_trees.infer.tree_structure import (
     acyclicity,
     learn_tree_structure,
     maximum_spanning_tree,
     parents_from_edges,
     parents_to_adjacency,
+    parents_to_probs,
     similarity_dfs_tree,
 )
 
@@ -131,3 +132,19 @@ def test_single_root_relaxes_spanning_trees_where_the_free_one_empties():
     assert float(one.probs[:, n].sum()) == pytest.approx(1.0, abs=1e-9)  # one root's mass
     got = float((parents_to_adjacency(one.parents) * w).sum() / 2)
     assert got >= 0.9 * brute_force_best_tree_weight(w)
+
+
+def test_parents_to_probs_is_the_hard_point_of_the_relaxation():
+    parents = torch.tensor([-1, 0, 0, 1, -1, 4])
+    p = parents_to_probs(parents)
+    assert p.shape == (6, 7) and p.dtype == torch.float64
+    assert torch.equal(p.sum(-1), torch.ones(6))
+    assert p[0, 6] == 1 and p[4, 6] == 1 and p[3, 1] == 1 and p[5, 4] == 1
+    # the inverse of SoftTreeNormal.hard_parents; the first N columns point child -> parent
+    q = SoftTreeNormal(torch.zeros(6, 2), torch.ones(6, 2), p, torch.zeros(6, 6, 2))
+    assert torch.equal(q.hard_parents(), parents)
+    assert float(acyclicity(p[:, :6])) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="cycle"):
+        parents_to_probs([1, 0])
+    with pytest.raises(ValueError):
+        parents_to_probs([-1, 0], num_nodes=3)
