@@ -79,6 +79,11 @@ def edge_set(parents):
     return tuple(sorted((int(i) + 1, int(j) + 1) for i, j in a.nonzero().tolist() if i < j))
 
 
+def format_edges(edges):
+    """``"(1,2) (2,3) ..."`` for the edges of :func:`edge_set`."""
+    return " ".join(f"({i},{j})" for i, j in edges)
+
+
 def make_guide(name, n=4, f=4, d=4):
     enc = GroupEncoder(n, f, d)
     if name == LEARNED:  # no tree yet: learn_tree installs one
@@ -116,14 +121,21 @@ def evaluate(model, guide, elbo, x, passes, entropy=None):
             guide.entropy = old
 
 
+def posterior_precision(model):
+    """Precision ``(n, n)`` (float64) of one latent dimension's exact posterior over a
+    group's ``n`` instances: the prior's inverse covariance plus ``I / noise_var``. It is
+    the same for every group and dimension."""
+    c = (model.prior_tril @ model.prior_tril.T).double()
+    return torch.linalg.inv(c) + torch.eye(c.shape[0], dtype=torch.float64) / model.noise_var
+
+
 def family_optimum(model, parents_list, steps=3000):
     """Best ELBO of a (mixture of) tree Gaussian family for the exact posterior, per
     instance: log p(x) - min KL(q || p(z|x)), with one correlation per edge. The
     posterior covariance is the same for every group and every latent dimension, so we
     optimise one 4-node problem."""
-    c = (model.prior_tril @ model.prior_tril.T).double()
-    n = c.shape[0]
-    prec = torch.linalg.inv(c) + torch.eye(n, dtype=torch.float64) / model.noise_var
+    prec = posterior_precision(model)
+    n = prec.shape[0]
     post = torch.distributions.MultivariateNormal(
         torch.zeros(n, dtype=torch.float64), precision_matrix=prec
     )
@@ -171,9 +183,8 @@ def tree_optimum_exact(model, parents):
     over the scales and edge correlations by L-BFGS in float64 (a forest of roots gives
     the closed-form mean-field value to 1e-15). :func:`family_optimum` reaches the same
     optimum only up to its stochastic optimiser's noise."""
-    c = (model.prior_tril @ model.prior_tril.T).double()
-    n = c.shape[0]
-    prec = torch.linalg.inv(c) + torch.eye(n, dtype=torch.float64) / model.noise_var
+    prec = posterior_precision(model)
+    n = prec.shape[0]
     logdet_prec = torch.logdet(prec)
     parents = torch.as_tensor(parents)
     log_s = torch.zeros(n, 1, dtype=torch.float64, requires_grad=True)
@@ -357,7 +368,7 @@ def main(argv=None):
     tree_rows = [
         {
             "rank": k + 1,
-            "tree (edges, 1-based)": " ".join(f"({i},{j})" for i, j in edges),
+            "tree (edges, 1-based)": format_edges(edges),
             "family-best gap (exact)": -value * d,
             "family-best ELBO": exact + value * d,
             "paper's": "T1" if edges == edge_set(T1) else ("T2" if edges == edge_set(T2) else ""),
@@ -378,7 +389,7 @@ def main(argv=None):
         "overstates the gaps by a few thousandths (T1, T2 above), within which the SVI "
         "rows' gaps can fall below it. Trees learned per seed: "
         + "; ".join(
-            f"seed {sd} {' '.join(f'({i},{j})' for i, j in e)} (rank {rank_of[e]} of "
+            f"seed {sd} {format_edges(e)} (rank {rank_of[e]} of "
             f"{len(ranked)}, ELBO/instance after eq. 17 {learn_elbos[sd]:.4f})"
             for sd, e in enumerate(found)
         )
