@@ -181,7 +181,9 @@ def fit(
     :param device: move the model, the guide and tensor arguments there first.
     :param seed: seed for :func:`pyro.set_rng_seed`.
     :param bool progress: show a tqdm progress bar with the loss.
-    :param checkpoint: path written every ``checkpoint_every`` steps and at the end with
+    :param checkpoint: path written every ``checkpoint_every`` steps and at the end (before
+        early stopping's best state is restored, so that resuming a finished run with a
+        larger ``num_steps`` continues it as one longer run would have) with
         ``{"model", "guide", "optimizer", "scheduler", "step", "result", "best_state",
         "bad_evals", "rng"}`` (a plain ``torch.save``; ``"scheduler"`` is ``None``
         without ``lr_scheduler``, ``"best_state"`` without validation; ``"rng"`` holds
@@ -332,11 +334,13 @@ def fit(
             if bar is not None:
                 bar.close()
         result.seconds += time.perf_counter() - t0
+        # The last checkpoint holds the training state before the best one is restored:
+        # resuming it with more steps continues the run, as a longer run would have.
+        if checkpoint is not None:
+            _save(checkpoint, len(result.losses), **saved())
         if best_state is not None and result.stopped != "interrupted":
             for m, s in zip(modules, best_state, strict=True):
                 m.load_state_dict(s)
-        if checkpoint is not None:
-            _save(checkpoint, len(result.losses), **saved())
     return result
 
 

@@ -296,3 +296,27 @@ def test_cpu_checkpoint_does_not_touch_cuda(tmp_path):
     assert "cuda_rng" in state
     if not torch.cuda.is_initialized():
         assert state["cuda_rng"] is None
+
+
+def test_resuming_a_finished_run_extends_it(tmp_path):
+    """The final checkpoint is the training state, not the restored best one: a run of
+    20 steps resumed to 40 is the run of 40 steps (same losses, same best, same
+    parameters), although its best validation came early and was restored at step 20."""
+    scripted = {0: 5.0, 5: 4.0, 10: 3.0, 15: 3.5, 20: 3.6, 25: 3.7, 30: 2.0, 35: 3.9, 40: 4.0}
+    done = [0]
+
+    def count(step, loss):
+        done[0] = step + 1
+
+    common = dict(val_metric=lambda: scripted[done[0]], eval_every=5, callback=count)
+    model, guide, full = _run(0, num_steps=40, **common)
+    assert full.best_step == 30
+    path = tmp_path / "ckpt.pt"
+    done[0] = 0
+    _, _, first = _run(0, num_steps=20, checkpoint=path, **common)
+    assert first.stopped == "num_steps" and first.best_step == 10
+    model2, guide2, resumed = _run(1, num_steps=40, resume=path, **common)
+    assert resumed.losses == full.losses and resumed.best_step == 30
+    for a, b in ((model, model2), (guide, guide2)):
+        for key, value in a.state_dict().items():
+            assert torch.equal(b.state_dict()[key], value), key
