@@ -12,7 +12,35 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-__all__ = ["RESULTS", "environment", "markdown_table", "write_results"]
+__all__ = [
+    "LR_SCHEDULE_TEXT",
+    "RESULTS",
+    "environment",
+    "lr_schedule_from_env",
+    "make_lr_scheduler",
+    "markdown_table",
+    "write_results",
+]
+
+# learning-rate schedules a benchmark may be asked for, and how its results describe them
+LR_SCHEDULE_TEXT = {"constant": "0.01", "cosine": "0.01 falling to 0.001 along a half cosine"}
+
+
+def lr_schedule_from_env(var: str) -> str:
+    """The schedule named by environment variable ``var`` (default ``"constant"``);
+    a ``ValueError`` for a name not in :data:`LR_SCHEDULE_TEXT`."""
+    name = os.environ.get(var, "constant")
+    if name not in LR_SCHEDULE_TEXT:
+        raise ValueError(f"{var} must be one of {sorted(LR_SCHEDULE_TEXT)}, got {name!r}")
+    return name
+
+
+def make_lr_scheduler(name: str, optimizer, steps: int):
+    """The scheduler of schedule ``name`` for ``optimizer`` over ``steps`` steps (its
+    rate starting at 0.01), or ``None`` for the constant rate."""
+    if name == "constant":
+        return None
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=1e-3)
 
 
 def environment(device=None) -> dict:

@@ -35,7 +35,14 @@ import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from benchmarks._common import RESULTS, markdown_table, write_results
+from benchmarks._common import (
+    LR_SCHEDULE_TEXT,
+    RESULTS,
+    lr_schedule_from_env,
+    make_lr_scheduler,
+    markdown_table,
+    write_results,
+)
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer import collapse_ratio, dgp_predict, fit, layer_samples
 from pyro_trees.models import DeepGP
@@ -63,17 +70,7 @@ JOINT_CROSS_SCALE = float(os.environ.get("DGP_JOINT_CROSS_SCALE", 0.3))
 # Monte Carlo draws per step and the guides' initial scale, the same for every guide
 PARTICLES = int(os.environ.get("DGP_PARTICLES", 4))
 INIT_SCALE = float(os.environ.get("DGP_INIT_SCALE", 0.1))
-LR_SCHEDULE = os.environ.get("DGP_LR_SCHEDULE", "constant")
-if LR_SCHEDULE not in ("constant", "cosine"):
-    raise ValueError(f"DGP_LR_SCHEDULE must be 'constant' or 'cosine', got {LR_SCHEDULE!r}")
-
-
-LR_TEXT = {"constant": "0.01", "cosine": "0.01 falling to 0.001 along a half cosine"}
-
-
-def lr_scheduler(optimizer):
-    """``fit``'s scheduler for ``DGP_LR_SCHEDULE`` (``None`` for a constant rate)."""
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS, eta_min=1e-3)
+LR_SCHEDULE = lr_schedule_from_env("DGP_LR_SCHEDULE")
 
 
 def make_data(n=50, noise=0.05, seed=0):
@@ -134,7 +131,7 @@ def run_one(kind, L, seed, x, y):
     t0 = time.perf_counter()
     res = fit(
         model, guide, x, y, loss=loss, num_steps=STEPS, lr=0.01, progress=False,
-        lr_scheduler=lr_scheduler if LR_SCHEDULE == "cosine" else None,
+        lr_scheduler=lambda opt: make_lr_scheduler(LR_SCHEDULE, opt, STEPS),
     )  # fmt: skip
     seconds = time.perf_counter() - t0
     pyro.set_rng_seed(seed)
@@ -247,7 +244,7 @@ def main():
         "# Deep GP compositional uncertainty (y = sin(7 exp(x)), 50 points)\n\n"
         "Paper (Ustyuzhaninov et al., Figs. 2-5): qualitative only; factorised inner layers "
         "collapse, joint and intermediate-output guides keep a spread.\n\n"
-        f"{STEPS} ClippedAdam steps (lr {LR_TEXT[LR_SCHEDULE]}, {PARTICLES} particles, "
+        f"{STEPS} ClippedAdam steps (lr {LR_SCHEDULE_TEXT[LR_SCHEDULE]}, {PARTICLES} particles, "
         "closed-form KLs), guides' "
         f"init_scale {INIT_SCALE:g}, M = {M}, "
         f"joint guide with cross_scale={JOINT_CROSS_SCALE} (`joint`: cross entries in units "

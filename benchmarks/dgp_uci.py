@@ -45,7 +45,13 @@ import pyro
 import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
-from benchmarks._common import markdown_table, write_results
+from benchmarks._common import (
+    LR_SCHEDULE_TEXT,
+    lr_schedule_from_env,
+    make_lr_scheduler,
+    markdown_table,
+    write_results,
+)
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer import dgp_predict, fit
 from pyro_trees.models import DeepGP
@@ -72,9 +78,7 @@ TAG = os.environ.get("DGP_TAG", "")
 # needs more than the default 1e-6; of 1e-3 and 1e-4, only 1e-4 is within 0.05 nats on both
 # concrete and kin40k
 EQ4_JITTER = float(os.environ.get("DGP_EQ4_JITTER", 1e-4))
-LR_SCHEDULE = os.environ.get("DGP_LR_SCHEDULE", "constant")
-if LR_SCHEDULE not in ("constant", "cosine"):
-    raise ValueError(f"DGP_LR_SCHEDULE must be 'constant' or 'cosine', got {LR_SCHEDULE!r}")
+LR_SCHEDULE = lr_schedule_from_env("DGP_LR_SCHEDULE")
 PAIRED_METHOD = (
     "timed in alternating blocks of 10 steps (7 pairs, plain Adam loops, same load for both; "
     "median of the pairs' ratios; the cpu-time ratio uses this thread's CPU time instead of "
@@ -85,14 +89,6 @@ SETTINGS = {
     "concrete": (64, 30 if SMOKE else 1000, None),
     "kin40k": (64, 20 if SMOKE else 1000, 1024),
 }
-
-
-def make_scheduler(optimizer, steps):
-    """The learning-rate schedule of ``DGP_LR_SCHEDULE``, the same for every method
-    (``None`` for the constant rate)."""
-    if LR_SCHEDULE == "constant":
-        return None
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=1e-3)
 
 
 def _data_dir() -> Path:
@@ -164,7 +160,7 @@ def run_gpytorch(Xtr, ytr, Xte, yte, sy, Z1, Z2, steps, batch):
         gpytorch.mlls.VariationalELBO(model.likelihood, model, num_data=len(Xtr))
     )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    sched = make_scheduler(opt, steps)
+    sched = make_lr_scheduler(LR_SCHEDULE, opt, steps)
     model.train()
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
@@ -242,7 +238,8 @@ def run_ours(kind, Xtr, ytr, Xte, yte, sy, Z1, Z2, steps, batch, init_mean):
     kwargs = {"subsample_size": batch} if batch else {}
     res = fit(
         model, guide, Xtr, ytr, loss=loss, num_steps=steps, lr=0.01, optim="adam",
-        lr_scheduler=lambda opt: make_scheduler(opt, steps), progress=False, seed=0, **kwargs,
+        lr_scheduler=lambda opt: make_lr_scheduler(LR_SCHEDULE, opt, steps),
+        progress=False, seed=0, **kwargs,
     )  # fmt: skip
     sec = res.seconds / max(res.num_steps, 1)
     pyro.set_rng_seed(0)
@@ -361,9 +358,7 @@ def main(names):
         print(md)
         return
     md = (
-        "Two-layer deep GPs, hidden width 4, Adam lr "
-        + ("0.01" if LR_SCHEDULE == "constant" else "0.01 falling to 0.001 (half cosine)")
-        + ", "
+        f"Two-layer deep GPs, hidden width 4, Adam lr {LR_SCHEDULE_TEXT[LR_SCHEDULE]}, "
         f"{SAMPLES} Monte Carlo samples per step, split 0 of the cached splits; jitter "
         f"{EQ4_JITTER:g} for eq. (4)'s guide (`intermediate`). "
         "Goal (issue 6): factorised NLL within 0.05 nats of GPyTorch's at <= 1.0x its time "
