@@ -22,6 +22,7 @@ from pyro.infer import Predictive
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 
 from ..gp import kernel_matrix, sample_gaussian
+from ..validation import check_level
 
 __all__ = ["collapse_ratio", "dgp_predict", "layer_samples"]
 
@@ -48,8 +49,7 @@ def dgp_predict(
         ``y``, ``log_lik`` (mean over points of
         :math:`\\log \\frac1S \\sum_s N(y; \\mu_s, v_s + \\sigma^2)`) and ``rmse``.
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1); got {level}")
+    level = check_level(level)
     with _context(model):
         pred = Predictive(
             model,
