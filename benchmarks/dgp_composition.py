@@ -20,13 +20,17 @@ Run from the repository root: ``python -m benchmarks.dgp_composition``
 the run along a half cosine, for every guide alike),
 ``DGP_EQ4_JITTER`` (the jitter of eq. (4)'s guide, default 1e-2),
 ``DGP_GUIDES=a,b`` and ``DGP_TAG=name``, which writes ``dgp_composition_name`` with only
-the guides run).
+the guides run; ``DGP_RESTARTS=R`` (default 1) fits every guide R times per seed, restart r
+from seed ``seed + 1000 r`` (kernel initialisation and Monte Carlo draws), and keeps the
+fit with the highest ELBO, estimated after training with ``ELBO_PARTICLES`` draws; the
+same rule for every guide, and restart 0 is the run without restarts).
 Figures go to benchmarks/results/
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import warnings
@@ -71,6 +75,10 @@ JOINT_CROSS_SCALE = float(os.environ.get("DGP_JOINT_CROSS_SCALE", 0.3))
 PARTICLES = int(os.environ.get("DGP_PARTICLES", 4))
 INIT_SCALE = float(os.environ.get("DGP_INIT_SCALE", 0.1))
 LR_SCHEDULE = lr_schedule_from_env("DGP_LR_SCHEDULE")
+RESTARTS = int(os.environ.get("DGP_RESTARTS", 1))
+if RESTARTS < 1:
+    raise ValueError(f"DGP_RESTARTS must be >= 1, got {RESTARTS}")
+ELBO_PARTICLES = 16 if SMOKE else 512
 
 
 def make_data(n=50, noise=0.05, seed=0):
@@ -125,15 +133,43 @@ def build(kind, L, seed):
     return model, guide, elbo
 
 
-def run_one(kind, L, seed, x, y):
+def elbo_estimate(model, guide, x, y, seed):
+    """ELBO of a fitted (model, guide) from ``ELBO_PARTICLES`` draws (closed-form KLs),
+    with its own seed so every restart is scored on the same footing."""
     pyro.set_rng_seed(seed)
-    model, guide, loss = build(kind, L, seed)
+    est = TraceMeanField_ELBO(
+        num_particles=ELBO_PARTICLES, vectorize_particles=True, max_plate_nesting=1
+    )
+    # build() made the modules with module-local parameters: evaluate them that way, or
+    # the global param store would hand one fit's values to the next fit's same names
+    with torch.no_grad(), pyro.settings.context(module_local_params=True):
+        return -float(est.loss(model, guide, x, y))
+
+
+def train_one(kind, L, run_seed, x, y):
+    """One fit from seed ``run_seed``: (model, guide, fit result, seconds)."""
+    pyro.set_rng_seed(run_seed)
+    model, guide, loss = build(kind, L, run_seed)
     t0 = time.perf_counter()
     res = fit(
         model, guide, x, y, loss=loss, num_steps=STEPS, lr=0.01, progress=False,
         lr_scheduler=lambda opt: make_lr_scheduler(LR_SCHEDULE, opt, STEPS),
     )  # fmt: skip
-    seconds = time.perf_counter() - t0
+    return model, guide, res, time.perf_counter() - t0
+
+
+def run_one(kind, L, seed, x, y):
+    fits = []
+    for r in range(RESTARTS):
+        model, guide, res, seconds = train_one(kind, L, seed + 1000 * r, x, y)
+        elbo = elbo_estimate(model, guide, x, y, seed) if RESTARTS > 1 else None
+        fits.append((elbo, r, model, guide, res, seconds))
+    # the highest ELBO; without restarts the only fit (no extra evaluation, so a run with
+    # DGP_RESTARTS=1 reproduces the earlier results file to the last digit)
+    elbo, restart, model, guide, res, _ = max(
+        fits, key=lambda f: f[0] if f[0] is not None and math.isfinite(f[0]) else -math.inf
+    )
+    seconds = sum(f[5] for f in fits)
     pyro.set_rng_seed(seed)
     pred = dgp_predict(model, guide, x, y, num_samples=200)
     grid = torch.linspace(-1, 1, 100, dtype=torch.float64).unsqueeze(-1)
@@ -151,6 +187,10 @@ def run_one(kind, L, seed, x, y):
         "noise_sd": float(model.noise.detach()),
         "seconds": seconds,
     }
+    if RESTARTS > 1:
+        row["restart"] = restart
+        row["elbo"] = elbo
+        row["restart elbos"] = " / ".join(f"{f[0]:.2f}" for f in fits)
     for i, r in enumerate(ratios, 1):
         row[f"spread_layer{i}"] = r
     return row, smp
@@ -245,7 +285,16 @@ def main():
         "Paper (Ustyuzhaninov et al., Figs. 2-5): qualitative only; factorised inner layers "
         "collapse, joint and intermediate-output guides keep a spread.\n\n"
         f"{STEPS} ClippedAdam steps (lr {LR_SCHEDULE_TEXT[LR_SCHEDULE]}, {PARTICLES} particles, "
-        "closed-form KLs), guides' "
+        "closed-form KLs), "
+        + (
+            f"{RESTARTS} restarts per seed and guide (restart r from seed + 1000 r: kernel "
+            "initialisation and Monte Carlo draws), the one with the highest ELBO kept "
+            f"({ELBO_PARTICLES}-draw estimate after training; `restart elbos` lists all, "
+            "`s/run` sums the restarts' training time), "
+            if RESTARTS > 1
+            else ""
+        )
+        + "guides' "
         f"init_scale {INIT_SCALE:g}, M = {M}, "
         f"joint guide with cross_scale={JOINT_CROSS_SCALE} (`joint`: cross entries in units "
         "of each row's diagonal, the default `cross_relative=True`; `joint_absolute`: "
