@@ -164,8 +164,9 @@ def run_one(kind, L, seed, x, y):
         model, guide, res, seconds = train_one(kind, L, seed + 1000 * r, x, y)
         elbo = elbo_estimate(model, guide, x, y, seed) if RESTARTS > 1 else None
         fits.append((elbo, r, model, guide, res, seconds))
-    # the highest ELBO; without restarts the only fit (no extra evaluation, so a run with
-    # DGP_RESTARTS=1 reproduces the earlier results file to the last digit)
+    # the highest ELBO (a non-finite estimate ranks last); without restarts the only fit,
+    # left unscored. Either way the RNG is reseeded below, so restart 0's figures are those
+    # of a run without restarts.
     elbo, restart, model, guide, res, _ = max(
         fits, key=lambda f: f[0] if f[0] is not None and math.isfinite(f[0]) else -math.inf
     )
