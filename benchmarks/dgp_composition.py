@@ -30,9 +30,7 @@ Figures go to benchmarks/results/
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 import warnings
 
 import pyro
@@ -48,7 +46,7 @@ from benchmarks._common import (
     write_results,
 )
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
-from pyro_trees.infer import collapse_ratio, dgp_predict, fit, layer_samples
+from pyro_trees.infer import collapse_ratio, dgp_predict, fit_restarts, layer_samples
 from pyro_trees.models import DeepGP
 
 with warnings.catch_warnings():
@@ -146,31 +144,18 @@ def elbo_estimate(model, guide, x, y, seed):
         return -float(est.loss(model, guide, x, y))
 
 
-def train_one(kind, L, run_seed, x, y):
-    """One fit from seed ``run_seed``: (model, guide, fit result, seconds)."""
-    pyro.set_rng_seed(run_seed)
-    model, guide, loss = build(kind, L, run_seed)
-    t0 = time.perf_counter()
-    res = fit(
-        model, guide, x, y, loss=loss, num_steps=STEPS, lr=0.01, progress=False,
+def run_one(kind, L, seed, x, y):
+    # restart r is built and trained from seed + 1000 r; the highest ELBO wins (a
+    # non-finite estimate ranks last). The RNG is reseeded below, so restart 0's figures
+    # are those of a run without restarts.
+    out = fit_restarts(
+        lambda run_seed: build(kind, L, run_seed), x, y,
+        num_restarts=RESTARTS, seed=seed, seed_stride=1000,
+        score=lambda model, guide: elbo_estimate(model, guide, x, y, seed),
+        num_steps=STEPS, lr=0.01, progress=False,
         lr_scheduler=lambda opt: make_lr_scheduler(LR_SCHEDULE, opt, STEPS),
     )  # fmt: skip
-    return model, guide, res, time.perf_counter() - t0
-
-
-def run_one(kind, L, seed, x, y):
-    fits = []
-    for r in range(RESTARTS):
-        model, guide, res, seconds = train_one(kind, L, seed + 1000 * r, x, y)
-        elbo = elbo_estimate(model, guide, x, y, seed) if RESTARTS > 1 else None
-        fits.append((elbo, r, model, guide, res, seconds))
-    # the highest ELBO (a non-finite estimate ranks last); without restarts the only fit,
-    # left unscored. Either way the RNG is reseeded below, so restart 0's figures are those
-    # of a run without restarts.
-    elbo, restart, model, guide, res, _ = max(
-        fits, key=lambda f: f[0] if f[0] is not None and math.isfinite(f[0]) else -math.inf
-    )
-    seconds = sum(f[5] for f in fits)
+    model, guide, res, seconds = out.model, out.guide, out.result, out.seconds
     pyro.set_rng_seed(seed)
     pred = dgp_predict(model, guide, x, y, num_samples=200)
     grid = torch.linspace(-1, 1, 100, dtype=torch.float64).unsqueeze(-1)
@@ -189,9 +174,9 @@ def run_one(kind, L, seed, x, y):
         "seconds": seconds,
     }
     if RESTARTS > 1:
-        row["restart"] = restart
-        row["elbo"] = elbo
-        row["restart elbos"] = " / ".join(f"{f[0]:.2f}" for f in fits)
+        row["restart"] = out.best
+        row["elbo"] = out.elbo
+        row["restart elbos"] = " / ".join(f"{v:.2f}" for v in out.elbos)
     for i, r in enumerate(ratios, 1):
         row[f"spread_layer{i}"] = r
     return row, smp

@@ -407,7 +407,8 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
     on the 50-point composition problem one start of six stuck with the likelihood noise
     at 0.29 (the data's is 0.05). Fitting twice from different kernel hyperparameters and
     keeping the fit with the higher ELBO found the good optimum on all six
-    (``benchmarks/dgp_composition.py``, ``DGP_RESTARTS``).
+    (``benchmarks/dgp_composition.py``, ``DGP_RESTARTS``). :func:`pyro_trees.infer.fit_restarts`
+    does this for any model and guide.
 
     Unwhitened, the means start at the layers' mean functions applied to ``Z`` in turn
     (``Z`` itself through identity layers, zero through zero-mean ones) and the

@@ -26,6 +26,11 @@ from pyro_trees.infer.fit import (
     isolated_params,
     make_optimizer,
 )
+from pyro_trees.infer.restarts import (
+    RestartsResult,
+    elbo_estimate,
+    fit_restarts,
+)
 from pyro_trees.infer.tree_elbo import (
     TreeELBO,
 )
@@ -50,6 +55,7 @@ __all__ = [
     "FitResult",
     "LearnedTree",
     "ModelSelection",
+    "RestartsResult",
     "SVIRestarts",
     "TreeELBO",
     "VBData",
@@ -58,7 +64,9 @@ __all__ = [
     "acyclicity",
     "collapse_ratio",
     "dgp_predict",
+    "elbo_estimate",
     "fit",
+    "fit_restarts",
     "fit_svi_restarts",
     "grow_selection",
     "isolated_params",
