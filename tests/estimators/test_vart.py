@@ -486,3 +486,58 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
     for depth in (3, 5, 7, 10):
         vart_module._check_training_memory(depth, 2048, 33, None)
         vart_module._check_prediction_memory(depth, 200, 33, None)
+
+
+def test_cross_fitted_calibration_pools_disjoint_folds(fitted, data):
+    X, y = data  # 120 rows, 12 held out
+    est = VaRTRegressor(
+        depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0, min_calibration_rows=30
+    ).fit(X, y)
+    # the main fit is the fit without cross-fitting, to the last digit
+    np.testing.assert_array_equal(est.predict(X), fitted.predict(X))
+    cal = est.noise_calibration_
+    np.testing.assert_array_equal(cal["scores"], fitted.noise_calibration_["scores"])
+    # ceil(30 / 12) = 3 folds of 12 rows: two extra fits
+    assert [len(f) for f in cal["fold_scores"]] == [12, 12]
+    assert fitted.noise_calibration_["fold_scores"] == []
+    pooled = torch.as_tensor(np.concatenate([cal["scores"], *cal["fold_scores"]]))
+    assert est.noise_factor_ == min(noise_factor_from_scores(pooled, 0.9), 256.0)
+    # fold k: rows perm[12 k : 12 (k + 1)] of the main fit's permutation, scored by a fit
+    # seeded seed_ + k that holds them out
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
+    Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    for k in (1, 2):
+        rows, rest = perm[12 * k : 12 * (k + 1)], torch.cat([perm[: 12 * k], perm[12 * (k + 1) :]])
+        other = VaRTRegressor(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=k)
+        other.seed_ = k
+        other._fit_split(Xt, yt, rows, rest, torch.Generator().manual_seed(k))
+        other.noise_factor_, other._tree_samples = 1.0, None
+        scores = other.coverage_scores(X[rows.numpy()], y[rows.numpy()])
+        np.testing.assert_allclose(cal["fold_scores"][k - 1], scores, rtol=1e-6)
+    # the interval at the pooled factor: a test row is inside iff its score <= the factor
+    lo, hi = est.predict_interval(X[:20], level=0.9)
+    inside = (y[:20] >= lo) & (y[:20] <= hi)
+    np.testing.assert_array_equal(inside, est.coverage_scores(X[:20], y[:20]) <= est.noise_factor_)
+
+
+def test_cross_fitting_fold_count_and_bad_values(data):
+    X, y = data
+    # 50 rows, 10 held out: at most 50 // 10 = 5 folds however many rows are asked for
+    est = VaRTRegressor(
+        depth=2, num_steps=10, num_samples=8, random_state=1, min_calibration_rows=10**6
+    ).fit(X[:50], y[:50])
+    assert [len(f) for f in est.noise_calibration_["fold_scores"]] == [10] * 4
+    # enough rows already: no extra fit; the likelihood rule never cross-fits
+    for kwargs in ({"min_calibration_rows": 10}, {"calibrate_noise": "likelihood"}):
+        est = VaRTRegressor(
+            depth=2,
+            num_steps=10,
+            num_samples=8,
+            random_state=1,
+            **{"min_calibration_rows": 40, **kwargs},
+        ).fit(X[:50], y[:50])
+        assert est.noise_calibration_["fold_scores"] == []
+    assert est.get_params()["min_calibration_rows"] == 40
+    for bad in (0, -3, 2.5, True, "100"):
+        with pytest.raises(ValueError, match="min_calibration_rows"):
+            VaRTRegressor(num_steps=5, min_calibration_rows=bad).fit(X, y)
