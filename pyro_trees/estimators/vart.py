@@ -320,7 +320,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         ``seed_ + k``, with :math:`K` the least number of folds with that many rows (at most
         ``N // n_val``, every row once). The pooled scores set the factor of the main
         fit, which alone predicts; training costs :math:`K` fits. With ten held-out rows
-        (:math:`N \approx 100`) the quantile of the split's scores is that of one or two
+        (:math:`N \\approx 100`) the quantile of the split's scores is that of one or two
         rows, and the one-sided bound forbids any shrinking below 29 rows, so the
         factor is mostly noise; cross-fitting pools every row's score (the CV+ idea of
         Barber et al., 2021), at the price of scores from fits on slightly different
@@ -328,9 +328,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         sets at depth 5 (``benchmarks/results/vart_uci_d5_crossfit100_*.md``, 100
         rows): it does not help there. The smallest sets then under-cover
         (concreteslump 0.824, fertility 0.840, against 0.845 and 0.890 from the held-out
-        split alone) and autos still over-covers (0.962): with enough rows the factor may go below one, and the folds'
-        scores, like the split's, come from rows that also picked their fit's
-        early-stopping step. Hence off by default.
+        split alone) and autos still over-covers (0.962): with enough rows the factor
+        may go below one, and the folds' scores, like the split's, come from rows that
+        also picked their fit's early-stopping step. Hence off by default.
     :param str init: ``"data"`` (default) starts the split rules through random
         training points (:meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`); ``"random"``
         uses random hyperplanes through the origin of the standardised inputs.
