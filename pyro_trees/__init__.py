@@ -18,7 +18,7 @@ from pyro_trees.estimators import (
     VaRTCausal,
     VaRTRegressor,
 )
-from pyro_trees.infer import fit
+from pyro_trees.infer import fit, fit_restarts
 from pyro_trees.topology import Topology
 
 __version__ = "0.1.0"
@@ -36,6 +36,7 @@ __all__ = [
     "distributions",
     "estimators",
     "fit",
+    "fit_restarts",
     "guides",
     "infer",
     "models",
