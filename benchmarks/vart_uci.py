@@ -196,7 +196,11 @@ RULES = ("coverage", "likelihood", "c>=1")  # noise-factor rules compared in eve
 
 def rule_factor(cal: dict, rule: str) -> float:
     """The noise factor that ``rule`` reads off a fit's ``noise_calibration_``."""
-    from pyro_trees.estimators.vart import noise_factor_from_curve, noise_factor_from_scores
+    from pyro_trees.estimators.vart import (
+        _SCORE_GRID,
+        noise_factor_from_curve,
+        noise_factor_from_scores,
+    )
 
     grid, dens = torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
     if rule == "c>=1":  # the earliest rule: max(argmax, 1)
@@ -205,7 +209,7 @@ def rule_factor(cal: dict, rule: str) -> float:
     if rule == "coverage":  # the held-out split's scores and any cross-fitted folds'
         scores = [torch.as_tensor(v) for v in [cal["scores"], *cal.get("fold_scores", [])]]
         c = noise_factor_from_scores(torch.cat(scores), cal["level"])
-        c = None if c is None else min(c, 256.0)
+        c = None if c is None else min(c, 2.0 ** _SCORE_GRID[1])  # the estimator's cap
     return noise_factor_from_curve(grid, dens) if c is None else c
 
 
