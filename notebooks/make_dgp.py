@@ -206,6 +206,33 @@ for L, kind, seed, ratios, ll in rows:
 """)
 
 md(r"""
+## Restarts
+
+On a problem this small a start can stick: in the benchmark's six seeds one whitened
+fit ended with the likelihood noise at 0.29 (the data's is 0.05), with an ELBO 65 nats
+below its restart's. `fit_restarts` trains several fits from different seeds (each
+`make(seed)` builds a fresh model and guide, so the kernels start elsewhere too) and
+keeps the one with the highest ELBO, a Monte Carlo estimate drawn from one seed for all.
+The ELBO is the objective the fits maximise, so no held-out data are needed. The cell
+costs two fits, about three minutes on one core.
+""")
+
+code(r"""
+from pyro_trees.infer import fit_restarts
+
+
+def make(seed):
+    m, g, elbo = build("intermediate", 2, seed)
+    return m, g, elbo(num_particles=PARTICLES, vectorize_particles=True, max_plate_nesting=1)
+
+
+out = fit_restarts(make, x, y, num_restarts=2, seed=SEEDS[0], num_steps=STEPS, lr=0.01,
+                   lr_scheduler=cosine, progress=False, score_repeats=8)
+print("ELBO of each restart:", [round(v, 2) for v in out.elbos], "- kept restart", out.best)
+print("its noise sd:", round(float(out.model.noise.detach()), 4))
+""")
+
+md(r"""
 ## Predictions through `pyro.infer.Predictive`
 
 `dgp_predict` wraps `Predictive`: the predictive is a mixture over draws of the inner
