@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import RESULTS, markdown_table, write_results
-from pyro_trees.estimators.vart import _SCORE_GRID, noise_factor_from_scores
+from pyro_trees.estimators.vart import _SCORE_GRID, _coverage_factor
 
 LEVEL = 0.9
 BAND = (0.85, 0.95)
@@ -47,10 +47,9 @@ def factor(rule: str, held_out) -> float:
     if rule == "floor":
         return 2.0 ** _SCORE_GRID[0]
     scores = torch.as_tensor(held_out, dtype=torch.float64)
-    c = noise_factor_from_scores(scores, LEVEL, confidence=None if rule == "free" else 0.95)
+    c = _coverage_factor(scores, LEVEL, confidence=None if rule == "free" else 0.95)
     if c is None:  # too few rows for the quantile: the fitted noise
         return 1.0
-    c = min(c, 2.0 ** _SCORE_GRID[1])
     return max(c, 1.0) if rule == "widen only" else c
 
 

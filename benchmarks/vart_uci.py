@@ -196,11 +196,7 @@ RULES = ("coverage", "likelihood", "c>=1")  # noise-factor rules compared in eve
 
 def rule_factor(cal: dict, rule: str) -> float:
     """The noise factor that ``rule`` reads off a fit's ``noise_calibration_``."""
-    from pyro_trees.estimators.vart import (
-        _SCORE_GRID,
-        noise_factor_from_curve,
-        noise_factor_from_scores,
-    )
+    from pyro_trees.estimators.vart import _coverage_factor, noise_factor_from_curve
 
     grid, dens = torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
     if rule == "c>=1":  # the earliest rule: max(argmax, 1)
@@ -208,8 +204,7 @@ def rule_factor(cal: dict, rule: str) -> float:
     c = None
     if rule == "coverage":  # the held-out split's scores and any cross-fitted folds'
         scores = [torch.as_tensor(v) for v in [cal["scores"], *cal.get("fold_scores", [])]]
-        c = noise_factor_from_scores(torch.cat(scores), cal["level"])
-        c = None if c is None else min(c, 2.0 ** _SCORE_GRID[1])  # the estimator's cap
+        c = _coverage_factor(torch.cat(scores), cal["level"])
     return noise_factor_from_curve(grid, dens) if c is None else c
 
 

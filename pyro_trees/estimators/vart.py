@@ -147,6 +147,13 @@ def noise_factor_from_scores(
 _SCORE_GRID = (-6.0, 8.0, 29)  # log2 of the smallest and largest factor, grid points
 
 
+def _coverage_factor(scores: torch.Tensor, level: float, confidence: float | None = 0.95):
+    """:func:`noise_factor_from_scores` capped at the score grid's largest factor (a
+    row no factor on the grid covers scores ``inf``); ``None`` with too few rows."""
+    c = noise_factor_from_scores(scores, level, confidence)
+    return None if c is None else min(c, 2.0 ** _SCORE_GRID[1])
+
+
 def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
     """Coverage scores of held-out rows under a Gaussian mixture predictive.
 
@@ -610,9 +617,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         scores = torch.cat(scores)
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
-        c_cov = noise_factor_from_scores(pooled, level)
-        if c_cov is not None:  # inf: the chosen row is not covered on the grid
-            c_cov = min(c_cov, 2.0 ** _SCORE_GRID[1])
+        c_cov = _coverage_factor(pooled, level)
         rule = self._calibration_rule()
         if rule == "coverage" and c_cov is None:
             rule = "likelihood"
