@@ -44,6 +44,7 @@ def main(argv=None):
                     depth=depth,
                     num_steps=args.num_steps,
                     patience=None,
+                    refit=False,  # one fit: the per-step time of the ELBO alone
                     elbo=elbo,
                     random_state=0,
                 )

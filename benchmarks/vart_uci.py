@@ -204,7 +204,7 @@ def rule_factor(cal: dict, rule: str) -> float:
     c = None
     if rule == "coverage":  # the held-out split's scores and any cross-fitted folds'
         scores = [torch.as_tensor(v) for v in [cal["scores"], *cal.get("fold_scores", [])]]
-        c = _coverage_factor(torch.cat(scores), cal["level"])
+        c = _coverage_factor(torch.cat(scores), cal["level"], cal.get("confidence", 0.95))
     return noise_factor_from_curve(grid, dens) if c is None else c
 
 
@@ -231,6 +231,7 @@ def fit_vart(args, depth, split, Xtr, ytr, Xte, yte) -> dict:
         clip_margin=getattr(args, "clip_margin", 0.5),
         calibrate_noise=getattr(args, "calibrate_noise", "coverage"),
         min_calibration_rows=getattr(args, "min_calibration_rows", None),
+        refit=getattr(args, "refit", False),  # False: results JSONs written before the flag
         random_state=split,
     ).fit(Xtr, ytr)
     secs = time.perf_counter() - t
@@ -272,6 +273,11 @@ def fit_vart(args, depth, split, Xtr, ytr, Xte, yte) -> dict:
         "seconds": secs,
         "steps": est.fit_result_.num_steps,
         "best_step": est.fit_result_.best_step,
+        **(
+            {"stop_step": est.stopping_result_.best_step}
+            if getattr(est, "stopping_result_", None) is not None
+            else {}
+        ),
         "noise_factor": est.noise_factor_,
     }
 
@@ -353,6 +359,12 @@ def _summarise(args, records, depths, peers, splits):
             + (
                 f" with min_calibration_rows={args.min_calibration_rows} (cross-fitted folds)"
                 if getattr(args, "min_calibration_rows", None)
+                else ""
+            )
+            + (
+                " with refit=True (a fresh fit of the early-stopping step count, "
+                "calibrated on the held-out rows by the conformal quantile, no bound)"
+                if getattr(args, "refit", False)
                 else ""
             )
             + ", with the exact mixture "
@@ -446,6 +458,14 @@ def main(argv=None):
         default=None,
         help="VaRTRegressor's min_calibration_rows (cross-fitted folds until the coverage "
         "rule scores this many held-out rows; default: the held-out split alone)",
+    )
+    p.add_argument(
+        "--refit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="VaRTRegressor's refit (default on, as in the estimator): early stopping picks "
+        "the number of steps, a fresh fit (another seed) trains that many and the held-out "
+        "rows calibrate it; --no-refit keeps the stopped fit (runs before 2026-11-22)",
     )
     p.add_argument(
         "--refit-out-of-range",

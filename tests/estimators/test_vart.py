@@ -34,6 +34,15 @@ def fitted(data):
     return VaRTRegressor(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0).fit(X, y)
 
 
+@pytest.fixture(scope="module")
+def stopped(data):
+    """The same fit with ``refit=False``: the early-stopped guide is the model."""
+    X, y = data
+    return VaRTRegressor(
+        depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0, refit=False
+    ).fit(X, y)
+
+
 def test_fit_predict_interval_and_score(fitted, data):
     X, y = data
     pred = fitted.predict(X)
@@ -117,13 +126,16 @@ def test_bad_input(fitted, data):
 
 def test_early_stopping_and_noise_calibration(fitted, data):
     X, y = data
-    # the fixture held out 12 of 120 rows: best step kept, noise factor from the grid
-    res = fitted.fit_result_
+    # the fixture held out 12 of 120 rows: early stopping's best step is the refit's
+    # length, the noise factor the conformal quantile of the held-out scores
+    res = fitted.stopping_result_
     assert res.best_step is not None and res.best_step <= res.num_steps
     assert res.val_losses and res.best_val == min(v for _, v in res.val_losses)
+    assert fitted.fit_result_.num_steps == max(res.best_step, 1)
     cal = fitted.noise_calibration_
     assert cal["rule"] == "coverage" and cal["level"] == 0.9 and cal["scores"].shape == (12,)
-    assert fitted.noise_factor_ == noise_factor_from_scores(torch.as_tensor(cal["scores"]), 0.9)
+    scores = torch.as_tensor(cal["scores"])
+    assert fitted.noise_factor_ == min(noise_factor_from_scores(scores, 0.9, None), 256.0)
     trees_ = fitted._posterior_trees()
     with torch.random.fork_rng():
         fitted.noise_factor_, c = 1.0, fitted.noise_factor_
@@ -171,7 +183,7 @@ def _held_out(est, data):
     return Xs, ys
 
 
-def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, data):
+def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, stopped, data):
     X, y = data
     Xs, ys = _held_out(fitted, data)
     idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:12].numpy()
@@ -179,14 +191,18 @@ def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, data
     # the stored scores are the held-out rows' (float32 vs float64 residuals aside)
     np.testing.assert_allclose(scores, fitted.noise_calibration_["scores"], rtol=1e-4)
     c, covered = fitted.noise_factor_, int((scores <= fitted.noise_factor_).sum())
-    # 12 rows at 0.9: position 11.7, between the 11th and 12th score; no shrinking
-    # below one with 12 rows (the 95 % bound of the 0.9 quantile needs 29)
+    # 12 rows at 0.9: position 11.7, between the 11th and 12th score (log-linear), above
+    # or below one alike (the refit's held-out rows chose nothing but its length)
     srt = np.sort(scores)
-    if srt[10] ** 0.3 * srt[11] ** 0.7 >= 1.0:
-        assert c == pytest.approx(srt[10] ** 0.3 * srt[11] ** 0.7, rel=1e-9)
-        assert covered == 11 or srt[10] == srt[11]
+    assert c == pytest.approx(min(srt[10] ** 0.3 * srt[11] ** 0.7, 256.0), rel=1e-5)
+    assert covered == 11 or srt[10] == srt[11]
+    # the early-stopped model (refit=False) shrinks below one only to the one-sided 95 %
+    # bound of the quantile, which 12 rows cannot give (it needs 29)
+    s_srt = np.sort(stopped.noise_calibration_["scores"])
+    if s_srt[10] ** 0.3 * s_srt[11] ** 0.7 >= 1.0:
+        assert stopped.noise_factor_ == pytest.approx(s_srt[10] ** 0.3 * s_srt[11] ** 0.7)
     else:
-        assert c == 1.0
+        assert stopped.noise_factor_ == 1.0
     # a row is inside the exact central 90 % interval iff its score is at most c:
     # check on the calibrated mixture with the factor just above / below each score
     tree = fitted._raw_tree()
@@ -369,7 +385,8 @@ def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, d
         q = (torch.as_tensor(bound) - fitted.y_mean_.double()) / fitted.y_scale_.double()
         z = (q.unsqueeze(-1) - loc.double()) / (c * scale.double())
         cdf = (w * torch.special.ndtr(z)).sum((0, -1))
-        torch.testing.assert_close(cdf, torch.full_like(cdf, p), atol=1e-9, rtol=0)
+        # (the estimator scales the noise in float32: log sigma - log c)
+        torch.testing.assert_close(cdf, torch.full_like(cdf, p), atol=1e-6, rtol=0)
     # inside iff the row's coverage score is at most the noise factor (here everywhere)
     inside = (y >= lo) & (y <= hi)
     assert np.array_equal(inside, fitted.coverage_scores(X, y) <= c)
@@ -488,10 +505,17 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
         vart_module._check_prediction_memory(depth, 200, 33, None)
 
 
-def test_cross_fitted_calibration_pools_disjoint_folds(fitted, data):
+def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
     X, y = data  # 120 rows, 12 held out
+    fitted = stopped  # refit=False: each fold's scores come from its early-stopped fit
     est = VaRTRegressor(
-        depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0, min_calibration_rows=30
+        depth=2,
+        num_steps=150,
+        lr=0.05,
+        num_samples=50,
+        random_state=0,
+        min_calibration_rows=30,
+        refit=False,
     ).fit(X, y)
     # the main fit is the fit without cross-fitting, to the last digit
     np.testing.assert_array_equal(est.predict(X), fitted.predict(X))
@@ -541,3 +565,64 @@ def test_cross_fitting_fold_count_and_bad_values(data):
     for bad in (0, -3, 2.5, True, "100"):
         with pytest.raises(ValueError, match="min_calibration_rows"):
             VaRTRegressor(num_steps=5, min_calibration_rows=bad).fit(X, y)
+
+
+def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
+    fitted, stopped, data
+):
+    X, y = data  # 120 rows, 12 held out
+    kw = dict(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0)
+    est = fitted  # refit=True, the default
+    assert est.get_params()["refit"] is True
+    stop, ref = est.stopping_result_, est.fit_result_
+    # early stopping is refit=False's fit, step for step
+    assert stop.best_step == stopped.fit_result_.best_step
+    assert stop.val_losses == stopped.fit_result_.val_losses
+    assert stopped.stopping_result_ is None
+    # the model: a fresh guide trained that many steps, without validation
+    steps = max(stop.best_step, 1)
+    assert ref.num_steps == steps and ref.best_step is None and not ref.val_losses
+    assert not np.allclose(est.predict(X), stopped.predict(X))
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
+    Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    other = VaRTRegressor(**kw)
+    other.seed_ = 0
+    seed = vart_module._REFIT_SEED
+    other._fit_split(
+        Xt,
+        yt,
+        perm[:12],
+        perm[12:],
+        torch.Generator().manual_seed(seed),
+        seed=seed,
+        num_steps=steps,
+    )
+    other.noise_factor_, other._tree_samples = 1.0, None
+    np.testing.assert_allclose(est.predict(X), other.predict(X), rtol=1e-6, atol=1e-7)
+    # the held-out rows, which chose no parameter of the refit, set the factor by the
+    # conformal quantile without the shrinking bound
+    cal = est.noise_calibration_
+    assert cal["confidence"] is None and stopped.noise_calibration_["confidence"] == 0.95
+    idx = perm[:12].numpy()
+    np.testing.assert_allclose(cal["scores"], other.coverage_scores(X[idx], y[idx]), rtol=1e-6)
+    scores = torch.as_tensor(cal["scores"])
+    assert est.noise_factor_ == min(noise_factor_from_scores(scores, 0.9, None), 256.0)
+    # pickling reproduces it; bad values are refused
+    again = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(again.predict_interval(X[:9]), est.predict_interval(X[:9]))
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="refit"):
+            VaRTRegressor(num_steps=5, refit=bad).fit(X, y)
+
+
+def test_refit_with_cross_fitting_refits_every_fold(data):
+    X, y = data
+    kw = dict(depth=2, num_steps=40, num_samples=8, random_state=3, min_calibration_rows=20)
+    est = VaRTRegressor(**kw).fit(X[:60], y[:60])
+    plain = VaRTRegressor(**kw, refit=False).fit(X[:60], y[:60])
+    (fold,) = est.noise_calibration_["fold_scores"]  # 10 held-out rows: one extra fold
+    (plain_fold,) = plain.noise_calibration_["fold_scores"]
+    assert fold.shape == plain_fold.shape == (10,)
+    assert not np.allclose(fold, plain_fold)  # the fold's scores come from its own refit
+    pooled = torch.as_tensor(np.concatenate([est.noise_calibration_["scores"], fold]))
+    assert est.noise_factor_ == min(noise_factor_from_scores(pooled, 0.9, None), 256.0)
