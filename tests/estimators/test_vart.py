@@ -351,7 +351,8 @@ def test_noise_factor_rule_widens_freely_and_shrinks_only_when_certain():
 
 def test_inputs_far_beyond_the_training_range_are_clipped(fitted, data):
     X, _ = data
-    lo, hi = X[:, 1].min(), X[:, 1].max()
+    train = torch.randperm(120, generator=torch.Generator().manual_seed(0))[12:].numpy()
+    lo, hi = X[train, 1].min(), X[train, 1].max()  # the training rows' range
     far = X[:5].copy()
     far[:, 1] = 1e6  # a data-entry outlier, far beyond the training range of feature 1
     edge = far.copy()
@@ -370,6 +371,33 @@ def test_inputs_far_beyond_the_training_range_are_clipped(fitted, data):
         fitted.clip_margin = 0.5
     with pytest.raises(ValueError, match="clip_margin"):
         VaRTRegressor(depth=2, num_steps=1, clip_margin=-1.0).fit(X, data[1])
+
+
+def test_held_out_rows_are_clipped_like_new_rows(data):
+    X, y = data
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(0)).numpy()
+    held, train = perm[:12], perm[12:]
+    X2 = X.copy()
+    X2[held[0], 0] = 1e4  # a held-out row far out in feature 0
+    kw = dict(depth=2, num_steps=60, lr=0.05, num_samples=20, random_state=0)
+    est = VaRTRegressor(**kw).fit(X2, y)
+    # the clipping range is the training rows' alone
+    Xs = (torch.as_tensor(X2[train], dtype=torch.float32) - est.x_mean_) / est.x_scale_
+    torch.testing.assert_close(est.x_max_, Xs.max(0).values)
+    torch.testing.assert_close(est.x_min_, Xs.min(0).values)
+    # early stopping and calibration saw the outlier clipped, as predict sees a new row:
+    # the stored held-out scores are coverage_scores' (which clip) on the raw rows, and
+    # the fit is the one with that input already at the clipping edge
+    np.testing.assert_allclose(
+        est.noise_calibration_["scores"], est.coverage_scores(X2[held], y[held]), rtol=1e-5
+    )
+    lo, hi = X2[train, 0].min(), X2[train, 0].max()
+    X3 = X2.copy()
+    X3[held[0], 0] = hi + 0.5 * (hi - lo)
+    same = VaRTRegressor(**kw).fit(X3, y)
+    val = [v for _, v in est.stopping_result_.val_losses]
+    assert [v for _, v in same.stopping_result_.val_losses] == pytest.approx(val, rel=1e-5)
+    np.testing.assert_allclose(same.predict(X), est.predict(X), rtol=1e-5, atol=1e-6)
 
 
 def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, data):
