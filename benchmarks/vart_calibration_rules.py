@@ -10,9 +10,10 @@ interval). A test row is inside the interval of a fit calibrated with factor ``c
 when its score is at most ``c``, and the factor changes neither training nor the predictive
 mean. So every rule below is evaluated on the same fits, split by split, without refitting:
 
-* ``coverage``: the estimator's default (:func:`noise_factor_from_scores`): the split
-  conformal quantile of the held-out scores when it is at least 1, and below 1 only down to
-  its one-sided 95 % upper confidence bound (with fewer than 29 held-out rows, never below 1);
+* ``coverage``: the estimator's rule for these fits, made with ``refit=False``
+  (:func:`noise_factor_from_scores`): the split conformal quantile of the held-out scores
+  when it is at least 1, and below 1 only down to its one-sided 95 % upper confidence bound
+  (with fewer than 29 held-out rows, never below 1);
 * ``free``: the conformal quantile whatever its size (shrinks on the point estimate);
 * ``widen only``: ``max(quantile, 1)``;
 * ``none``: factor 1 (the fitted leaf noise);
@@ -20,8 +21,11 @@ mean. So every rule below is evaluated on the same fits, split by split, without
   spread of the posterior trees alone covers, the least coverage any factor can give.
 
 The question it answers: can a different rule on the same held-out rows put every set's
-mean coverage inside the issue's 85-95 % band? It prints, per depth, how many sets each rule
-puts inside, the sets outside, and the worst single split of the ``free`` rule.
+mean coverage inside the issue's 85-95 % band? (No: those rows also picked the fit's
+early-stopping checkpoint. The estimator's default since 2026-11-22, ``refit=True``, refits
+before calibrating; its runs are ``vart_uci_*_refit*``, not read here.) It prints, per
+depth, how many sets each rule puts inside, the sets outside, and the worst single split of
+the ``free`` rule.
 """
 
 from __future__ import annotations
