@@ -475,7 +475,7 @@ class VaRTRegressor(TreeEstimatorMixin):
             raise ValueError(f"elbo must be 'vectorised' or 'trace', got {self.elbo!r}")
         if int(self.eval_every) < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
-        if not isinstance(getattr(self, "refit", False), bool):
+        if not isinstance(self.refit, bool):
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
         rule = self._calibration_rule()
         check_level(self.calibration_level, "calibration_level")
@@ -496,7 +496,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         num_folds = self._calibration_folds(n, n_val, rule)
         self.stopping_result_ = None
         Xva, yva = self._fit_split(X, y, perm[:n_val], perm[n_val:], gen)
-        if n_val and getattr(self, "refit", False):  # absent from older pickles: False
+        if n_val and self.refit:
             self.stopping_result_ = self.fit_result_
             self._refit(X, y, perm[:n_val], perm[n_val:], self._seed())
         self.noise_factor_ = 1.0
@@ -513,7 +513,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         """Folds whose held-out scores set the coverage factor: 1 (the held-out split
         alone) or, with ``min_calibration_rows``, enough disjoint splits of ``n_val`` rows
         for that many rows, at most ``n // n_val``."""
-        m = getattr(self, "min_calibration_rows", None)  # absent from older pickles
+        m = self.min_calibration_rows
         if m is None:
             return 1
         if isinstance(m, bool) or int(m) != m or m < 1:
@@ -542,7 +542,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         other = type(self)(**params)
         other.seed_ = self._seed() + k
         other._fit_split(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
-        if getattr(self, "refit", False):
+        if self.refit:
             other._refit(X, y, rows, rest, other.seed_)
         other.noise_factor_, other._tree_samples = 1.0, None
         level = float(self.calibration_level)
@@ -667,8 +667,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         scores = torch.cat(scores)
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
-        refit = bool(getattr(self, "refit", False))
-        confidence = None if refit else 0.95  # refit: the rows chose no parameters
+        confidence = None if self.refit else 0.95  # refit: the rows chose no parameters
         c_cov = _coverage_factor(pooled, level, confidence)
         rule = self._calibration_rule()
         if rule == "coverage" and c_cov is None:
@@ -973,3 +972,8 @@ class VaRTRegressor(TreeEstimatorMixin):
         state = self.__dict__.copy()
         state["_tree_samples"] = None  # redrawn with the same seed after loading
         return state
+
+    def __setstate__(self, state):
+        # parameters added after an estimator was pickled: the behaviour it was fitted with
+        state = {"min_calibration_rows": None, "refit": False, **state}
+        self.__dict__.update(state)

@@ -487,6 +487,20 @@ def test_estimators_pickled_without_seed_keep_the_old_seed_rule(fitted, data):
     assert not np.array_equal(old.predict(X), fitted.predict(X))
 
 
+def test_estimators_pickled_before_newer_parameters_keep_their_behaviour(stopped, data):
+    X, y = data
+    state = pickle.loads(pickle.dumps(stopped)).__getstate__()
+    for name in ("refit", "min_calibration_rows"):  # as pickled before they existed
+        del state[name]
+    old = VaRTRegressor.__new__(VaRTRegressor)
+    old.__setstate__(state)
+    assert old.refit is False and old.min_calibration_rows is None
+    assert old.get_params()["refit"] is False
+    np.testing.assert_array_equal(old.predict(X), stopped.predict(X))
+    old.set_params(num_steps=20, num_samples=10).fit(X, y)  # refits as it was fitted
+    assert old.stopping_result_ is None
+
+
 def test_sample_predictive_beyond_the_trees_follows_the_interval_mixture(fitted, data):
     X, _ = data
     rows = X[:5]
