@@ -44,6 +44,16 @@ BAND = (0.85, 0.95)
 RULES = ("coverage", "free", "widen only", "none", "floor")
 
 
+def scored_fits(files):
+    """``(path, dataset, depth, fit)`` of every VaRT fit in the ``vart_uci`` result files
+    ``files`` that stored its held-out and test rows' coverage scores."""
+    for path in files:
+        for rec in json.loads(Path(path).read_text())["records"]:
+            for key, fit in rec.items():
+                if key.startswith("vart") and isinstance(fit, dict) and "test_scores" in fit:
+                    yield path, rec["dataset"], int(key[4:]), fit
+
+
 def factor(rule: str, held_out) -> float:
     """The noise factor ``rule`` takes from a fit's held-out scores."""
     if rule == "none":
@@ -60,24 +70,17 @@ def factor(rule: str, held_out) -> float:
 def main():
     files = sorted(RESULTS.glob("vart_uci_*_cov.json"))
     cells: dict[tuple[int, str], dict] = {}
-    for path in files:
-        for rec in json.loads(Path(path).read_text())["records"]:
-            for key, fit in rec.items():
-                if not (key.startswith("vart") and isinstance(fit, dict)):
-                    continue
-                if "test_scores" not in fit:
-                    continue
-                depth = int(key[4:])
-                cell = cells.setdefault(
-                    (depth, rec["dataset"]),
-                    {"file": path.stem, "committed": [], "held_out": [], **{r: [] for r in RULES}},
-                )
-                test = np.asarray(fit["test_scores"], dtype=float)
-                cell["committed"].append(fit["coverage90"])
-                cell["held_out"].append(len(fit["held_out_scores"]))
-                for rule in RULES:
-                    c = factor(rule, fit["held_out_scores"])
-                    cell[rule].append(float(np.mean(test <= c * (1 + 1e-9))))
+    for path, dataset, depth, fit in scored_fits(files):
+        cell = cells.setdefault(
+            (depth, dataset),
+            {"file": path.stem, "committed": [], "held_out": [], **{r: [] for r in RULES}},
+        )
+        test = np.asarray(fit["test_scores"], dtype=float)
+        cell["committed"].append(fit["coverage90"])
+        cell["held_out"].append(len(fit["held_out_scores"]))
+        for rule in RULES:
+            c = factor(rule, fit["held_out_scores"])
+            cell[rule].append(float(np.mean(test <= c * (1 + 1e-9))))
     rows, summary = [], []
     for depth in sorted({d for d, _ in cells}):
         names = sorted(n for d, n in cells if d == depth)

@@ -25,27 +25,20 @@ shares differ only by sampling noise.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from benchmarks._common import RESULTS, markdown_table, write_results
+from benchmarks.vart_calibration_rules import scored_fits
 
 VARIANTS = {"refit=False": "vart_uci_*_cov.json", "refit=True": "vart_uci_d*_refit*.json"}
 
 
 def _pooled(pattern: str) -> dict[tuple[int, str], dict[str, list[float]]]:
     cells: dict[tuple[int, str], dict[str, list[float]]] = {}
-    for path in sorted(RESULTS.glob(pattern)):
-        for rec in json.loads(path.read_text())["records"]:
-            for key, fit in rec.items():
-                if not (key.startswith("vart") and isinstance(fit, dict)):
-                    continue
-                if "test_scores" not in fit or "held_out_scores" not in fit:
-                    continue
-                cell = cells.setdefault((int(key[4:]), rec["dataset"]), {"held": [], "test": []})
-                cell["held"] += fit["held_out_scores"]
-                cell["test"] += fit["test_scores"]
+    for _, dataset, depth, fit in scored_fits(sorted(RESULTS.glob(pattern))):
+        cell = cells.setdefault((depth, dataset), {"held": [], "test": []})
+        cell["held"] += fit["held_out_scores"]
+        cell["test"] += fit["test_scores"]
     return cells
 
 
