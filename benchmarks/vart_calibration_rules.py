@@ -3,7 +3,7 @@
 Run from the repository root: ``python -m benchmarks.vart_calibration_rules`` (seconds; no
 fitting). It reads the ten-split VaRT runs made with the coverage rule
 (``benchmarks/results/vart_uci_*_cov.json``: depth 3 and 5 on all 18 sets, depth 7 on all
-18, depth 10 on the 12 smaller ones). Each record keeps, for every fit, the coverage
+18, depth 10 on all 18, skillcraft on 4 splits). Each record keeps, for every fit, the coverage
 scores of its held-out rows and of its test rows (:meth:`VaRTRegressor.coverage_scores`:
 the least factor on the leaf noise from which a row lies inside the central 90 %
 interval). A test row is inside the interval of a fit calibrated with factor ``c`` exactly
