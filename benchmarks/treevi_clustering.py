@@ -6,8 +6,9 @@ Run: ``python -m benchmarks.treevi_clustering [--smoke]``.
 Data: the first ``--num-images`` (default: all 10,000) of the MNIST test images we have
 offline (the paper used all 70,000), binarised at 0.5. Constraints: 6,000 random pairs
 labelled must-link (same digit) or cannot-link, weight ``±W`` (the paper: 1e4; here
-``--weight``, default 1e4). Every method starts from the same pretrained autoencoder
-(``--ae-epochs``) and a Gaussian mixture fitted to its codes (VaDE / DC-GMM practice),
+``--weight``, default 1e4; other weights write ``..._w<W>``). Every method starts from
+the same pretrained autoencoder (``--ae-epochs``) and a Gaussian mixture fitted to its
+codes (VaDE / DC-GMM practice),
 then trains for ``--epochs`` passes of Adam over minibatches.
 
 Minibatches: the model's constraint term counts only pairs with both ends in the batch,
@@ -404,8 +405,11 @@ def summarise(names, results, seconds, diag, meta, write):
         )
     print(md)
     if write:
+        name = "treevi_clustering" if est == "trace" else f"treevi_clustering_{est}"
+        if meta["weight"] != 1e4:  # the paper's weight keeps the plain name
+            name += f"_w{meta['weight']:g}"
         write_results(
-            "treevi_clustering" if est == "trace" else f"treevi_clustering_{est}",
+            name,
             {"rows": rows, "raw": results, "seconds": seconds, "diagnostics": diag, **meta},
             md,
         )
