@@ -374,6 +374,9 @@ class TreeVIGuide(PyroModule):
     :param str site: name of the latent site of the model.
     :param str plate: name of the model's group plate (dim -1), if any.
     :param subsample_size: minibatch size of the group plate.
+    :param str name: prefix of the guide's names in Pyro's parameter store (default
+        none: ``encoder$$$...``); give two guides that share the store different names
+        (e.g. a mean-field and a tree guide trained side by side).
     """
 
     def __init__(
@@ -387,8 +390,9 @@ class TreeVIGuide(PyroModule):
         subsample_size: int | None = None,
         edge_features=None,
         pair_inputs: str = "data",
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name)
         if pair_inputs not in ("data", "codes"):
             raise ValueError(f"pair_inputs must be 'data' or 'codes', got {pair_inputs!r}")
         self.pair_inputs = pair_inputs
@@ -922,6 +926,8 @@ class TreeVIMixtureGuide(TreeVIGuide):
     :param str entropy: ``"exact"`` or ``"bound"``.
     :param int component_dim: the plate dim of the tree components (``-1`` for
         instance-level models without plates, ``-2`` below a group plate).
+    :param str name: prefix of its names in Pyro's parameter store (see
+        :class:`TreeVIGuide`).
     """
 
     def __init__(
@@ -937,6 +943,7 @@ class TreeVIMixtureGuide(TreeVIGuide):
         component_dim: int | None = None,
         edge_features=None,
         pair_inputs: str = "data",
+        name: str = "",
     ):
         parents = torch.as_tensor(parents)
         if parents.dim() != 2:
@@ -950,6 +957,7 @@ class TreeVIMixtureGuide(TreeVIGuide):
             plate=plate,
             subsample_size=subsample_size,
             pair_inputs=pair_inputs,
+            name=name,
         )
         self.register_buffer("parents", torch.stack([validate_parents(p) for p in parents]))
         self.register_buffer("edge_features", self._check_edges(edge_features, self.parents))

@@ -475,3 +475,31 @@ def test_bad_inputs_at_call_time_raise_value_errors(kind):
         guide(bad, idx=torch.tensor([1, 4]))
     # only the batch's rows are scanned: a bad row outside the batch is not this step's
     assert guide.distribution(bad, torch.tensor([1, 2, 3])).event_shape == (3, D)
+
+
+def test_named_guides_share_the_param_store_without_clashing():
+    x, edges, parents = graph_data()
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    pyro.clear_param_store()
+    guides = {
+        "mf": TreeVIGuide(GaussianEncoder(F, D, hidden=(8,)), None, name="mf"),
+        "tree": TreeVIGuide(
+            GaussianEncoder(F, D, hidden=(8,)), parents, pair_net=PairNet(F, D), name="tree"
+        ),
+        "mix": TreeVIMixtureGuide(
+            GaussianEncoder(F, D, hidden=(8,)),
+            torch.stack([parents, parents]),
+            pair_net=PairNet(F, D),
+            name="mix",
+        ),
+    }
+    for guide in guides.values():
+        elbo = MixtureTreeELBO() if isinstance(guide, TreeVIMixtureGuide) else Trace_ELBO()
+        SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo).step(x)
+    keys = list(pyro.get_param_store().keys())
+    # every parameter of each guide is in the store once, under the guide's own prefix
+    for prefix, guide in guides.items():
+        mine = [k for k in keys if k.startswith(prefix + ".")]
+        assert len(mine) == sum(1 for _ in guide.parameters()), prefix
+    model_params = sum(1 for _ in model.parameters())
+    assert len(keys) == model_params + sum(sum(1 for _ in g.parameters()) for g in guides.values())
