@@ -8,8 +8,8 @@ offline (the paper used all 70,000), binarised at 0.5. Constraints: 6,000 random
 labelled must-link (same digit) or cannot-link, weight ``±W`` (the paper: 1e4; here
 ``--weight``, default 1e4; other weights write ``..._w<W>``). Every method starts from
 the same pretrained autoencoder (``--ae-epochs``) and a Gaussian mixture fitted to its
-codes (VaDE / DC-GMM practice),
-then trains for ``--epochs`` passes of Adam over minibatches.
+codes (VaDE / DC-GMM practice), then trains for ``--epochs`` passes of Adam over
+minibatches.
 
 Minibatches: the model's constraint term counts only pairs with both ends in the batch,
 so the batches are chunks of a depth-first listing of T1 (``tree_batches``), which holds
