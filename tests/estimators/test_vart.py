@@ -19,6 +19,9 @@ from pyro_trees.estimators.vart import (
 )
 from pyro_trees.models.vart import mixture_params, with_bias
 
+# the settings of the module's fitted estimators (fixtures ``fitted`` and ``stopped``)
+SMALL = {"depth": 2, "num_steps": 150, "lr": 0.05, "num_samples": 50, "random_state": 0}
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -31,16 +34,14 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     X, y = data
-    return VaRTRegressor(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0).fit(X, y)
+    return VaRTRegressor(**SMALL).fit(X, y)
 
 
 @pytest.fixture(scope="module")
 def stopped(data):
     """The same fit with ``refit=False``: the early-stopped guide is the model."""
     X, y = data
-    return VaRTRegressor(
-        depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0, refit=False
-    ).fit(X, y)
+    return VaRTRegressor(**SMALL, refit=False).fit(X, y)
 
 
 def test_fit_predict_interval_and_score(fitted, data):
@@ -550,15 +551,7 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
 def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
     X, y = data  # 120 rows, 12 held out
     fitted = stopped  # refit=False: each fold's scores come from its early-stopped fit
-    est = VaRTRegressor(
-        depth=2,
-        num_steps=150,
-        lr=0.05,
-        num_samples=50,
-        random_state=0,
-        min_calibration_rows=30,
-        refit=False,
-    ).fit(X, y)
+    est = VaRTRegressor(**SMALL, min_calibration_rows=30, refit=False).fit(X, y)
     # the main fit is the fit without cross-fitting, to the last digit
     np.testing.assert_array_equal(est.predict(X), fitted.predict(X))
     cal = est.noise_calibration_
@@ -574,7 +567,7 @@ def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
     Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
     for k in (1, 2):
         rows, rest = perm[12 * k : 12 * (k + 1)], torch.cat([perm[: 12 * k], perm[12 * (k + 1) :]])
-        other = VaRTRegressor(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=k)
+        other = VaRTRegressor(**{**SMALL, "random_state": k})
         other.seed_ = k
         other._fit_split(Xt, yt, rows, rest, torch.Generator().manual_seed(k))
         other.noise_factor_, other._tree_samples = 1.0, None
@@ -613,7 +606,6 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     fitted, stopped, data
 ):
     X, y = data  # 120 rows, 12 held out
-    kw = dict(depth=2, num_steps=150, lr=0.05, num_samples=50, random_state=0)
     est = fitted  # refit=True, the default
     assert est.get_params()["refit"] is True
     stop, ref = est.stopping_result_, est.fit_result_
@@ -627,7 +619,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     assert not np.allclose(est.predict(X), stopped.predict(X))
     perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
     Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
-    other = VaRTRegressor(**kw)
+    other = VaRTRegressor(**SMALL)
     other.seed_ = 0
     seed = vart_module._REFIT_SEED
     other._fit_split(
