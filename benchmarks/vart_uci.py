@@ -275,7 +275,7 @@ def fit_vart(args, depth, split, Xtr, ytr, Xte, yte) -> dict:
         "best_step": est.fit_result_.best_step,
         **(
             {"stop_step": est.stopping_result_.best_step}
-            if getattr(est, "stopping_result_", None) is not None
+            if est.stopping_result_ is not None  # refit=True with held-out rows
             else {}
         ),
         "noise_factor": est.noise_factor_,
