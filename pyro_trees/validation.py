@@ -9,7 +9,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "check_finite", "check_index", "check_level", "check_X", "check_X_y"]
+__all__ = [
+    "as_tensor",
+    "check_finite",
+    "check_index",
+    "check_level",
+    "check_X",
+    "check_X_y",
+    "resolve_device",
+    "resolve_dtype",
+]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def as_tensor(value, name: str, *, dtype=None, device=None) -> torch.Tensor:
@@ -122,3 +133,35 @@ def check_level(level: float, name: str = "level") -> float:
     if not 0.0 < level < 1.0:
         raise ValueError(f"{name} must lie strictly between 0 and 1, got {level}")
     return level
+
+
+def resolve_dtype(dtype, name: str = "dtype") -> torch.dtype:
+    """A floating dtype given as ``"float32"``/``"float64"`` or as a ``torch.dtype``.
+
+    :raises ValueError: for any other value, naming ``name``.
+    """
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(
+        f"{name} must be 'float32', 'float64', torch.float32 or torch.float64, got {dtype!r}"
+    )
+
+
+def resolve_device(device, name: str = "device") -> torch.device:
+    """A torch device from ``None`` (the CPU), a string such as ``"cuda:0"`` or a
+    ``torch.device``.
+
+    :raises ValueError: for a malformed device, or a CUDA device when CUDA is not
+        available, naming ``name``.
+    """
+    if device is None:
+        return torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name} must be None, a device string or a torch.device: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={str(device)!r} but CUDA is not available on this machine")
+    return device

@@ -1,48 +1,128 @@
-"""Scikit-learn style base class shared by the estimators (no scikit-learn needed)."""
+"""The contract every estimator shares: scikit-learn's estimator API, one input check
+and one scaler.
+
+Every estimator derives from :class:`TabularEstimator` (a
+:class:`sklearn.base.BaseEstimator`) together with scikit-learn's
+:class:`~sklearn.base.RegressorMixin` or :class:`~sklearn.base.ClassifierMixin`, so
+``clone``, ``get_params``/``set_params``, ``Pipeline``, ``GridSearchCV``,
+``cross_val_score`` and ``check_estimator`` treat it as any scikit-learn estimator.
+
+``fit`` passes ``X`` and ``y`` through :meth:`TabularEstimator._validate_fit`, which
+
+* checks them with :func:`sklearn.utils.validation.validate_data` (2-D numeric ``X``,
+  NumPy arrays, lists or pandas frames with numeric or bool columns, no NaN or
+  infinity, no sparse matrices, at least two rows; ``feature_names_in_`` and
+  ``n_features_in_``; ``y`` of shape ``(n, 1)`` taken as ``(n,)`` with a
+  :class:`~sklearn.exceptions.DataConversionWarning`),
+* encodes class labels (any hashable labels; ``classes_`` sorted) for classifiers,
+  and refuses a single class or a continuous target,
+* standardises ``X`` (and ``y`` for regressors) with one :class:`Standardizer`, in
+  float64 so that values around ``1e12`` keep their precision, and returns tensors in
+  the estimator's ``dtype`` on its ``device``.
+
+``predict`` and friends pass ``X`` through :meth:`TabularEstimator._validate_predict`,
+which raises :class:`~sklearn.exceptions.NotFittedError` before ``fit`` and a
+``ValueError`` for a wrong number of features, and warns, as scikit-learn does, when
+feature names differ from those seen in ``fit``.
+"""
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator, is_classifier
+from sklearn.preprocessing import LabelEncoder
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
 
-__all__ = ["TreeEstimatorMixin"]
+from pyro_trees.validation import resolve_device, resolve_dtype
+
+__all__ = ["Standardizer", "TabularEstimator"]
 
 
-class TreeEstimatorMixin:
-    """``get_params``/``set_params`` from the constructor signature, a ``repr``, and
-    ``score`` (accuracy for classifiers, R^2 for regressors) as scikit-learn defines them.
+class Standardizer:
+    """Centre and scale each column to unit standard deviation (float64).
 
-    Subclasses store every constructor argument unchanged under its own name and set
-    fitted attributes with a trailing underscore.
+    A column with no spread (or a single row) keeps scale 1, so it maps to zero and
+    back exactly.
+
+    :param numpy.ndarray values: ``(N, K)`` or ``(N,)`` values to learn the shift and
+        scale from.
     """
 
-    _estimator_type = "regressor"
+    def __init__(self, values: np.ndarray):
+        values = np.asarray(values, dtype=np.float64)
+        self.mean = values.mean(axis=0)
+        std = values.std(axis=0, ddof=1) if values.shape[0] > 1 else np.zeros_like(self.mean)
+        # a spread below 1e-12 of the column's magnitude is rounding, not signal
+        tiny = np.abs(std) <= 1e-12 * np.maximum(np.abs(self.mean), 1.0)
+        self.scale = np.where(tiny, 1.0, std)
 
-    @classmethod
-    def _defaults(cls) -> dict:
-        """Constructor parameters and their defaults, following ``**kwargs`` up the MRO."""
-        out: dict = {}
-        for klass in cls.__mro__:
-            init = klass.__dict__.get("__init__")
-            if init is None or klass is object:
-                continue
-            for p in inspect.signature(init).parameters.values():
-                if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                    out.setdefault(p.name, p.default)
-        return out
+    def transform(self, values: np.ndarray) -> np.ndarray:
+        """``(values - mean) / scale``, same shape."""
+        return (np.asarray(values, dtype=np.float64) - self.mean) / self.scale
+
+    def inverse(self, values):
+        """``values * scale + mean`` (a NumPy array or a tensor, same shape)."""
+        if isinstance(values, torch.Tensor):
+            scale = torch.as_tensor(self.scale, dtype=values.dtype, device=values.device)
+            mean = torch.as_tensor(self.mean, dtype=values.dtype, device=values.device)
+            return values * scale + mean
+        return np.asarray(values, dtype=np.float64) * self.scale + self.mean
+
+    def inverse_scale(self, values):
+        """``values * scale``: standard deviations and widths back to the data's units."""
+        if isinstance(values, torch.Tensor):
+            return values * torch.as_tensor(self.scale, dtype=values.dtype, device=values.device)
+        return np.asarray(values, dtype=np.float64) * self.scale
+
+
+class TabularEstimator(BaseEstimator):
+    """Base of every pyro_trees estimator: validation, scaling and conversion to torch.
+
+    Subclasses list every constructor argument explicitly (no ``**kwargs``), store each
+    unchanged under its own name, set fitted attributes with a trailing underscore, and
+    call :meth:`_validate_fit` at the top of ``fit`` and :meth:`_validate_predict` at
+    the top of every method that reads new inputs. They have ``dtype``, ``device``,
+    ``random_state`` and ``progress`` parameters.
+    """
+
+    #: regressors: whether ``y`` may have several columns ``(N, K)``
+    _multi_output = False
+    #: the computation dtype of an estimator without a ``dtype`` parameter
+    _default_dtype = "float32"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        if tags.target_tags is not None:
+            tags.target_tags.multi_output = self._multi_output
+            tags.target_tags.single_output = True
+        return tags
+
+    # -- options ----------------------------------------------------------------------
+    def _torch_options(self) -> tuple[torch.dtype, torch.device]:
+        """The resolved ``dtype`` and ``device`` options (checked, with clear errors)."""
+        dtype = resolve_dtype(getattr(self, "dtype", self._default_dtype))
+        device = resolve_device(getattr(self, "device", None))
+        return dtype, device
+
+    def _tensor(self, values: np.ndarray) -> torch.Tensor:
+        """``values`` as a tensor in the fitted ``dtype_`` on the fitted ``device_``."""
+        arr = np.ascontiguousarray(values)
+        if arr.dtype.kind == "f":
+            return torch.as_tensor(arr, dtype=self.dtype_, device=self.device_)
+        return torch.as_tensor(arr, device=self.device_)
 
     def _check_early_stopping_options(self) -> None:
         """``validation_fraction`` in ``[0, 1)``; ``patience`` only with a validation split."""
         frac = self.validation_fraction
-        if not (isinstance(frac, int | float) and 0.0 <= frac < 1.0):
+        if isinstance(frac, bool) or not (isinstance(frac, int | float) and 0.0 <= frac < 1.0):
             raise ValueError(f"validation_fraction must lie in [0, 1), got {frac!r}")
         if self.patience is not None and frac == 0:
             raise ValueError("patience needs a validation split: set validation_fraction > 0")
 
     def _held_out_split(self, n: int):
-        """Indices ``(held_out, train)`` of ``n`` points: ``max(1, round(fraction * n))``
+        """Indices ``(held_out, train)`` of ``n`` rows: ``max(1, round(fraction * n))``
         held out, drawn by ``numpy.random.default_rng(random_state)``; ``None`` when
         ``validation_fraction`` is 0."""
         if self.validation_fraction == 0:
@@ -51,77 +131,79 @@ class TreeEstimatorMixin:
         n_val = max(1, int(round(self.validation_fraction * n)))
         return perm[:n_val], perm[n_val:]
 
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        return list(cls._defaults())
+    # -- fit ----------------------------------------------------------------------------
+    def _validate_fit(self, X, y, *, min_samples: int = 2):
+        """Check and standardise the training data; set the fitted input attributes.
 
-    def get_params(self, deep: bool = True) -> dict:
-        return {name: getattr(self, name) for name in self._param_names()}
+        Sets ``n_features_in_`` (and ``feature_names_in_`` for frames with string
+        column names), ``dtype_``, ``device_`` and ``x_scaler_``; for classifiers
+        ``classes_`` and ``n_classes_``; for regressors ``y_scaler_`` and ``n_outputs_``.
 
-    def set_params(self, **params):
-        valid = self._param_names()
-        for key, value in params.items():
-            if key not in valid:
-                raise ValueError(
-                    f"invalid parameter {key!r} for {type(self).__name__}; valid: {valid}"
-                )
-            setattr(self, key, value)
-        return self
-
-    def __repr__(self) -> str:
-        changed = []
-        for name, default in self._defaults().items():
-            value = getattr(self, name)
-            if value is not default and not (
-                isinstance(value, int | float | str | type(None)) and value == default
-            ):
-                changed.append(f"{name}={value!r}")
-        return f"{type(self).__name__}({', '.join(changed)})"
-
-    @staticmethod
-    def _check_score_targets(y) -> np.ndarray:
-        """``y`` as a 1-D or 2-D array, numeric values finite."""
-        if isinstance(y, torch.Tensor):
-            y = y.detach().cpu().numpy()
-        y = np.asarray(y)
-        if y.ndim not in (1, 2):
-            raise ValueError(f"y must be 1-D (n_samples,) or 2-D; got shape {y.shape}")
-        if y.shape[0] == 0:
-            raise ValueError("y has no rows")
-        if np.issubdtype(y.dtype, np.number) and not np.isfinite(y).all():
-            n_nan = int(np.isnan(y).sum())
-            n_inf = int((~np.isfinite(y)).sum()) - n_nan
-            raise ValueError(
-                f"y contains {n_nan} NaN and {n_inf} infinite values; score needs finite targets"
-            )
-        return y
-
-    def _check_is_fitted(self) -> None:
-        if not getattr(self, "is_fitted_", False):
-            raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit first")
-
-    def score(self, X, y) -> float:
-        """Accuracy (classifiers) or the coefficient of determination R^2 (regressors).
-
-        :param X: ``(N, L)`` inputs, as for ``predict``.
-        :param y: ``(N,)`` targets (``(N, K)`` for a multi-output regressor; a column
-            ``(N, 1)`` is taken as ``(N,)``).
-        :raises ValueError: naming the cause: ``y`` not an array of one value per row
-            of ``X``, of the wrong shape, or (numeric) holding NaN or infinite values.
+        :returns: ``(X, y)`` tensors: ``X`` ``(N, L)`` standardised, in ``dtype_`` on
+            ``device_``; ``y`` ``(N,)`` class indices (long) for classifiers, else
+            standardised targets ``(N,)`` (``(N, K)`` for multi-output regressors).
+        :raises ValueError: naming the argument and the cause (NaN or infinity, too
+            few rows, a single class, a constant target, non-numeric values...).
         """
-        y = self._check_score_targets(y)
-        pred = np.asarray(self.predict(X))
-        if y.shape[0] != pred.shape[0]:
-            raise ValueError(
-                f"X and y have mismatched lengths: X has {pred.shape[0]} rows, y has {y.shape[0]}"
-            )
-        if y.ndim == 2 and y.shape[1] == 1 and pred.ndim == 1:
+        self.dtype_, self.device_ = self._torch_options()
+        classifier = is_classifier(self)
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            reset=True,
+            dtype=np.float64,
+            ensure_min_samples=min_samples,
+            multi_output=self._multi_output and not classifier,
+            y_numeric=not classifier,
+        )
+        self.x_scaler_ = Standardizer(X)
+        Xs = self._tensor(self.x_scaler_.transform(X))
+        if classifier:
+            check_classification_targets(y)
+            encoder = LabelEncoder().fit(y)
+            self.classes_ = encoder.classes_
+            self.n_classes_ = len(self.classes_)
+            if self.n_classes_ < 2:
+                raise ValueError(
+                    f"y has a single class ({self.classes_[0]!r}); a classifier needs "
+                    "at least 2 classes"
+                )
+            return Xs, torch.as_tensor(encoder.transform(y), device=self.device_)
+        y = np.asarray(y, dtype=np.float64)
+        if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
-        if y.shape != pred.shape:
-            want = "(n_samples,)" if pred.ndim == 1 else f"(n_samples, {pred.shape[1]})"
-            raise ValueError(f"y must have shape {want} like the predictions; got {y.shape}")
-        if self._estimator_type == "classifier":
-            return float(np.mean(pred == y))
-        ss_res = float(np.sum((y - pred) ** 2))
-        ss_tot = float(np.sum((y - y.mean(axis=0)) ** 2))
-        return 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
+        self.n_outputs_ = 1 if y.ndim == 1 else y.shape[1]
+        if np.all(y == y[:1]):
+            raise ValueError(
+                f"y is constant (every target equals {np.ravel(y[:1])[0]!r}); "
+                "a regressor needs targets that vary"
+            )
+        self.y_scaler_ = Standardizer(y)
+        return Xs, self._tensor(self.y_scaler_.transform(y))
+
+    # -- predict ------------------------------------------------------------------------
+    def _validate_predict(self, X) -> torch.Tensor:
+        """Check new inputs against the fit and standardise them like the training rows.
+
+        :returns: ``(N, L)`` tensor in ``dtype_`` on ``device_``.
+        :raises sklearn.exceptions.NotFittedError: before ``fit``.
+        :raises ValueError: a wrong number of features, NaN or infinity, non-numeric
+            values, or feature names in another order than in ``fit``.
+        """
+        check_is_fitted(self, "x_scaler_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        return self._tensor(self.x_scaler_.transform(X))
+
+    def _outputs(self, ys) -> np.ndarray:
+        """Standardised regression outputs ``(N,)``/``(..., N, K)`` back in the units of
+        ``y``, as float64 NumPy."""
+        if isinstance(ys, torch.Tensor):
+            ys = ys.detach().to("cpu", torch.float64).numpy()
+        return self.y_scaler_.inverse(ys)
+
+    def _output_scale(self, s) -> np.ndarray:
+        """Standardised standard deviations or widths back in the units of ``y``."""
+        if isinstance(s, torch.Tensor):
+            s = s.detach().to("cpu", torch.float64).numpy()
+        return self.y_scaler_.inverse_scale(s)

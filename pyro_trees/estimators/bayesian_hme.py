@@ -7,9 +7,12 @@ import math
 import numpy as np
 import pyro.distributions as dist
 import torch
+from sklearn.base import RegressorMixin
+from tqdm.auto import tqdm
 
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
-from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._rng import local_seed
 from pyro_trees.infer.bayesian_hme_vb import (
     SCHEDULES,
     VBData,
@@ -19,9 +22,11 @@ from pyro_trees.infer.bayesian_hme_vb import (
     select_topology,
 )
 from pyro_trees.topology import Topology, enumerate_topologies
-from pyro_trees.validation import check_level, check_X, check_X_y
+from pyro_trees.validation import check_level
 
 __all__ = ["BayesianHMERegressor"]
+
+_ROUTINGS = ("hard", "posterior")
 
 
 def _as_topology(value) -> Topology:
@@ -35,7 +40,7 @@ def _as_topology(value) -> Topology:
         raise ValueError(f"invalid topology {value!r}: {exc}") from None
 
 
-class BayesianHMERegressor(TreeEstimatorMixin):
+class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     """Bayesian hierarchical mixture of linear experts (Bishop & Svensén, 2003).
 
     ``fit`` runs the paper's closed-form variational Bayes
@@ -69,10 +74,9 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         then ``n_iter // 2`` cycles at temperature 1; smallest sizes first, see
         :func:`~pyro_trees.infer.grow_selection`); a topology keeps the
         higher bound. ``0`` turns this off.
-    :param str predict_mode: ``"expert"`` (mean of the most probable expert, the paper's
-        choice for multi-modal inverse problems) or ``"mixture"`` (the predictive mean).
-    :param bool standardize: fit on standardised inputs and targets (predictions and
-        ``elbo_`` are reported on the original scale).
+    :param str routing: what :meth:`predict` returns: ``"hard"`` (the mean of the most
+        probable expert, the paper's choice for multi-modal inverse problems) or
+        ``"posterior"`` (the predictive mean, the mixture over experts).
     :param float prior_a: Gamma shape of the precisions' priors.
     :param float prior_b: Gamma rate of the precisions' priors.
     :param search_dtype: ``"float64"`` (default) or ``None`` runs everything in double
@@ -82,7 +86,14 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         worse optima: on the noise-free robot arm (16 experts, 30 starts) a best bound
         of 3109 against 3288 in double precision, on kin8nm a best 5-expert bound 7 nats
         lower.
-    :param random_state: ``None`` or an int seed for the random starts.
+    :param random_state: ``None`` or an int seed for the random starts and for
+        :meth:`sample`.
+    :param device: torch device of the search (default: the CPU).
+    :param bool progress: show a progress bar over the search's stages (one per
+        annealing schedule, and the growth).
+
+    Inputs and targets are standardised inside (the search runs on the standardised
+    scale); predictions, intervals and ``elbo_`` are in the units of ``y``.
 
     Fitted attributes: ``topology_`` (selected), ``elbo_`` (its bound, on the original
     scale of ``y``), ``topologies_``, ``bounds_`` (best bound per topology, original
@@ -105,12 +116,13 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         prune_after: int | None = None,
         keep: int = 5,
         grow: int = 3,
-        predict_mode: str = "expert",
-        standardize: bool = True,
+        routing: str = "hard",
         prior_a: float = 1e-3,
         prior_b: float = 1e-3,
         search_dtype: str | None = "float64",
         random_state: int | None = None,
+        device=None,
+        progress: bool = False,
     ):
         self.max_experts = max_experts
         self.min_experts = min_experts
@@ -122,12 +134,16 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.prune_after = prune_after
         self.keep = keep
         self.grow = grow
-        self.predict_mode = predict_mode
-        self.standardize = standardize
+        self.routing = routing
         self.prior_a = prior_a
         self.prior_b = prior_b
         self.search_dtype = search_dtype
         self.random_state = random_state
+        self.device = device
+        self.progress = progress
+
+    _multi_output = True
+    _default_dtype = "float64"  # the closed-form updates need double precision
 
     # ------------------------------------------------------------------ fitting
     def _candidates(self) -> list[Topology]:
@@ -164,10 +180,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         :raises ValueError: for NaN/inf, mismatched lengths, fewer points than experts,
             an invalid topology or invalid settings.
         """
-        if self.predict_mode not in ("expert", "mixture"):
-            raise ValueError(
-                f"predict_mode must be 'expert' or 'mixture', got {self.predict_mode!r}"
-            )
+        self._routing(None)
         names = self._schedules()
         dtypes = {None: None, "float64": None, "float32": torch.float32}
         if self.search_dtype not in dtypes:
@@ -185,40 +198,26 @@ class BayesianHMERegressor(TreeEstimatorMixin):
                 f"n_restarts ({self.n_restarts}) must be at least the number of annealing "
                 f"schedules ({len(names)})"
             )
-        X, y = check_X_y(X, y, multi_output=True, dtype=torch.float64)
-        X, y = X.cpu(), y.cpu()
-        self.y_ndim_ = y.dim()
-        t = y.unsqueeze(-1) if y.dim() == 1 else y
+        xs, ys = self._validate_fit(X, y)
+        self.y_ndim_ = ys.dim()
+        ts = ys.unsqueeze(-1) if ys.dim() == 1 else ys
         tops = self._candidates()
         most = max(top.num_experts for top in tops)
-        if most > X.shape[0]:
+        if most > xs.shape[0]:
             raise ValueError(
-                f"fewer data points ({X.shape[0]}) than experts ({most}): use fewer experts"
+                f"fewer data points ({xs.shape[0]}) than experts ({most}): use fewer experts"
             )
-        if self.standardize:
-            self.x_mean_, self.x_std_ = X.mean(0), X.std(0).clamp_min(1e-12)
-            self.y_mean_, self.y_std_ = t.mean(0), t.std(0).clamp_min(1e-12)
-            if X.shape[0] < 2:
-                self.x_std_, self.y_std_ = (
-                    torch.ones_like(self.x_std_),
-                    torch.ones_like(self.y_std_),
-                )
-        else:
-            self.x_mean_, self.x_std_ = (
-                torch.zeros(X.shape[1], dtype=X.dtype),
-                torch.ones(X.shape[1], dtype=X.dtype),
-            )
-            self.y_mean_, self.y_std_ = (
-                torch.zeros(t.shape[1], dtype=X.dtype),
-                torch.ones(t.shape[1], dtype=X.dtype),
-            )
-        xs = (X - self.x_mean_) / self.x_std_
-        ts = (t - self.y_mean_) / self.y_std_
         seed = self.random_state
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
         generator = torch.Generator().manual_seed(int(seed))
         sels = []
+        stages = tqdm(
+            total=len(names) + (self.grow > 0),
+            desc=type(self).__name__,
+            disable=not self.progress,
+            leave=False,
+        )
         for i, name in enumerate(names):
             share = self.n_restarts // len(names) + (i < self.n_restarts % len(names))
             sels.append(
@@ -237,6 +236,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
                     search_dtype=dtypes[self.search_dtype],
                 )
             )
+            stages.update()
         sel = merge_selections(sels)
         random_bounds = sel.bounds
         if self.grow > 0:
@@ -252,8 +252,10 @@ class BayesianHMERegressor(TreeEstimatorMixin):
                 generator=generator,
                 search_dtype=dtypes[self.search_dtype],
             )
+            stages.update()
+        stages.close()
         # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
-        jacobian = X.shape[0] * float(self.y_std_.log().sum())
+        jacobian = xs.shape[0] * float(np.log(self.y_scaler_.scale).sum())
         self.topologies_ = sel.topologies
         self.bounds_ = (sel.bounds - jacobian).numpy()
         self.random_bounds_ = (random_bounds - jacobian).numpy()
@@ -268,8 +270,6 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.grown_ = (
             sel.grown.numpy() if sel.grown is not None else np.zeros(len(sel.topologies), bool)
         )
-        self.n_features_in_ = X.shape[1]
-        self.is_fitted_ = True
         return self
 
     # ------------------------------------------------------------------ prediction
@@ -292,11 +292,6 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         var = (state.tau_b / state.tau_a)[None, :] + data.quad(state.w_cov).T  # (N, E)
         return log_pi, means, var.unsqueeze(-1).expand(means.shape)
 
-    def _prepare(self, X) -> torch.Tensor:
-        self._check_is_fitted()
-        X = check_X(X, n_features=self.n_features_in_, dtype=torch.float64).cpu()
-        return (X - self.x_mean_) / self.x_std_
-
     def predict_distribution(self, X, average: bool = False) -> dist.MixtureSameFamily:
         """Approximate predictive density ``p(y | x)`` on the scale of ``y``.
 
@@ -308,7 +303,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         :returns: a :class:`~pyro.distributions.MixtureSameFamily` with batch shape
             ``(N,)`` and event shape ``(D,)``.
         """
-        Xs = self._prepare(X)
+        Xs = self._validate_predict(X)
         indices = range(len(self.topologies_)) if average else [self.best_index_]
         log_w, means, var = [], [], []
         for k in indices:
@@ -320,33 +315,48 @@ class BayesianHMERegressor(TreeEstimatorMixin):
             means.append(m)
             var.append(v)
         log_w, means, var = torch.cat(log_w, -1), torch.cat(means, -2), torch.cat(var, -2)
-        loc = means * self.y_std_ + self.y_mean_
-        scale = var.sqrt() * self.y_std_
+        loc = self.y_scaler_.inverse(means)
+        scale = self.y_scaler_.inverse_scale(var.sqrt())
         comp = dist.Normal(loc, scale).to_event(1)
         return dist.MixtureSameFamily(dist.Categorical(logits=log_w), comp)
 
     def _out(self, value: torch.Tensor) -> np.ndarray:
-        value = value.detach().cpu().numpy()
+        value = value.detach().to("cpu", torch.float64).numpy()
         return value[..., 0] if self.y_ndim_ == 1 else value
 
-    def predict(self, X, mode: str | None = None, average: bool = False) -> np.ndarray:
+    def _routing(self, routing: str | None) -> str:
+        routing = self.routing if routing is None else routing
+        if routing not in _ROUTINGS:
+            raise ValueError(f"routing must be one of {_ROUTINGS}, got {routing!r}")
+        return routing
+
+    def predict(
+        self, X, routing: str | None = None, average: bool = False, return_std: bool = False
+    ):
         """Predictions ``(N,)`` (or ``(N, D)``): the mean of the most probable expert
-        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean.
+        (``routing="hard"``) or the predictive mean, the mixture over the experts under
+        the gates' posterior (``routing="posterior"``); default: the ``routing`` option.
 
         With ``average=True`` the predictive is the Bayesian model average over every
         searched topology with weights ``weights_`` (``exp(bound)``, normalised; see
-        :meth:`predict_distribution`), and ``"expert"`` picks the most probable expert of
-        that pooled mixture."""
-        mode = self.predict_mode if mode is None else mode
-        if mode not in ("expert", "mixture"):
-            raise ValueError(f"mode must be 'expert' or 'mixture', got {mode!r}")
+        :meth:`predict_distribution`), and ``"hard"`` picks the most probable expert of
+        that pooled mixture.
+
+        :param bool return_std: also return the standard deviation of the predictive
+            distribution (the whole mixture, whatever ``routing``), same shape.
+        """
+        routing = self._routing(routing)
         d = self.predict_distribution(X, average=average)
-        if mode == "mixture":
-            return self._out(d.mean)
-        probs = d.mixture_distribution.probs  # (N, E)
-        best = probs.argmax(-1)
-        loc = d.component_distribution.base_dist.loc  # (N, E, D)
-        return self._out(loc[torch.arange(loc.shape[0]), best])
+        if routing == "posterior":
+            mean = self._out(d.mean)
+        else:
+            probs = d.mixture_distribution.probs  # (N, E)
+            best = probs.argmax(-1)
+            loc = d.component_distribution.base_dist.loc  # (N, E, D)
+            mean = self._out(loc[torch.arange(loc.shape[0]), best])
+        if return_std:
+            return mean, self._out(d.variance.sqrt())
+        return mean
 
     def predict_interval(self, X, level: float = 0.9, average: bool = False):
         """Central predictive interval of each output's marginal mixture.
@@ -361,3 +371,15 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         alpha = (1 - level) / 2
         lower, upper = gaussian_mixture_quantiles(w, loc, scale, (alpha, 1 - alpha), dim=-2)
         return self._out(lower), self._out(upper)
+
+    def sample(self, X, num_samples: int = 100, average: bool = False) -> np.ndarray:
+        """Draws of ``y`` from the predictive distribution: ``(num_samples, N)`` (or
+        ``(num_samples, N, D)``), seeded by ``random_state`` (the same draws on every
+        call; unseeded: fresh draws).
+        """
+        num_samples = int(num_samples)
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        d = self.predict_distribution(X, average=average)
+        with local_seed(self.random_state, self.device_):
+            return self._out(d.sample((num_samples,)))

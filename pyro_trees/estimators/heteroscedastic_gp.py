@@ -14,9 +14,11 @@ import math
 
 import numpy as np
 import torch
+from sklearn.base import RegressorMixin
+from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
-from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
 from pyro_trees.infer.collapsed_elbo import CollapsedELBO
@@ -24,14 +26,14 @@ from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.fit import isolated_params
 from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
-from pyro_trees.validation import check_level, check_X, check_X_y
+from pyro_trees.validation import check_level
 
 __all__ = ["HeteroscedasticGPRegressor"]
 
-_ROUTINGS = ("tree", "posterior")
+_ROUTINGS = ("hard", "posterior")
 
 
-class HeteroscedasticGPRegressor(TreeEstimatorMixin):
+class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
     """GP regression whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2).
 
     :param int depth: depth of the noise tree (``2**depth`` noise levels).
@@ -44,7 +46,7 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
     :param batch_size: minibatch size (sparse model only).
     :param int init_steps: steps of the homoscedastic GP fit used for the balanced start.
     :param int hidden_size: GRU width of the RNN-Tree.
-    :param str routing: default noise at prediction: ``"tree"`` (most likely tree) or
+    :param str routing: default noise at prediction: ``"hard"`` (most likely tree) or
         ``"posterior"`` (mixture over the routing posterior).
     :param float balance_weight: weight of the tree-balance coupling.
     :param float entropy_weight: weight of the per-point routing KL (1: the bound).
@@ -54,8 +56,14 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
     :param patience: evaluations without improvement before stopping (``None``: run
         every step, keeping the best state seen); needs ``validation_fraction > 0``.
     :param int eval_every: steps between evaluations on the held-out points.
-    :param random_state: seed.
-    :param str dtype: ``"float64"`` (default; exact GPs need it) or ``"float32"``.
+    :param random_state: seed of the fit and of :meth:`sample`.
+    :param dtype: ``"float64"`` (default; exact GPs need it) or ``"float32"`` (or the
+        ``torch.dtype``).
+    :param device: torch device of the fit (default: the CPU).
+    :param bool progress: show a progress bar with the loss.
+
+    Inputs and targets are standardised inside; predictions, noise levels, intervals
+    and rules are in the units of ``X`` and ``y``.
     """
 
     def __init__(
@@ -69,7 +77,7 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         batch_size: int | None = None,
         init_steps: int = 60,
         hidden_size: int = 16,
-        routing: str = "tree",
+        routing: str = "hard",
         balance_weight: float = 1.0,
         entropy_weight: float = 1.0,
         validation_fraction: float = 0.0,
@@ -77,6 +85,7 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         eval_every: int = 20,
         random_state: int | None = None,
         dtype: str = "float64",
+        device=None,
         progress: bool = False,
     ):
         self.depth = depth
@@ -95,12 +104,11 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         self.eval_every = eval_every
         self.random_state = random_state
         self.dtype = dtype
+        self.device = device
         self.progress = progress
 
     # -- checks ------------------------------------------------------------------------------
     def _check_options(self) -> None:
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         if self.routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
         if self.num_inducing is not None and (
@@ -128,17 +136,6 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
 
-    def _check_is_fitted(self) -> None:
-        if not getattr(self, "is_fitted_", False):
-            raise ValueError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
-
-    def _check_X(self, X) -> torch.Tensor:
-        self._check_is_fitted()
-        X = check_X(X, n_features=self.n_features_in_, dtype=self.dtype_)
-        return (X - torch.as_tensor(self.x_mean_, dtype=X.dtype)) / torch.as_tensor(
-            self.x_scale_, dtype=X.dtype
-        )
-
     # -- fitting ---------------------------------------------------------------------------------
     def fit(self, X, y):
         """Fit the GP and its RNN-Tree noise model.
@@ -151,35 +148,20 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         :param y: ``(N,)`` real targets.
         :returns: ``self``.
         """
-        with local_seed(self.random_state):
-            return self._fit_seeded(X, y)
-
-    def _fit_seeded(self, X, y):
         self._check_options()
-        dtype = getattr(torch, self.dtype)
-        X, y = check_X_y(X, y, dtype=dtype)
-        if not y.is_floating_point():
-            y = y.to(dtype)
-        n, n_features = X.shape
-        if n < 2:
-            raise ValueError(f"need at least 2 samples to fit, got {n}")
+        Xs, ys = self._validate_fit(X, y)
+        with local_seed(self.random_state, self.device_):
+            self._fit_seeded(Xs, ys)
+        return self
+
+    def _fit_seeded(self, Xs: torch.Tensor, ys: torch.Tensor) -> None:
+        dtype = self.dtype_
+        n, n_features = Xs.shape
         depth = trees.check_depth(self.depth, num_points=n, dtype=dtype)
-        self.n_features_in_ = n_features
-        self.dtype_ = dtype
-        self.x_mean_ = X.mean(0).numpy()
-        sx = X.std(0)
-        self.x_scale_ = torch.where(sx > 0, sx, torch.ones_like(sx)).numpy()
-        self.y_mean_ = float(y.mean())
-        sy = float(y.std())
-        self.y_scale_ = sy if sy > 0 else 1.0
-        Xs = (X - torch.as_tensor(self.x_mean_, dtype=dtype)) / torch.as_tensor(
-            self.x_scale_, dtype=dtype
-        )
-        ys = (y - self.y_mean_) / self.y_scale_
         X_val = y_val = None
         split = self._held_out_split(n)
         if split is not None:
-            val, train = (torch.as_tensor(i) for i in split)
+            val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
             if len(train) < 2:
                 raise ValueError(
                     f"validation_fraction={self.validation_fraction} leaves {len(train)} "
@@ -193,13 +175,13 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
             idx = torch.linspace(0, n - 1, min(self.num_inducing, n)).round().long()
             order = Xs[:, 0].argsort() if n_features == 1 else _principal_order(Xs)
             z = Xs[order[idx]].clone()
-        model = HeteroscedasticGP(n_features, depth, inducing_points=z).to(dtype)
+        model = HeteroscedasticGP(n_features, depth, inducing_points=z).to(Xs.device, dtype)
         guide = HeteroscedasticGPGuide(
             n_features,
             depth,
             num_inducing=0 if z is None else z.shape[0],
             hidden_size=self.hidden_size,
-        ).to(dtype)
+        ).to(Xs.device, dtype)
         with isolated_params():
             model.init_from_data(Xs, ys, guide, num_steps=self.init_steps)
         tree_ids = {id(p) for p in guide.tree.parameters()}
@@ -246,33 +228,35 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         )
         self.model_, self.guide_ = model, guide
         self._X_train, self._y_train = (Xs, ys) if z is None else (None, None)
-        self.is_fitted_ = True
-        return self
 
     # -- prediction ----------------------------------------------------------------------------
     def _predict(self, X, routing):
         routing = self.routing if routing is None else routing
         if routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {routing!r}")
-        Xs = self._check_X(X)
+        Xs = self._validate_predict(X)
         with isolated_params():
             return self.model_.predict(
                 Xs, self.guide_, self._X_train, self._y_train, routing=routing
             )
 
     def predict(self, X, *, return_std: bool = False, routing: str | None = None):
-        """Predictive mean ``(N,)`` (and the standard deviation of ``y`` with ``return_std``)."""
+        """Predictive mean ``(N,)`` (and the standard deviation of ``y`` with ``return_std``).
+
+        :param routing: ``"hard"`` or ``"posterior"``; default: the ``routing`` option.
+        """
         pred = self._predict(X, routing)
-        mean = (pred.mean * self.y_scale_ + self.y_mean_).numpy()
+        mean = self._outputs(pred.mean)
         if return_std:
-            return mean, (pred.variance.sqrt() * self.y_scale_).numpy()
+            return mean, self._output_scale(pred.variance.sqrt())
         return mean
 
     def predict_noise(self, X, *, routing: str | None = None) -> np.ndarray:
         """The noise level ``log sigma(x)`` ``(N,)`` in the units of ``y``."""
-        return self._predict(X, routing).log_sigma.numpy() + math.log(self.y_scale_)
+        log_sigma = self._predict(X, routing).log_sigma.to("cpu", torch.float64).numpy()
+        return log_sigma + math.log(float(self.y_scaler_.scale))
 
-    def predict_interval(self, X, level: float = 0.95, *, routing: str | None = None):
+    def predict_interval(self, X, level: float = 0.9, *, routing: str | None = None):
         """Gaussian predictive interval ``(lower, upper)``, each ``(N,)``.
 
         With ``routing="posterior"`` the predictive is a mixture; the interval then uses
@@ -283,27 +267,51 @@ class HeteroscedasticGPRegressor(TreeEstimatorMixin):
         zq = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2)))
         return mean - zq * std, mean + zq * std
 
+    def sample(self, X, num_samples: int = 100, *, routing: str | None = None) -> np.ndarray:
+        """Draws of ``y`` from each row's predictive distribution, ``(num_samples, N)``:
+        a leaf from the routing weights, then ``f + noise`` from that leaf's Gaussian
+        (rows drawn independently; seeded by ``random_state``).
+        """
+        num_samples = int(num_samples)
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        pred = self._predict(X, routing)
+        with local_seed(self.random_state, self.device_):
+            leaf = torch.distributions.Categorical(probs=pred.leaf_probs).sample((num_samples,))
+            var = pred.f_var + torch.exp(2 * pred.leaf_log_scale)[leaf]  # (S, N)
+            draws = pred.mean + var.sqrt() * torch.randn_like(var)
+        return self._outputs(draws)
+
     def log_likelihood(self, X, y, *, routing: str | None = None) -> float:
         """Mean log predictive density per point of ``y`` (units of ``y``)."""
         pred = self._predict(X, routing)
-        y = check_X_y(X, y, dtype=self.dtype_)[1]
-        ys = (y - self.y_mean_) / self.y_scale_
-        return float(pred.log_prob(ys).mean()) - math.log(self.y_scale_)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if y.shape[0] != pred.mean.shape[0]:
+            raise ValueError(
+                f"X and y have mismatched lengths: X has {pred.mean.shape[0]} rows, "
+                f"y has {y.shape[0]}"
+            )
+        if not np.isfinite(y).all():
+            raise ValueError("y contains NaN or infinite values")
+        ys = self._tensor(self.y_scaler_.transform(y))
+        return float(pred.log_prob(ys).mean()) - math.log(float(self.y_scaler_.scale))
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The noise function as rules in the units of ``X`` and ``y``."""
-        self._check_is_fitted()
+        check_is_fitted(self, "model_")
         with isolated_params():
             rules = self.model_.noise_rules(self.guide_)
         f = rules.feature
-        mean = torch.as_tensor(self.x_mean_)[f].to(rules.threshold.dtype)
-        scale = torch.as_tensor(self.x_scale_)[f].to(rules.threshold.dtype)
-        shift = math.log(self.y_scale_)
+        mean = torch.as_tensor(self.x_scaler_.mean)[f.cpu()].to(rules.threshold.dtype)
+        scale = torch.as_tensor(self.x_scaler_.scale)[f.cpu()].to(rules.threshold.dtype)
+        shift = math.log(float(self.y_scaler_.scale))
         labels = [
             f"log sigma = {v + shift:.{decimals}f} (sigma = {math.exp(v + shift):.{decimals}g})"
             for v in self.model_.leaf_log_scale.detach().tolist()
         ]
-        raw = trees.DecisionRules(f, rules.threshold * scale + mean, rules.greater, labels)
+        raw = trees.DecisionRules(
+            f.cpu(), rules.threshold.cpu() * scale + mean, rules.greater.cpu(), labels
+        )
         return raw.export_text(feature_names=feature_names, decimals=decimals)
 
 

@@ -6,23 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
-from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.rnn_tree import RNNTreeGuide
 from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.fit import isolated_params
 from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.hme import HME
-from pyro_trees.validation import check_X, check_X_y
 
 __all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
 
 _ROUTINGS = ("hard", "posterior")
 
 
-class _RNNTreeBase(TreeEstimatorMixin):
+class _RNNTreeBase(TabularEstimator):
     _likelihood = "gaussian"
 
     def __init__(
@@ -75,9 +76,6 @@ class _RNNTreeBase(TreeEstimatorMixin):
         self.progress = progress
 
     # -- hooks for the two subclasses ---------------------------------------------------
-    def _prepare_targets(self, y, X: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
     def _model_kwargs(self) -> dict:
         raise NotImplementedError
 
@@ -98,62 +96,42 @@ class _RNNTreeBase(TreeEstimatorMixin):
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
 
-    def _standardize(self, X: torch.Tensor) -> torch.Tensor:
-        mean = torch.as_tensor(self.x_mean_, dtype=X.dtype, device=X.device)
-        scale = torch.as_tensor(self.x_scale_, dtype=X.dtype, device=X.device)
-        return (X - mean) / scale
-
-    def _check_X(self, X) -> torch.Tensor:
-        self._check_is_fitted()
-        X = check_X(X, n_features=self.n_features_in_, device=self.device)
-        return self._standardize(X.to(self.dtype_))
-
     # -- fitting -------------------------------------------------------------------------
     def fit(self, X, y):
         """Fit the HME and its RNN-Tree routing posterior.
 
-        With an integer ``random_state`` the fit is reproducible and leaves the global
-        random streams (Python, NumPy, torch) as it found them; with ``None`` it draws
-        from them.
+        ``X`` (and the regressor's ``y``) are standardised inside; predictions are in
+        the units of ``y``. With an integer ``random_state`` the fit is reproducible and
+        leaves the global random streams (Python, NumPy, torch) as it found them; with
+        ``None`` it draws from them.
 
-        :param X: ``(N, L)`` array-like of inputs.
-        :param y: ``(N,)`` targets (``(N, K)`` for multi-output regression).
+        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
+        :param y: ``(N,)`` class labels (classifier) or targets (regressor; ``(N, K)``
+            for several outputs).
         :returns: ``self``.
+        :raises ValueError: naming the cause, for invalid options or data.
         """
-        with local_seed(self.random_state, self.device):
-            return self._fit_seeded(X, y)
-
-    def _fit_seeded(self, X, y):
         self._check_options()
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        X = check_X(X, dtype=getattr(torch, self.dtype), device=self.device)
-        n, n_features = X.shape
-        n_y = len(y) if not isinstance(y, torch.Tensor) else y.shape[0]
-        if n_y != n:
-            raise ValueError(f"X and y have mismatched lengths: X has {n} rows, y has {n_y}")
-        y = self._prepare_targets(y, X)
+        Xs, y = self._validate_fit(X, y)
+        with local_seed(self.random_state, self.device_):
+            self._fit_seeded(Xs, y)
+        return self
+
+    def _fit_seeded(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
+        n, n_features = Xs.shape
         width = getattr(self, "n_classes_", None) or getattr(self, "n_outputs_", 1)
         depth = trees.check_depth(
             self.depth,
             num_points=min(n, self.batch_size or n),
             width=max(width, n_features),
-            dtype=X.dtype,
-            device=X.device,
+            dtype=Xs.dtype,
+            device=Xs.device,
         )
-        if n < 2:
-            raise ValueError(f"need at least 2 samples to fit, got {n}")
-        self.n_features_in_ = n_features
-        self.dtype_ = X.dtype
-        self.x_mean_ = X.mean(0).cpu().numpy()
-        scale = X.std(0)
-        self.x_scale_ = torch.where(scale > 0, scale, torch.ones_like(scale)).cpu().numpy()
-        Xs = self._standardize(X)
 
         X_val = y_val = None
         split = self._held_out_split(n)
         if split is not None:
-            val, train = (torch.as_tensor(i, device=X.device) for i in split)
+            val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
             X_val, y_val = Xs[val], y[val]
             Xs, y = Xs[train], y[train]
 
@@ -161,8 +139,8 @@ class _RNNTreeBase(TreeEstimatorMixin):
         guide = RNNTreeGuide(
             n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback
         )
-        model.to(device=X.device, dtype=X.dtype)
-        guide.to(device=X.device, dtype=X.dtype)
+        model.to(device=Xs.device, dtype=Xs.dtype)
+        guide.to(device=Xs.device, dtype=Xs.dtype)
         with isolated_params():
             if self.init in ("balanced", "greedy"):
                 guide.tree.init_balanced(Xs, y, cuts=self.init)
@@ -171,7 +149,6 @@ class _RNNTreeBase(TreeEstimatorMixin):
                 leaf = guide.tree.hard_leaf(Xs)
                 model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
         self.model_, self.guide_ = model, guide
-        self.is_fitted_ = True  # for the validation metric
         self._rules = None
         self.hard_leaf_loc_ = None
 
@@ -216,7 +193,8 @@ class _RNNTreeBase(TreeEstimatorMixin):
             if self.hard_leaf_loc_ is not None and not self._error(X_val, y_val) < trained:
                 self.hard_leaf_loc_ = None
                 self._rules = None
-        return self
+        self._rules = None
+        _ = self.rules_  # the hard tree, made here once: predicting changes no attribute
 
     @torch.no_grad()
     def _refit_hard_leaves(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
@@ -245,7 +223,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
     @property
     def rules_(self) -> trees.DecisionRules:
         """The single most likely tree (thresholds in standardised units)."""
-        self._check_is_fitted()
+        check_is_fitted(self, "model_")
         if self._rules is None:
             with isolated_params():
                 self._rules = self.guide_.tree.rules(self._leaf_labels())
@@ -284,25 +262,25 @@ class _RNNTreeBase(TreeEstimatorMixin):
 
     def apply(self, X) -> np.ndarray:
         """Leaf index ``(N,)`` of each input under the most likely tree."""
-        return self.rules_.route(self._check_X(X)).cpu().numpy()
+        return self.rules_.route(self._validate_predict(X)).cpu().numpy()
 
     def predict_leaf_proba(self, X) -> np.ndarray:
         """The routing posterior ``q(leaf | x)`` of each input, ``(N, 2**depth)``."""
-        return self._leaf_probs(self._check_X(X), "posterior").cpu().numpy()
+        return self._leaf_probs(self._validate_predict(X), "posterior").cpu().numpy()
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The most likely tree as text (thresholds in the units of ``X``)."""
         rules = self.rules_
         f = rules.feature.cpu()
-        mean = torch.as_tensor(self.x_mean_)[f].to(rules.threshold.dtype)
-        scale = torch.as_tensor(self.x_scale_)[f].to(rules.threshold.dtype)
+        mean = torch.as_tensor(self.x_scaler_.mean)[f].to(rules.threshold.dtype)
+        scale = torch.as_tensor(self.x_scaler_.scale)[f].to(rules.threshold.dtype)
         raw = trees.DecisionRules(
             f, rules.threshold.cpu() * scale + mean, rules.greater.cpu(), rules.leaf_values
         )
         return raw.export_text(feature_names=feature_names, decimals=decimals)
 
 
-class RNNTreeRegressor(_RNNTreeBase):
+class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
     """Regression with an HME of constant (or linear) Gaussian experts, the tree-balance
     prior and the RNN-Tree guide (Antorán et al.).
 
@@ -336,18 +314,60 @@ class RNNTreeRegressor(_RNNTreeBase):
     :param bool progress: show a progress bar with the loss.
     """
 
-    _estimator_type = "regressor"
+    _multi_output = True
 
-    def __init__(self, depth: int = 3, *, noise_scale: float | None = None, **kwargs):
-        super().__init__(depth, **kwargs)
+    def __init__(
+        self,
+        depth: int = 3,
+        *,
+        noise_scale: float | None = None,
+        hidden_size: int = 32,
+        feedback: str = "hard",
+        experts: str = "constant",
+        init: str = "balanced",
+        num_steps: int = 600,
+        lr: float = 0.03,
+        lr_decay: float = 0.1,
+        optim: str = "adam",
+        batch_size: int | None = None,
+        validation_fraction: float = 0.0,
+        patience: int | None = None,
+        eval_every: int = 20,
+        routing: str = "hard",
+        num_noise_samples: int = 32,
+        balance_weight: float = 1.0,
+        entropy_weight: float = 1.0,
+        refit_leaves: bool | str = "auto",
+        random_state: int | None = None,
+        device=None,
+        dtype: str = "float32",
+        progress: bool = False,
+    ):
+        super().__init__(
+            depth,
+            hidden_size=hidden_size,
+            feedback=feedback,
+            experts=experts,
+            init=init,
+            num_steps=num_steps,
+            lr=lr,
+            lr_decay=lr_decay,
+            optim=optim,
+            batch_size=batch_size,
+            validation_fraction=validation_fraction,
+            patience=patience,
+            eval_every=eval_every,
+            routing=routing,
+            num_noise_samples=num_noise_samples,
+            balance_weight=balance_weight,
+            entropy_weight=entropy_weight,
+            refit_leaves=refit_leaves,
+            random_state=random_state,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+        )
         self.noise_scale = noise_scale
-
-    def _prepare_targets(self, y, X: torch.Tensor) -> torch.Tensor:
-        _, y = check_X_y(X, y, multi_output=True, dtype=X.dtype, device=X.device)
-        if y.dim() == 2 and y.shape[1] == 1:
-            y = y[:, 0]
-        self.n_outputs_ = 1 if y.dim() == 1 else y.shape[1]
-        return y
 
     def _model_kwargs(self) -> dict:
         return {
@@ -372,8 +392,7 @@ class RNNTreeRegressor(_RNNTreeBase):
 
         :param routing: ``"hard"`` or ``"posterior"``; default: the ``routing`` option.
         """
-        pred = self._predict_std(self._check_X(X), routing)
-        pred = pred.cpu().numpy()
+        pred = self._outputs(self._predict_std(self._validate_predict(X), routing))
         return pred[:, 0] if self.n_outputs_ == 1 else pred
 
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
@@ -381,26 +400,11 @@ class RNNTreeRegressor(_RNNTreeBase):
         return float(((pred - y.reshape(pred.shape)) ** 2).mean().sqrt())
 
 
-class RNNTreeClassifier(_RNNTreeBase):
+class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
     """Classification with an HME of categorical experts, the tree-balance prior and the
     RNN-Tree guide (Antorán et al.). Options as :class:`RNNTreeRegressor`, without
     ``noise_scale``; ``classes_`` holds the sorted class labels.
     """
-
-    _estimator_type = "classifier"
-
-    def _prepare_targets(self, y, X: torch.Tensor) -> torch.Tensor:
-        y = y.cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
-        if y.ndim != 1:
-            raise ValueError(f"y must be 1-D class labels; got shape {tuple(y.shape)}")
-        if y.dtype.kind == "f" and not np.isfinite(y).all():
-            raise ValueError("y contains NaN or infinite labels")
-        classes, idx = np.unique(y, return_inverse=True)
-        if len(classes) < 2:
-            raise ValueError(f"need at least two classes to fit; y has only {classes.tolist()}")
-        self.classes_ = classes
-        self.n_classes_ = len(classes)
-        return torch.as_tensor(idx, device=X.device)
 
     def _model_kwargs(self) -> dict:
         return {"likelihood": "categorical", "num_classes": self.n_classes_}
@@ -420,23 +424,13 @@ class RNNTreeClassifier(_RNNTreeBase):
 
     def predict_proba(self, X, routing: str | None = None) -> np.ndarray:
         """Class probabilities ``(N, n_classes)`` in the order of ``classes_``."""
-        return self._proba(self._check_X(X), routing).cpu().numpy()
+        proba = self._proba(self._validate_predict(X), routing)
+        return proba.to("cpu", torch.float64).numpy()
 
     def predict(self, X, routing: str | None = None) -> np.ndarray:
         """Predicted class labels ``(N,)``."""
-        return self.classes_[self.predict_proba(X, routing).argmax(-1)]
-
-    def score(self, X, y) -> float:
-        """Accuracy; labels never seen in training raise ``ValueError``."""
-        self._check_is_fitted()
-        y_arr = self._check_score_targets(y)  # NaN / inf / shape first, then unseen labels
-        unseen = np.setdiff1d(np.unique(y_arr), self.classes_)
-        if len(unseen):
-            raise ValueError(
-                f"y has classes never seen in training: {unseen.tolist()} "
-                f"(known: {self.classes_.tolist()})"
-            )
-        return super().score(X, y_arr)
+        proba = self.predict_proba(X, routing)
+        return self.classes_[proba.argmax(-1)]
 
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
         pred = self._proba(X, "hard").argmax(-1)

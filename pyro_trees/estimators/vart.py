@@ -13,10 +13,12 @@ import numpy as np
 import pyro
 import torch
 from pyro.infer import Predictive, Trace_ELBO
+from sklearn.base import RegressorMixin
+from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
-from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.vart import (
     TemperatureSchedule,
@@ -27,7 +29,7 @@ from pyro_trees.guides.vart import (
 from pyro_trees.infer.fit import fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.models.vart import VaRT, mixture_params, with_bias
-from pyro_trees.validation import check_level, check_X, check_X_y
+from pyro_trees.validation import check_level
 
 __all__ = ["VaRTRegressor", "noise_factor_from_curve", "noise_factor_from_scores"]
 
@@ -244,7 +246,7 @@ def _stack_trees(samples: dict, depth: int) -> dict:
     }
 
 
-class VaRTRegressor(TreeEstimatorMixin):
+class VaRTRegressor(RegressorMixin, TabularEstimator):
     """A variational regression tree (VaRT) with posterior predictive intervals.
 
     Fits :class:`~pyro_trees.models.VaRT` with the truncated guide
@@ -388,8 +390,6 @@ class VaRTRegressor(TreeEstimatorMixin):
     :param bool progress: show a progress bar.
     """
 
-    _estimator_type = "regressor"
-
     def __init__(
         self,
         depth: int = 5,
@@ -456,11 +456,16 @@ class VaRTRegressor(TreeEstimatorMixin):
         return int(seed)
 
     def fit(self, X, y):
-        """Fit the variational posterior on ``X`` ``(N, L)`` and ``y`` ``(N,)``."""
-        X, y = check_X_y(X, y, dtype=torch.float32, device=self.device)
-        n, num_features = X.shape
-        if n < 2:
-            raise ValueError(f"need at least 2 samples to fit, got {n}")
+        """Fit the variational posterior on ``X`` ``(N, L)`` and ``y`` ``(N,)``.
+
+        ``X`` and ``y`` are standardised inside; predictions and intervals are in the
+        units of ``y``.
+
+        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
+        :param y: ``(N,)`` real targets.
+        :returns: ``self``.
+        :raises ValueError: naming the cause, for invalid options or data.
+        """
         if int(self.num_samples) < 1:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
         if not 0 <= self.validation_fraction < 1:
@@ -479,6 +484,8 @@ class VaRTRegressor(TreeEstimatorMixin):
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
         rule = self._calibration_rule()
         check_level(self.calibration_level, "calibration_level")
+        X, y = self._validate_fit(X, y)
+        n = X.shape[0]
         if self.random_state is None:  # unseeded: a seed from the global torch stream
             self.seed_ = int(torch.randint(2**31, ()).item())
         else:
@@ -507,6 +514,7 @@ class VaRTRegressor(TreeEstimatorMixin):
                 Xva[:_CALIBRATION_ROWS], yva[:_CALIBRATION_ROWS], extra
             )
             self._tree_samples = None
+        self._posterior_trees()  # drawn here once: predicting changes no attribute
         return self
 
     def _calibration_folds(self, n: int, n_val: int, rule) -> int:
@@ -541,13 +549,15 @@ class VaRTRegressor(TreeEstimatorMixin):
         params.update(progress=False, random_state=self._seed() + k)
         other = type(self)(**params)
         other.seed_ = self._seed() + k
+        for name in ("dtype_", "device_", "x_scaler_", "y_scaler_", "n_features_in_", "n_outputs_"):
+            setattr(other, name, getattr(self, name))
         other._fit_split(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
         if self.refit:
             other._refit(X, y, rows, rest, other.seed_)
         other.noise_factor_, other._tree_samples = 1.0, None
         level = float(self.calibration_level)
-        scores = other.coverage_scores(
-            X[rows][:_CALIBRATION_ROWS], y[rows][:_CALIBRATION_ROWS], level
+        scores = other._standardised_scores(
+            other._clip(X[rows][:_CALIBRATION_ROWS]), y[rows][:_CALIBRATION_ROWS], level
         )
         return torch.as_tensor(scores, dtype=torch.float64)
 
@@ -566,14 +576,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         batch = min(batch, n_train)
         depth = _check_training_memory(self.depth, batch, num_features, X.device)
         _check_prediction_memory(depth, int(self.num_samples), num_features, X.device)
-        Xt, yt = X[train_idx], y[train_idx]
-        self.x_mean_ = Xt.mean(0)
-        self.x_scale_ = Xt.std(0).clamp_min(1e-12)
-        self.x_scale_[Xt.std(0) < 1e-12] = 1.0
-        self.y_mean_ = yt.mean()
-        self.y_scale_ = yt.std().clamp_min(1e-12)
-        Xs = (X - self.x_mean_) / self.x_scale_
-        ys = (y - self.y_mean_) / self.y_scale_
+        Xs, ys = X, y  # standardised by _validate_fit
         Xtr, ytr, yva = Xs[train_idx], ys[train_idx], ys[val_idx]
         self.x_min_, self.x_max_ = Xtr.min(0).values, Xtr.max(0).values  # the rows it learns
         Xva = self._clip(Xs[val_idx])  # held-out rows are scored as new rows would be
@@ -630,9 +633,7 @@ class VaRTRegressor(TreeEstimatorMixin):
                     **val,
                     **kwargs,
                 )
-        self.n_features_in_ = num_features
         self.feature_importances_ = self._importances(Xtr[:4096])
-        self.is_fitted_ = True
         return Xva, yva
 
     @torch.no_grad()
@@ -709,10 +710,18 @@ class VaRTRegressor(TreeEstimatorMixin):
         :returns: ``(N,)`` scores.
         """
         level = check_level(self.calibration_level if level is None else level)
-        self._check_is_fitted()
-        X, y = check_X_y(X, y, dtype=torch.float32, device=self.device)
         Xs = self._prepare(X)
-        ys = (y - self.y_mean_) / self.y_scale_
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if y.shape[0] != Xs.shape[0]:
+            raise ValueError(
+                f"X and y have mismatched lengths: X has {Xs.shape[0]} rows, y has {y.shape[0]}"
+            )
+        if not np.isfinite(y).all():
+            raise ValueError("y contains NaN or infinite values")
+        return self._standardised_scores(Xs, self._tensor(self.y_scaler_.transform(y)), level)
+
+    def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
+        """:meth:`coverage_scores` of standardised (and clipped) rows."""
         tree = self._raw_tree()
         out = []
         for xb, yb in self._calibration_batches(Xs, ys):
@@ -746,9 +755,7 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     # --------------------------------------------------------------- prediction
     def _prepare(self, X) -> torch.Tensor:
-        self._check_is_fitted()
-        X = check_X(X, n_features=self.n_features_in_, dtype=torch.float32, device=self.device)
-        return self._clip((X - self.x_mean_) / self.x_scale_)
+        return self._clip(self._validate_predict(X))
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
         """Standardised inputs clipped to the training rows' range widened by
@@ -761,7 +768,7 @@ class VaRTRegressor(TreeEstimatorMixin):
     def _posterior_trees(self) -> dict:
         """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""
         if getattr(self, "_tree_samples", None) is None:
-            dummy = self.x_mean_.new_zeros(1, self.n_features_in_)
+            dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
             _check_prediction_memory(
                 self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
             )
@@ -801,12 +808,30 @@ class VaRTRegressor(TreeEstimatorMixin):
                 res = pred(Xs[start : start + rows])
                 for s in sites:
                     out[s].append(res[s])
-        return {s: torch.cat(v, dim=-1) * self.y_scale_ + self.y_mean_ for s, v in out.items()}
+        return {s: self._outputs(torch.cat(v, dim=-1)) for s, v in out.items()}
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X, return_std: bool = False):
         """Posterior predictive mean (eq. 32): the average over posterior trees of
-        :math:`\\sum_i \\kappa_i P(x \\to i)\\, \\theta_i^\\top x`; shape ``(N,)``."""
-        return self.sample_function(X).mean(0)
+        :math:`\\sum_i \\kappa_i P(x \\to i)\\, \\theta_i^\\top x`; shape ``(N,)``.
+
+        :param bool return_std: also return the standard deviation of the posterior
+            predictive (the Gaussian mixture over the ``num_samples`` trees and their
+            leaves, calibrated noise included), ``(N,)``.
+        """
+        mean = self.sample_function(X).mean(0)
+        if not return_std:
+            return mean
+        Xs = self._prepare(X)
+        tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
+        var = []
+        with torch.no_grad():
+            for (xb,) in self._calibration_batches(Xs):
+                logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
+                weight = logits.exp() / logits.shape[0]
+                m = (weight * loc).sum((0, -1))
+                second = (weight * (loc * loc + scale * scale)).sum((0, -1))
+                var.append((second - m * m).clamp_min(0.0))
+        return mean, self._output_scale(torch.cat(var).sqrt())
 
     def sample_function(self, X, num_samples: int | None = None) -> np.ndarray:
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
@@ -815,7 +840,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         mean = self._predictive(Xs, ("mean",), 2)["mean"]
         return self._take(mean, num_samples)
 
-    def sample_predictive(self, X, num_samples: int | None = None) -> np.ndarray:
+    def sample(self, X, num_samples: int | None = None) -> np.ndarray:
         """Draws of the posterior predictive :math:`y^*` (eq. 32), ``(num_samples, N)``.
 
         Draw ``j`` comes from posterior tree ``j mod S``, with ``S`` the estimator's
@@ -838,9 +863,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         rounds = [
             self._predictive(Xs, ("obs",), 3 + r)["obs"] for r in range(-(-want // per_round))
         ]
-        return torch.cat(rounds)[:want].cpu().numpy()
+        return np.concatenate(rounds)[:want]
 
-    def _take(self, draws: torch.Tensor, num_samples) -> np.ndarray:
+    def _take(self, draws: np.ndarray, num_samples) -> np.ndarray:
         if num_samples is not None:
             num_samples = int(num_samples)
             if not 1 <= num_samples <= int(self.num_samples):
@@ -849,7 +874,7 @@ class VaRTRegressor(TreeEstimatorMixin):
                     f"num_samples: one function draw per posterior tree), got {num_samples}"
                 )
             draws = draws[:num_samples]
-        return draws.cpu().numpy()
+        return draws
 
     def predict_interval(self, X, level: float = 0.9, *, method: str = "exact"):
         """Equal-tailed Bayesian predictive interval of probability ``level``.
@@ -861,13 +886,13 @@ class VaRTRegressor(TreeEstimatorMixin):
             row is inside iff its :meth:`coverage_scores` at ``level`` is at most
             ``noise_factor_``, wherever the CDF at ``y`` moves monotonically toward
             1/2 as the noise grows). ``"draws"``: empirical quantiles of the
-            ``num_samples`` draws of :meth:`sample_predictive` (one per tree; a Monte
+            ``num_samples`` draws of :meth:`sample` (one per tree; a Monte
             Carlo estimate of the same interval, slightly narrow on average).
         :returns: ``(lower, upper)``, each ``(N,)``.
         """
         level = check_level(level)
         if method == "draws":
-            draws = self.sample_predictive(X)
+            draws = self.sample(X)
             lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2], axis=0)
             return lo, hi
         if method != "exact":
@@ -882,8 +907,7 @@ class VaRTRegressor(TreeEstimatorMixin):
                 parts = _leading_components(weight, loc, scale)
                 probs = ((1 - level) / 2, (1 + level) / 2)
                 out.append(gaussian_mixture_quantiles(*parts, probs, dim=(0, -1)))
-        q = torch.cat(out, -1) * self.y_scale_.double() + self.y_mean_.double()
-        q = q.cpu().numpy()
+        q = self._outputs(torch.cat(out, -1))
         return q[0], q[1]
 
     # ------------------------------------------------------------ interpretation
@@ -918,7 +942,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         their training means. Leaves (linear models) print their prediction at the
         training mean of the inputs, their noise scale and their three largest slopes.
         """
-        self._check_is_fitted()
+        check_is_fitted(self, "guide_")
         if feature_names is not None and len(feature_names) != self.n_features_in_:
             raise ValueError(
                 f"feature_names has {len(feature_names)} names for {self.n_features_in_} features"
@@ -929,9 +953,9 @@ class VaRTRegressor(TreeEstimatorMixin):
         mu = g.beta_loc.detach().double().cpu()
         theta = g.theta_loc.detach().double().cpu()
         sig = g.log_sigma_loc.detach().double().exp().cpu()
-        xm = self.x_mean_.double().cpu()
-        xs = self.x_scale_.double().cpu()
-        ym, ysc = float(self.y_mean_), float(self.y_scale_)
+        xm = torch.as_tensor(self.x_scaler_.mean, dtype=torch.float64)
+        xs = torch.as_tensor(self.x_scaler_.scale, dtype=torch.float64)
+        ym, ysc = float(self.y_scaler_.mean), float(self.y_scaler_.scale)
 
         def name(j: int) -> str:
             return str(feature_names[j]) if feature_names is not None else f"x_{j}"

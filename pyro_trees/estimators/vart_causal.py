@@ -9,14 +9,16 @@ References
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators.vart import VaRTRegressor
-from pyro_trees.validation import as_tensor, check_level, check_X, check_X_y
+from pyro_trees.validation import check_level
 
 __all__ = ["VaRTCausal"]
 
 
-class VaRTCausal:
+class VaRTCausal(BaseEstimator):
     """Treatment effects from one VaRT fitted on ``(X, A)``, in the manner of Hill (2011).
 
     The outcome model :math:`E[Y \\mid A, X]` is a :class:`VaRTRegressor` whose inputs are
@@ -31,43 +33,67 @@ class VaRTCausal:
     so the posterior of the CATE (and of the ATE, averaged over the given ``X``) comes
     from the same tree draws; intervals are equal-tailed posterior quantiles.
 
-    :param regressor: an unfitted :class:`VaRTRegressor` (default:
+    :param regressor: an unfitted :class:`VaRTRegressor`, cloned by ``fit`` (default:
         ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
-        the paper's causal :math:`\\lambda`, trained on every row as in the paper;
-        unseeded, so give a regressor with ``random_state`` for a reproducible fit).
+        the paper's causal :math:`\\lambda`, trained on every row as in the paper).
+    :param random_state: seed of the default regressor (a given regressor keeps its
+        own ``random_state``).
+    :param device: torch device of the default regressor.
+    :param bool progress: show the default regressor's progress bar.
+
+    The fitted outcome model is ``regressor_``.
     """
 
-    def __init__(self, regressor: VaRTRegressor | None = None):
+    def __init__(
+        self,
+        regressor: VaRTRegressor | None = None,
+        *,
+        random_state: int | None = None,
+        device=None,
+        progress: bool = False,
+    ):
         self.regressor = regressor
+        self.random_state = random_state
+        self.device = device
+        self.progress = progress
 
     def fit(self, X, A, y):
         """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``."""
-        X, y = check_X_y(X, y)
-        A = as_tensor(A, "A").to(X.dtype)
-        if A.dim() != 1 or A.shape[0] != X.shape[0]:
+        X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, y_numeric=True)
+        A = np.asarray(A)
+        if A.ndim != 1 or A.shape[0] != X.shape[0]:
             raise ValueError(
                 f"A must be 1-D with one entry per row of X ({X.shape[0]}); "
                 f"got shape {tuple(A.shape)}"
             )
-        if not ((A == 0) | (A == 1)).all():
+        if not np.isin(A, (0, 1)).all():
             raise ValueError("A must hold treatment indicators 0 or 1")
         if A.min() == A.max():
             raise ValueError("A holds a single treatment arm; both arms are needed")
-        self.regressor_ = (
-            VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")
-            if self.regressor is None
-            else self.regressor
-        )
-        XA = np.concatenate([X.cpu().numpy(), A.cpu().numpy()[:, None]], axis=1)
-        self.regressor_.fit(XA, y.cpu().numpy())
-        self.X_train_ = X.cpu().numpy()
-        self.n_features_in_ = X.shape[1]
+        if self.regressor is None:
+            self.regressor_ = VaRTRegressor(
+                depth=3,
+                lam=1.0,
+                validation_fraction=0.0,
+                init="random",
+                random_state=self.random_state,
+                device=self.device,
+                progress=self.progress,
+            )
+        else:
+            if not isinstance(self.regressor, VaRTRegressor):
+                raise TypeError(
+                    f"regressor must be a VaRTRegressor, got {type(self.regressor).__name__}"
+                )
+            self.regressor_ = clone(self.regressor)
+        XA = np.concatenate([X, A.astype(np.float64)[:, None]], axis=1)
+        self.regressor_.fit(XA, y)
+        self.X_train_ = X
         return self
 
     def _arms(self, X) -> tuple[np.ndarray, np.ndarray]:
-        if not hasattr(self, "regressor_"):
-            raise ValueError("this VaRTCausal is not fitted yet; call fit first")
-        X = check_X(X, n_features=self.n_features_in_).cpu().numpy()
+        check_is_fitted(self, "regressor_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
         n = X.shape[0]
         both = np.concatenate(
             [

@@ -50,7 +50,7 @@ with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
 **Prediction** (:meth:`HeteroscedasticGP.predict`): the function's Gaussian at new
 inputs, from :math:`q^*(f)` (exact mode, needs the training data) or :math:`q(u)`
 (sparse mode); the noise either from the single most likely tree
-(``routing="tree"``, the paper's App. E: each input gets its hard leaf's
+(``routing="hard"``, the paper's App. E: each input gets its hard leaf's
 :math:`e^{2 s_\ell}`) or from the full routing posterior (``routing="posterior"``: the
 predictive density is the mixture :math:`\sum_\ell q(\ell \mid x)\,
 \mathcal{N}(y \mid \mu, v + e^{2 s_\ell})`). :meth:`HeteroscedasticGP.noise_rules`
@@ -127,7 +127,7 @@ class HGPPrediction(NamedTuple):
 
     :ivar mean: predictive mean of ``f`` (and of ``y``), ``(N,)``.
     :ivar f_var: variance of ``f``, ``(N,)``.
-    :ivar leaf_probs: routing weights ``(N, 2**D)`` (one-hot for ``routing="tree"``).
+    :ivar leaf_probs: routing weights ``(N, 2**D)`` (one-hot for ``routing="hard"``).
     :ivar leaf_log_scale: :math:`s_\\ell`, ``(2**D,)``.
     """
 
@@ -456,7 +456,7 @@ class HeteroscedasticGP(PyroModule):
         x: torch.Tensor | None = None,
         y: torch.Tensor | None = None,
         *,
-        routing: str = "tree",
+        routing: str = "hard",
         num_samples: int = 32,
     ) -> HGPPrediction:
         """Predictive distribution at ``x_new`` ``(N*, L)``.
@@ -464,7 +464,7 @@ class HeteroscedasticGP(PyroModule):
         :param guide: the trained :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
         :param x: training inputs ``(N, L)`` (exact model only).
         :param y: training targets ``(N,)`` (exact model only).
-        :param str routing: ``"tree"``: the noise of each new input is its leaf's in the
+        :param str routing: ``"hard"``: the noise of each new input is its leaf's in the
             most likely tree (App. E); ``"posterior"``: the full routing posterior
             (a mixture over leaves, averaged over ``num_samples`` noisy roll-outs with
             soft feedback).
@@ -474,8 +474,8 @@ class HeteroscedasticGP(PyroModule):
         at the training points is :math:`R` from the routing posterior there (the
         distribution the bound was optimised for), whichever ``routing`` is chosen.
         """
-        if routing not in ("tree", "posterior"):
-            raise ValueError(f"routing must be 'tree' or 'posterior', got {routing!r}")
+        if routing not in ("hard", "posterior"):
+            raise ValueError(f"routing must be 'hard' or 'posterior', got {routing!r}")
         self._check(x_new)
         dtype = x_new.dtype
         s = self.leaf_log_scale.to(dtype)
@@ -506,7 +506,7 @@ class HeteroscedasticGP(PyroModule):
             W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
             kss = kernel_matrix(self.kernel, x_new, diag=True)[..., 0, :]
             f_var = (kss - W.pow(2).sum(-2)).clamp_min(0.0)
-        if routing == "tree":
+        if routing == "hard":
             leaf = guide.tree.hard_leaf(x_new)
             probs = torch.nn.functional.one_hot(leaf, self.num_leaves).to(dtype)
         else:

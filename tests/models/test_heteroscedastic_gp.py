@@ -198,7 +198,7 @@ def test_predict_tree_and_posterior_and_rules():
     model, guide = _model()
     x, y = _data(30)
     x_new = torch.linspace(-1.2, 1.2, 9, dtype=torch.float64).unsqueeze(-1)
-    tree = model.predict(x_new, guide, x, y, routing="tree")
+    tree = model.predict(x_new, guide, x, y, routing="hard")
     post = model.predict(x_new, guide, x, y, routing="posterior")
     assert tree.mean.shape == (9,) and tree.f_var.shape == (9,)
     assert torch.equal(tree.mean, post.mean)
