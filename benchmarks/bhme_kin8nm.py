@@ -238,7 +238,6 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
         search_dtype=args.search_dtype,
         keep=args.keep,
         grow=args.grow,
-        standardize=False,
         random_state=0,
     )
     ref_before = reference_seconds()
@@ -248,9 +247,9 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
     ref_after = reference_seconds()
     spare_bound, spare_top = spare_expert_cost(est, xtr, ytr)
     mse_expert = float(np.mean((est.predict(xte) - yte) ** 2))
-    mse_mixture = float(np.mean((est.predict(xte, mode="mixture") - yte) ** 2))
+    mse_mixture = float(np.mean((est.predict(xte, routing="posterior") - yte) ** 2))
     # Bayesian model average over all 47 topologies, weights exp(bound) (training data)
-    mse_bma = float(np.mean((est.predict(xte, mode="mixture", average=True) - yte) ** 2))
+    mse_bma = float(np.mean((est.predict(xte, routing="posterior", average=True) - yte) ** 2))
     mse_bma_expert = float(np.mean((est.predict(xte, average=True) - yte) ** 2))
     top_w = sorted(zip(est.weights_, [str(t) for t in est.topologies_], strict=True), reverse=True)[
         :4

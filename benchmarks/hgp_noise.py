@@ -222,7 +222,7 @@ def main(argv=None) -> dict:
         seconds["RNN-Tree"].append(time.perf_counter() - t0)
         curves["RNN-Tree"].append(model.predict(xg, guide, x, y).log_sigma.numpy() + log_std)
         mids["RNN-Tree"].append(model.predict(xm, guide, x, y).log_sigma.numpy() + log_std)
-        for routing, key in (("tree", "RNN-Tree"), ("posterior", "RNN-Tree (routing posterior)")):
+        for routing, key in (("hard", "RNN-Tree"), ("posterior", "RNN-Tree (routing posterior)")):
             pred = model.predict(xt, guide, x, y, routing=routing)
             test_ll[key].append(float(pred.log_prob(yt).mean()) - log_std)
         rules_text.append(model.noise_rules(guide).export_text(["x"]))

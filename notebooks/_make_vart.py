@@ -142,7 +142,7 @@ md(r"""
 
 `VaRTRegressor` wraps all of this (standardisation, ClippedAdam through `pyro_trees.fit`,
 annealing, batched deterministic prediction, pickling): `predict`, `predict_interval`,
-`sample_predictive`, `feature_importances_` and `export_text()` of the most probable tree.
+`sample`, `feature_importances_` and `export_text()` of the most probable tree.
 """)
 code(r"""
 est = VaRTRegressor(depth=3, num_steps=STEPS, random_state=0).fit(x_train.numpy(), y_train.numpy())

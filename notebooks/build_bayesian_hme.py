@@ -77,7 +77,7 @@ lo, hi = est.predict_interval(grid, level=0.9)
 axes[1].plot(t_in[:, 0], x_out, ".", color="0.6", ms=3, label="data")
 axes[1].fill_between(grid[:, 0], lo, hi, alpha=0.2, label="90% predictive interval")
 axes[1].plot(grid[:, 0], est.predict(grid), ".", ms=2, label="most probable expert")
-axes[1].plot(grid[:, 0], est.predict(grid, mode="mixture"), "-", label="mixture mean")
+axes[1].plot(grid[:, 0], est.predict(grid, routing="posterior"), "-", label="mixture mean")
 axes[1].legend(); plt.show()"""
     ),
     new_markdown_cell(

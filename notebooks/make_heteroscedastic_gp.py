@@ -72,12 +72,12 @@ losses = [svi.step(x, y) for _ in range(STEPS)]
 plt.plot(losses); plt.xlabel("step"); plt.ylabel("-bound");"""),
     md("""## 3. Prediction: the most likely tree, or the full routing posterior
 
-`routing="tree"` gives each new input its leaf in the single most likely tree (the paper's
+`routing="hard"` gives each new input its leaf in the single most likely tree (the paper's
 App. E). `routing="posterior"` keeps the routing uncertainty: the predictive density is a
 mixture over leaves."""),
     code("""grid = np.linspace(-2, 1, 301)
 xg = torch.tensor(grid[:, None])
-tree = model.predict(xg, guide, x, y, routing="tree")
+tree = model.predict(xg, guide, x, y, routing="hard")
 post = model.predict(xg, guide, x, y, routing="posterior")
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
 mean, sd = tree.mean * y_std + y_mean, tree.variance.sqrt() * y_std

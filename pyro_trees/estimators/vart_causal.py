@@ -135,6 +135,7 @@ class VaRTCausal(BaseEstimator):
         :returns: dict with ``mean``, ``std``, ``lower``, ``upper`` and ``draws``.
         """
         level = check_level(level)
+        check_is_fitted(self, "regressor_")
         draws = self.sample_cate(self.X_train_ if X is None else X).mean(1)
         lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
         return {

@@ -2,46 +2,51 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_trees.estimators._base import TreeEstimatorMixin
+from pyro_trees.estimators._base import Standardizer
+from pyro_trees.validation import resolve_device, resolve_dtype
 
 
-class _Constant(TreeEstimatorMixin):
-    """Predicts a fixed array: ``score``'s checks without any training."""
-
-    def __init__(self, pred=None, kind: str = "regressor"):
-        self.pred = pred
-        self.kind = kind
-        self._estimator_type = kind
-
-    def predict(self, X):
-        return np.asarray(self.pred)[: len(X)]
-
-
-def test_score_values():
-    reg = _Constant(np.array([1.0, 2.0, 3.0, 4.0]))
-    X = np.zeros((4, 1))
-    assert reg.score(X, [1.0, 2.0, 3.0, 4.0]) == 1.0
-    assert reg.score(X, np.array([[1.0], [2.0], [3.0], [5.0]])) == pytest.approx(1 - 1 / 8.75)
-    assert reg.score(X, torch.tensor([1.0, 2.0, 3.0, 4.0])) == 1.0
-    multi = _Constant(np.arange(8.0).reshape(4, 2))
-    assert multi.score(X, np.arange(8.0).reshape(4, 2)) == 1.0
-    clf = _Constant(np.array(["a", "b", "b", "a"]), kind="classifier")
-    assert clf.score(X, ["a", "b", "a", "a"]) == 0.75
+def test_standardizer_round_trip_and_unit_spread():
+    rng = np.random.default_rng(0)
+    values = rng.normal(5.0, 3.0, size=(50, 3)) + 1e12 * np.array([0, 1, 0])
+    sc = Standardizer(values)
+    z = sc.transform(values)
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-9)
+    np.testing.assert_allclose(z.std(0, ddof=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(sc.inverse(z), values, rtol=1e-12)
+    back = sc.inverse(torch.as_tensor(z))
+    np.testing.assert_allclose(back.numpy(), values, rtol=1e-12)
+    np.testing.assert_allclose(sc.inverse_scale(np.ones(3)), sc.scale)
 
 
-@pytest.mark.parametrize("kind", ["regressor", "classifier"])
-def test_score_rejects_bad_targets_by_name(kind):
-    est = _Constant(np.array([0.0, 1.0, 1.0, 0.0]), kind=kind)
-    X = np.zeros((4, 1))
-    with pytest.raises(ValueError, match="mismatched lengths: X has 4 rows, y has 3"):
-        est.score(X, [0.0, 1.0, 1.0])
-    with pytest.raises(ValueError, match="1 NaN and 0 infinite"):
-        est.score(X, [0.0, np.nan, 1.0, 0.0])
-    with pytest.raises(ValueError, match="0 NaN and 1 infinite"):
-        est.score(X, [0.0, np.inf, 1.0, 0.0])
-    with pytest.raises(ValueError, match=r"shape \(n_samples,\)"):
-        est.score(X, np.zeros((4, 2)))
-    with pytest.raises(ValueError, match="1-D"):
-        est.score(X, np.zeros((4, 1, 1)))
-    with pytest.raises(ValueError, match="1-D"):
-        est.score(X, 0.0)
+def test_standardizer_constant_column_keeps_scale_one():
+    values = np.column_stack([np.full(10, 7.0), np.arange(10.0)])
+    sc = Standardizer(values)
+    assert sc.scale[0] == 1.0
+    assert np.all(sc.transform(values)[:, 0] == 0.0)
+    single = Standardizer(np.array([[2.0, 3.0]]))
+    assert np.array_equal(single.scale, [1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [("float32", torch.float32), ("float64", torch.float64), (torch.float64, torch.float64)],
+)
+def test_resolve_dtype(value, want):
+    assert resolve_dtype(value) == want
+
+
+@pytest.mark.parametrize("value", ["float16", torch.int64, 32, None])
+def test_resolve_dtype_rejects_by_name(value):
+    with pytest.raises(ValueError, match="dtype must be"):
+        resolve_dtype(value)
+
+
+def test_resolve_device():
+    assert resolve_device(None) == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device"):
+        resolve_device("not-a-device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")

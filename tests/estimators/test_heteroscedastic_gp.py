@@ -107,7 +107,7 @@ def test_early_stopping_keeps_the_best_held_out_state():
     # the kept state scores best_val on the held-out points (same draw of 20)
     held_out = np.random.default_rng(0).permutation(80)[:20]
     ll = est.log_likelihood(X[held_out], y[held_out])
-    assert ll == pytest.approx(-result.best_val - np.log(est.y_scale_), rel=1e-9, abs=1e-9)
+    assert ll == pytest.approx(-result.best_val - np.log(float(est.y_scaler_.scale)), rel=1e-9, abs=1e-9)
     with pytest.raises(ValueError, match="validation_fraction"):
         HeteroscedasticGPRegressor(validation_fraction=1.0).fit(X, y)
     with pytest.raises(ValueError, match="patience needs"):

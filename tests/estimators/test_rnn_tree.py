@@ -47,7 +47,7 @@ def test_export_text_uses_input_units(pulse_fit):
     assert text.count("value:") == 8 and "x <=" in text
     thresholds = sorted(float(t) for t in est.rules_.threshold)
     # standardised thresholds map back near the pulse's integer boundaries
-    raw = np.array(thresholds) * est.x_scale_[0] + est.x_mean_[0]
+    raw = np.array(thresholds) * est.x_scaler_.scale[0] + est.x_scaler_.mean[0]
     assert np.all(np.abs(raw - np.round(raw)) < 0.15)
 
 
