@@ -4,10 +4,13 @@ RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with :class:`~pyro_tree
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from pyro_trees import trees
+from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TreeEstimatorMixin
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.rnn_tree import RNNTreeGuide
@@ -20,6 +23,54 @@ from pyro_trees.validation import check_X, check_X_y
 __all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
 
 _ROUTINGS = ("hard", "posterior")
+#: Fewest held-out rows worth a validation split.
+_MIN_VALIDATION = 5
+_CLOSED_FORM = True
+_START_MARGIN = 0.05
+_AUTO_STEPS = 300
+_AUTO_PATIENCE = 5
+
+
+class _ClosedFormTreeELBO(torch.nn.Module):
+    r"""The negative :class:`~pyro_trees.infer.TreeELBO` of an :class:`HME` with the
+    :class:`RNNTreeGuide`, summed over the leaves in closed form:
+
+    .. math:: -\sum_n \sum_\ell q_{n\ell} \log p(y_n \mid \ell)
+        + w_H \sum_n \mathrm{KL}(q_n \,\|\, \mathrm{Unif})
+        - w_B\, \mathbb{E}_q[\log c(M)].
+
+    The same value and gradients as Pyro's enumerated ELBO (the routing site is the
+    only latent variable and its guide is exact), without the tracing, which costs
+    more than the arithmetic on small data. Called as ``loss(x, y, subsample_size)``;
+    :func:`~pyro_trees.infer.fit` takes ``lambda model, guide: _ClosedFormTreeELBO(...)``
+    as its ``loss``.
+    """
+
+    def __init__(self, model, guide, *, balance_weight: float, entropy_weight: float):
+        super().__init__()
+        self.model, self.guide = model, guide
+        self.balance_weight = float(balance_weight)
+        self.entropy_weight = float(entropy_weight)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, subsample_size: int | None = None):
+        n = x.shape[0]
+        scale = 1.0
+        if subsample_size is not None and subsample_size < n:
+            idx = torch.randperm(n, device=x.device)[:subsample_size]
+            x, y, scale = x[idx], y[idx], n / subsample_size
+        log_q = self.guide.tree(x)  # (B, 2**D), normalised
+        depth = self.model.depth
+        leaves = torch.arange(2**depth, device=x.device).unsqueeze(-1)  # (2**D, 1)
+        loglik = self.model.expert(x, leaves).log_prob(y)  # (2**D, B)
+        q = log_q.exp()
+        elbo = (q * loglik.T).sum()
+        if self.entropy_weight:
+            kl = (q * log_q).sum(-1) + depth * math.log(2.0)
+            elbo = elbo - self.entropy_weight * kl.sum()
+        elbo = scale * elbo
+        if self.balance_weight:
+            elbo = elbo + self.balance_weight * expected_log_coupling(log_q, depth, scale=scale)
+        return -elbo
 
 
 class _RNNTreeBase(TreeEstimatorMixin):
@@ -32,19 +83,19 @@ class _RNNTreeBase(TreeEstimatorMixin):
         hidden_size: int = 32,
         feedback: str = "hard",
         experts: str = "constant",
-        init: str = "balanced",
-        num_steps: int = 600,
-        lr: float = 0.03,
+        init: str = "greedy",
+        num_steps: int | None = None,
+        lr: float = 0.01,
         lr_decay: float = 0.1,
         optim: str = "adam",
         batch_size: int | None = None,
-        validation_fraction: float = 0.0,
+        validation_fraction: float = 0.2,
         patience: int | None = None,
         eval_every: int = 20,
         routing: str = "hard",
         num_noise_samples: int = 32,
         balance_weight: float = 1.0,
-        entropy_weight: float = 1.0,
+        entropy_weight: float = -1.0,
         refit_leaves: bool | str = "auto",
         random_state: int | None = None,
         device=None,
@@ -151,54 +202,110 @@ class _RNNTreeBase(TreeEstimatorMixin):
         Xs = self._standardize(X)
 
         X_val = y_val = None
-        split = self._held_out_split(n)
+        Xs_all, y_all = Xs, y
+        split = self._held_out_split(n) if self._use_validation(n) else None
         if split is not None:
             val, train = (torch.as_tensor(i, device=X.device) for i in split)
             X_val, y_val = Xs[val], y[val]
             Xs, y = Xs[train], y[train]
 
+        self.is_fitted_ = True  # for the validation metric
+        self._train(Xs, y, X_val, y_val, depth)
+        if X_val is not None and self.fit_result_.best_step == 0 and self.init == "greedy":
+            # Training never beat the greedy start on the held-out points: the start
+            # is what the data chose, so grow it on all of them.
+            self._init_tree(Xs_all, y_all)
+        elif self.hard_leaf_loc_ is not None or (
+            X_val is not None and self.refit_leaves is True
+        ):
+            self._refit_hard_leaves(Xs_all, y_all)
+        self._check_collapse(Xs_all, y_all)
+        return self
+
+    def _use_validation(self, n: int) -> bool:
+        """Hold out ``validation_fraction`` of the rows only if that leaves at least
+        ``_MIN_VALIDATION`` of them (fewer make the choice of a step noise)."""
+        return self.validation_fraction > 0 and self.validation_fraction * n >= _MIN_VALIDATION
+
+    def _num_steps(self, validated: bool) -> int:
+        """``num_steps``, or by default ``_AUTO_STEPS`` (early stopping ends most runs
+        sooner), none where too few rows were left to hold some out."""
+        if self.num_steps is not None:
+            return int(self.num_steps)
+        return _AUTO_STEPS if validated or self.validation_fraction == 0 else 0
+
+    def _new_modules(self, depth: int, like: torch.Tensor) -> None:
+        n_features = self.n_features_in_
         model = HME(n_features, depth, experts=self.experts, **self._model_kwargs())
         guide = RNNTreeGuide(
             n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback
         )
-        model.to(device=X.device, dtype=X.dtype)
-        guide.to(device=X.device, dtype=X.dtype)
-        with isolated_params():
-            if self.init in ("balanced", "greedy"):
-                guide.tree.init_balanced(Xs, y, cuts=self.init)
-                # One M-step on the initial tree's hard routing: soft routing would
-                # smear every expert towards the global mean.
-                leaf = guide.tree.hard_leaf(Xs)
-                model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
+        model.to(device=like.device, dtype=like.dtype)
+        guide.to(device=like.device, dtype=like.dtype)
         self.model_, self.guide_ = model, guide
-        self.is_fitted_ = True  # for the validation metric
         self._rules = None
         self.hard_leaf_loc_ = None
 
+    @torch.no_grad()
+    def _init_tree(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
+        """The data-driven start (``init``): the tree's splits, then one M-step of the
+        experts on its hard routing (soft routing would smear every expert towards
+        the global mean)."""
+        self._rules = None
+        self.hard_leaf_loc_ = None
+        if self.init == "random":
+            return
+        model, guide = self.model_, self.guide_
+        depth = model.depth
+        with isolated_params():
+            guide.tree.init_balanced(Xs, y, cuts=self.init)
+            leaf = guide.tree.hard_leaf(Xs)
+            model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
+        self._rules = None
+
+    def _train(self, Xs, y, X_val, y_val, depth: int) -> None:
+        """Initialise and train ``model_`` and ``guide_`` on ``(Xs, y)``; with a
+        held-out split, keep the state (the start included) of lowest held-out error
+        and, with ``refit_leaves="auto"``, the leaf refit only where it lowers it."""
+        self._new_modules(depth, Xs)
+        self._init_tree(Xs, y)
+        model, guide = self.model_, self.guide_
+
         val_metric = None
         if X_val is not None:
+
+            first = [True]
 
             def val_metric():
                 self._rules = None
                 self.hard_leaf_loc_ = None
                 if self.refit_leaves is True:
                     self._refit_hard_leaves(Xs, y)
-                return self._error(X_val, y_val)
+                err = self._error(X_val, y_val)
+                if first[0] and self.init != "random":
+                    # the data-driven start is kept unless training beats it clearly
+                    first[0] = False
+                    err = err - self._start_margin(err, y_val.shape[0])
+                return err
 
-        gamma = float(self.lr_decay) ** (1.0 / max(1, self.num_steps))
+        num_steps = self._num_steps(X_val is not None)
+        patience = None
+        if X_val is not None:
+            patience = _AUTO_PATIENCE if self.patience is None else self.patience
+        gamma = float(self.lr_decay) ** (1.0 / max(1, num_steps))
         self.fit_result_ = _fit(
             model,
             guide,
             Xs,
             y,
-            loss=TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight),
-            num_steps=self.num_steps,
+            loss=self._loss(),
+            num_steps=num_steps,
             optim=self.optim,
             lr=self.lr,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
             val_metric=val_metric,
             eval_every=self.eval_every,
-            patience=self.patience,
+            patience=patience,
             progress=self.progress,
             desc=type(self).__name__,
             subsample_size=self.batch_size,
@@ -216,7 +323,18 @@ class _RNNTreeBase(TreeEstimatorMixin):
             if self.hard_leaf_loc_ is not None and not self._error(X_val, y_val) < trained:
                 self.hard_leaf_loc_ = None
                 self._rules = None
-        return self
+
+    def _start_margin(self, err: float, n_val: int) -> float:
+        return _START_MARGIN * err
+
+    def _loss(self):
+        weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
+        if _CLOSED_FORM:
+            return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
+        return TreeELBO(**weights)
+
+    def _check_collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
+        pass
 
     @torch.no_grad()
     def _refit_hard_leaves(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
