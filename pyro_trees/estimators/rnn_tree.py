@@ -5,6 +5,7 @@ RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with :class:`~pyro_tree
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -83,15 +84,15 @@ class _RNNTreeBase(TreeEstimatorMixin):
         hidden_size: int = 32,
         feedback: str = "hard",
         experts: str = "constant",
-        init: str = "greedy",
+        init: str = "auto",
         num_steps: int | None = None,
-        lr: float = 0.01,
+        lr: float = 0.03,
         lr_decay: float = 0.1,
         optim: str = "adam",
         batch_size: int | None = None,
         validation_fraction: float = 0.2,
         patience: int | None = None,
-        eval_every: int = 20,
+        eval_every: int = 10,
         routing: str = "hard",
         num_noise_samples: int = 32,
         balance_weight: float = 1.0,
@@ -137,8 +138,10 @@ class _RNNTreeBase(TreeEstimatorMixin):
 
     # -- validation --------------------------------------------------------------------
     def _check_options(self) -> None:
-        if self.init not in ("balanced", "greedy", "random"):
-            raise ValueError(f"init must be 'balanced', 'greedy' or 'random', got {self.init!r}")
+        if self.init not in ("auto", "balanced", "greedy", "random"):
+            raise ValueError(
+                f"init must be 'auto', 'balanced', 'greedy' or 'random', got {self.init!r}"
+            )
         if self.refit_leaves not in (True, False, "auto"):
             raise ValueError(
                 f"refit_leaves must be True, False or 'auto', got {self.refit_leaves!r}"
@@ -210,11 +213,29 @@ class _RNNTreeBase(TreeEstimatorMixin):
             Xs, y = Xs[train], y[train]
 
         self.is_fitted_ = True  # for the validation metric
-        self._train(Xs, y, X_val, y_val, depth)
-        if X_val is not None and self.fit_result_.best_step == 0 and self.init == "greedy":
+        starts = ("greedy", "balanced") if self.init == "auto" else (self.init,)
+        if X_val is None:
+            starts = starts[:1]
+        best = None
+        for init in starts:
+            self._train(Xs, y, X_val, y_val, depth, init)
+            if X_val is None:
+                break
+            err = self._error(X_val, y_val)
+            if best is not None:
+                # a later start replaces an earlier one only if clearly better
+                err = err + self._start_margin(best[0], y_val.shape[0])
+            if best is None or err < best[0]:
+                state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
+                best = (err, init, state)
+        if best is not None:
+            _, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_) = best
+            self._rules = None
+        self.start_ = init
+        if X_val is not None and self.fit_result_.best_step == 0 and init == "greedy":
             # Training never beat the greedy start on the held-out points: the start
             # is what the data chose, so grow it on all of them.
-            self._init_tree(Xs_all, y_all)
+            self._init_tree(Xs_all, y_all, init)
         elif self.hard_leaf_loc_ is not None or (
             X_val is not None and self.refit_leaves is True
         ):
@@ -247,28 +268,28 @@ class _RNNTreeBase(TreeEstimatorMixin):
         self.hard_leaf_loc_ = None
 
     @torch.no_grad()
-    def _init_tree(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
-        """The data-driven start (``init``): the tree's splits, then one M-step of the
-        experts on its hard routing (soft routing would smear every expert towards
-        the global mean)."""
+    def _init_tree(self, Xs: torch.Tensor, y: torch.Tensor, init: str) -> None:
+        """The data-driven start ``init`` (``"greedy"`` or ``"balanced"``): the tree's
+        splits, then one M-step of the experts on its hard routing (soft routing would
+        smear every expert towards the global mean)."""
         self._rules = None
         self.hard_leaf_loc_ = None
-        if self.init == "random":
+        if init == "random":
             return
         model, guide = self.model_, self.guide_
         depth = model.depth
         with isolated_params():
-            guide.tree.init_balanced(Xs, y, cuts=self.init)
+            guide.tree.init_balanced(Xs, y, cuts=init)
             leaf = guide.tree.hard_leaf(Xs)
             model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
         self._rules = None
 
-    def _train(self, Xs, y, X_val, y_val, depth: int) -> None:
+    def _train(self, Xs, y, X_val, y_val, depth: int, init: str) -> None:
         """Initialise and train ``model_`` and ``guide_`` on ``(Xs, y)``; with a
         held-out split, keep the state (the start included) of lowest held-out error
         and, with ``refit_leaves="auto"``, the leaf refit only where it lowers it."""
         self._new_modules(depth, Xs)
-        self._init_tree(Xs, y)
+        self._init_tree(Xs, y, init)
         model, guide = self.model_, self.guide_
 
         val_metric = None
@@ -282,7 +303,7 @@ class _RNNTreeBase(TreeEstimatorMixin):
                 if self.refit_leaves is True:
                     self._refit_hard_leaves(Xs, y)
                 err = self._error(X_val, y_val)
-                if first[0] and self.init != "random":
+                if first[0] and init != "random":
                     # the data-driven start is kept unless training beats it clearly
                     first[0] = False
                     err = err - self._start_margin(err, y_val.shape[0])
@@ -333,8 +354,38 @@ class _RNNTreeBase(TreeEstimatorMixin):
             return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
         return TreeELBO(**weights)
 
+    @torch.no_grad()
+    def _collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> str | None:
+        """Why the fitted hard tree is degenerate on the training rows, or ``None``:
+        non-finite predictions, every row in one leaf, or one prediction for all rows
+        whose targets differ."""
+        out = self._predict_hard(Xs)
+        if not torch.isfinite(out).all():
+            return "it predicts NaN or infinite values"
+        if torch.unique(self.rules_.route(Xs)).numel() == 1:
+            return "every training row falls in the same leaf"
+        if self._targets_vary(y) and torch.unique(out, dim=0).shape[0] == 1:
+            return f"it predicts {self._constant_name()} for every training row"
+        return None
+
     def _check_collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
-        pass
+        """Detect a degenerate fit; cure it with the greedy start grown on all rows,
+        and warn if that is degenerate too."""
+        self.collapse_ = reason = self._collapse(Xs, y)
+        if reason is None:
+            return
+        self._init_tree(Xs, y, "greedy")
+        self.start_ = "greedy"
+        reason = self._collapse(Xs, y)
+        if reason is not None:
+            warnings.warn(
+                f"{type(self).__name__}: the fitted tree is degenerate: {reason}, even "
+                "when grown greedily as CART would. The inputs may hold no split that "
+                "separates the targets (constant or duplicated features, too few rows "
+                "for the depth); check X, or try a smaller depth.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     @torch.no_grad()
     def _refit_hard_leaves(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
@@ -498,6 +549,16 @@ class RNNTreeRegressor(_RNNTreeBase):
         pred = self._predict_std(X, "hard")
         return float(((pred - y.reshape(pred.shape)) ** 2).mean().sqrt())
 
+    def _predict_hard(self, Xs: torch.Tensor) -> torch.Tensor:
+        return self._predict_std(Xs, "hard")
+
+    @staticmethod
+    def _targets_vary(y: torch.Tensor) -> bool:
+        return bool((y != y[:1]).any())
+
+    def _constant_name(self) -> str:
+        return "the same value"
+
 
 class RNNTreeClassifier(_RNNTreeBase):
     """Classification with an HME of categorical experts, the tree-balance prior and the
@@ -559,3 +620,16 @@ class RNNTreeClassifier(_RNNTreeBase):
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
         pred = self._proba(X, "hard").argmax(-1)
         return float((pred != y).to(torch.float64).mean())
+
+    def _predict_hard(self, Xs: torch.Tensor) -> torch.Tensor:
+        proba = self._proba(Xs, "hard")
+        if not torch.isfinite(proba).all():
+            return proba
+        return proba.argmax(-1)
+
+    @staticmethod
+    def _targets_vary(y: torch.Tensor) -> bool:
+        return True  # fit() requires two classes
+
+    def _constant_name(self) -> str:
+        return "a single class"
