@@ -17,7 +17,6 @@ from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.rnn_tree import RNNTreeGuide
 from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.fit import isolated_params
-from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.hme import HME
 from pyro_trees.validation import check_X, check_X_y
 
@@ -26,7 +25,6 @@ __all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
 _ROUTINGS = ("hard", "posterior")
 #: Fewest held-out rows worth a validation split.
 _MIN_VALIDATION = 5
-_CLOSED_FORM = True
 _START_MARGIN = 0.05
 _AUTO_STEPS = 300
 _AUTO_PATIENCE = 5
@@ -222,23 +220,21 @@ class _RNNTreeBase(TreeEstimatorMixin):
             if X_val is None:
                 break
             err = self._error(X_val, y_val)
-            if best is not None:
-                # a later start replaces an earlier one only if clearly better
-                err = err + self._start_margin(best[0], y_val.shape[0])
-            if best is None or err < best[0]:
+            # a later start replaces an earlier one only if clearly better
+            if best is None or err + self._start_margin(best[0], y_val.shape[0]) < best[0]:
                 state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
                 best = (err, init, state)
+        self.validation_error_ = None
         if best is not None:
-            _, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_) = best
+            err, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_) = best
+            self.validation_error_ = err
             self._rules = None
         self.start_ = init
         if X_val is not None and self.fit_result_.best_step == 0 and init == "greedy":
             # Training never beat the greedy start on the held-out points: the start
             # is what the data chose, so grow it on all of them.
             self._init_tree(Xs_all, y_all, init)
-        elif self.hard_leaf_loc_ is not None or (
-            X_val is not None and self.refit_leaves is True
-        ):
+        elif self.hard_leaf_loc_ is not None or (X_val is not None and self.refit_leaves is True):
             self._refit_hard_leaves(Xs_all, y_all)
         self._check_collapse(Xs_all, y_all)
         return self
@@ -294,7 +290,6 @@ class _RNNTreeBase(TreeEstimatorMixin):
 
         val_metric = None
         if X_val is not None:
-
             first = [True]
 
             def val_metric():
@@ -350,15 +345,13 @@ class _RNNTreeBase(TreeEstimatorMixin):
 
     def _loss(self):
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
-        if _CLOSED_FORM:
-            return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
-        return TreeELBO(**weights)
+        return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
 
     @torch.no_grad()
     def _collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> str | None:
         """Why the fitted hard tree is degenerate on the training rows, or ``None``:
-        non-finite predictions, every row in one leaf, or one prediction for all rows
-        whose targets differ."""
+        non-finite predictions, every row in one leaf, one prediction for all rows
+        whose targets differ, or a training error no lower than a constant's."""
         out = self._predict_hard(Xs)
         if not torch.isfinite(out).all():
             return "it predicts NaN or infinite values"
@@ -366,6 +359,8 @@ class _RNNTreeBase(TreeEstimatorMixin):
             return "every training row falls in the same leaf"
         if self._targets_vary(y) and torch.unique(out, dim=0).shape[0] == 1:
             return f"it predicts {self._constant_name()} for every training row"
+        if self._targets_vary(y) and self._error(Xs, y) >= self._constant_error(y) * (1 - 1e-6):
+            return "its training error is no lower than a constant prediction's"
         return None
 
     def _check_collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
@@ -480,15 +475,31 @@ class RNNTreeRegressor(_RNNTreeBase):
     :param str feedback: ``"hard"`` (per-node GRU states; default) or ``"soft"`` (the
         paper's single roll-out with quantisation noise, eq. 14).
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
-    :param str init: ``"balanced"`` (:meth:`~pyro_trees.guides.RNNTree.init_balanced`: median cuts,
-        split dimensions chosen with the targets), ``"greedy"`` (the start CART would grow:
-        impurity-reducing cuts), each followed by one M-step for the experts, or ``"random"``.
+    :param str init: the start of training. ``"auto"`` (default): two starts, ``"greedy"``
+        then ``"balanced"``, each trained, the held-out error picking one (a later start
+        must beat an earlier one by 5 %); without a validation split, the greedy start.
+        ``"greedy"``: the tree CART would grow (impurity-reducing cuts); ``"balanced"``
+        (:meth:`~pyro_trees.guides.RNNTree.init_balanced`): median cuts, split dimensions
+        chosen with the targets; each followed by one M-step for the experts.
+        ``"random"``: no data-driven start.
     :param noise_scale: fixed observation noise, or ``None`` (default) to learn it.
-    :param int num_steps: gradient steps; ``lr``, ``lr_decay`` (total factor over the
-        run, exponential), ``optim`` (``"adam"``, ``"radam"``, ``"clipped_adam"``...).
+    :param num_steps: most gradient steps per start; ``None`` (default): 300, or none
+        when the rows are too few to hold out the validation split (fewer than 5 held
+        out). ``lr``, ``lr_decay`` (total factor over the run, exponential), ``optim``
+        (``"adam"``, ``"radam"``, ``"clipped_adam"``...).
     :param batch_size: minibatch size (``None``: full batch).
-    :param float validation_fraction: held out for early stopping on the hard tree's
-        error, with ``patience`` evaluations every ``eval_every`` steps.
+    :param float validation_fraction: share of the rows held out (default 0.2; used
+        only if that holds out at least 5) to choose the start, the step (every
+        ``eval_every`` steps, the start included) and the leaf refit by the hard tree's
+        error. A data-driven start is kept unless training lowers that error by 5 %;
+        a greedy start kept is then grown again on all the rows. ``0``: no held-out
+        rows; the last step is kept.
+    :param patience: stop after this many evaluations without improvement; ``None``
+        (default): 5 with a validation split.
+    :param float entropy_weight: weight of the per-point routing KL in the objective
+        (:class:`~pyro_trees.infer.TreeELBO`); ``-1`` (default) is eq. 22 of Antorán et
+        al., which rewards confident routing; ``1`` is the ELBO, under which vague
+        routing (a tree that predicts one value) can win.
     :param str routing: ``"hard"`` (the single most likely tree, as the paper) or
         ``"posterior"`` (average over the routing posterior) for predictions.
     :param refit_leaves: give the hard tree's leaves the values its own partition of
@@ -497,12 +508,18 @@ class RNNTreeRegressor(_RNNTreeBase):
         experts, fitted under soft routing, are pulled towards their neighbours near
         every cut). ``True``: always, early-stopping checks included; ``False``: never
         (the paper); ``"auto"`` (default): after training, only where it lowers the
-        error on the validation split (never without one). Posterior routing always
-        uses the trained experts.
+        error on the validation split (never without one). A refit kept is redone on
+        all the rows. Posterior routing always uses the trained experts.
     :param random_state: seed; fits and predictions are then reproducible.
     :param device: where to fit (``"cuda"``...); default: the CPU.
     :param str dtype: ``"float32"`` (default) or ``"float64"`` computation.
     :param bool progress: show a progress bar with the loss.
+
+    After fitting, ``start_`` names the start kept, ``validation_error_`` is its
+    held-out error (``None`` without a validation split) and ``collapse_`` says why
+    the trained tree was degenerate on the training rows (every row in one leaf, a
+    constant or non-finite prediction) and replaced by the greedy start, or is
+    ``None``; a greedy start that is degenerate too raises a ``UserWarning``.
     """
 
     _estimator_type = "regressor"
@@ -558,6 +575,12 @@ class RNNTreeRegressor(_RNNTreeBase):
 
     def _constant_name(self) -> str:
         return "the same value"
+
+    @staticmethod
+    def _constant_error(y: torch.Tensor) -> float:
+        """RMSE of the training mean."""
+        y2 = y.reshape(y.shape[0], -1)
+        return float(((y2 - y2.mean(0)) ** 2).mean().sqrt())
 
 
 class RNNTreeClassifier(_RNNTreeBase):
@@ -633,3 +656,8 @@ class RNNTreeClassifier(_RNNTreeBase):
 
     def _constant_name(self) -> str:
         return "a single class"
+
+    def _constant_error(self, y: torch.Tensor) -> float:
+        """Error of the majority class."""
+        counts = torch.bincount(y.long(), minlength=self.n_classes_)
+        return 1.0 - float(counts.max()) / y.shape[0]
