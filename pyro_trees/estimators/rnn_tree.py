@@ -4,23 +4,73 @@ RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with :class:`~pyro_tree
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import torch
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
+from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.rnn_tree import RNNTreeGuide
 from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.fit import isolated_params
-from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.hme import HME
 
 __all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
 
 _ROUTINGS = ("hard", "posterior")
+#: Fewest held-out rows worth a validation split.
+_MIN_VALIDATION = 5
+_START_MARGIN = 0.05
+_AUTO_STEPS = 300
+_AUTO_PATIENCE = 5
+
+
+class _ClosedFormTreeELBO(torch.nn.Module):
+    r"""The negative :class:`~pyro_trees.infer.TreeELBO` of an :class:`HME` with the
+    :class:`RNNTreeGuide`, summed over the leaves in closed form:
+
+    .. math:: -\sum_n \sum_\ell q_{n\ell} \log p(y_n \mid \ell)
+        + w_H \sum_n \mathrm{KL}(q_n \,\|\, \mathrm{Unif})
+        - w_B\, \mathbb{E}_q[\log c(M)].
+
+    The same value and gradients as Pyro's enumerated ELBO (the routing site is the
+    only latent variable and its guide is exact), without the tracing, which costs
+    more than the arithmetic on small data. Called as ``loss(x, y, subsample_size)``;
+    :func:`~pyro_trees.infer.fit` takes ``lambda model, guide: _ClosedFormTreeELBO(...)``
+    as its ``loss``.
+    """
+
+    def __init__(self, model, guide, *, balance_weight: float, entropy_weight: float):
+        super().__init__()
+        self.model, self.guide = model, guide
+        self.balance_weight = float(balance_weight)
+        self.entropy_weight = float(entropy_weight)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, subsample_size: int | None = None):
+        n = x.shape[0]
+        scale = 1.0
+        if subsample_size is not None and subsample_size < n:
+            idx = torch.randperm(n, device=x.device)[:subsample_size]
+            x, y, scale = x[idx], y[idx], n / subsample_size
+        log_q = self.guide.tree(x)  # (B, 2**D), normalised
+        depth = self.model.depth
+        leaves = torch.arange(2**depth, device=x.device).unsqueeze(-1)  # (2**D, 1)
+        loglik = self.model.expert(x, leaves).log_prob(y)  # (2**D, B)
+        q = log_q.exp()
+        elbo = (q * loglik.T).sum()
+        if self.entropy_weight:
+            kl = (q * log_q).sum(-1) + depth * math.log(2.0)
+            elbo = elbo - self.entropy_weight * kl.sum()
+        elbo = scale * elbo
+        if self.balance_weight:
+            elbo = elbo + self.balance_weight * expected_log_coupling(log_q, depth, scale=scale)
+        return -elbo
 
 
 class _RNNTreeBase(TabularEstimator):
@@ -33,19 +83,19 @@ class _RNNTreeBase(TabularEstimator):
         hidden_size: int = 32,
         feedback: str = "hard",
         experts: str = "constant",
-        init: str = "balanced",
-        num_steps: int = 600,
+        init: str = "auto",
+        num_steps: int | None = None,
         lr: float = 0.03,
         lr_decay: float = 0.1,
         optim: str = "adam",
         batch_size: int | None = None,
-        validation_fraction: float = 0.0,
+        validation_fraction: float = 0.2,
         patience: int | None = None,
-        eval_every: int = 20,
+        eval_every: int = 10,
         routing: str = "hard",
         num_noise_samples: int = 32,
         balance_weight: float = 1.0,
-        entropy_weight: float = 1.0,
+        entropy_weight: float = -1.0,
         refit_leaves: bool | str = "auto",
         random_state: int | None = None,
         device=None,
@@ -84,8 +134,10 @@ class _RNNTreeBase(TabularEstimator):
 
     # -- validation --------------------------------------------------------------------
     def _check_options(self) -> None:
-        if self.init not in ("balanced", "greedy", "random"):
-            raise ValueError(f"init must be 'balanced', 'greedy' or 'random', got {self.init!r}")
+        if self.init not in ("auto", "balanced", "greedy", "random"):
+            raise ValueError(
+                f"init must be 'auto', 'balanced', 'greedy' or 'random', got {self.init!r}"
+            )
         if self.refit_leaves not in (True, False, "auto"):
             raise ValueError(
                 f"refit_leaves must be True, False or 'auto', got {self.refit_leaves!r}"
@@ -129,53 +181,125 @@ class _RNNTreeBase(TabularEstimator):
         )
 
         X_val = y_val = None
-        split = self._held_out_split(n)
+        Xs_all, y_all = Xs, y
+        split = self._held_out_split(n) if self._use_validation(n) else None
         if split is not None:
             val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
             X_val, y_val = Xs[val], y[val]
             Xs, y = Xs[train], y[train]
 
+        starts = ("greedy", "balanced") if self.init == "auto" else (self.init,)
+        if X_val is None:
+            starts = starts[:1]
+        best = None
+        for init in starts:
+            self._train(Xs, y, X_val, y_val, depth, init)
+            if X_val is None:
+                break
+            err = self._error(X_val, y_val)
+            # a later start replaces an earlier one only if clearly better
+            if best is None or err + self._start_margin(best[0], y_val.shape[0]) < best[0]:
+                state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
+                best = (err, init, state)
+        self.validation_error_ = None
+        if best is not None:
+            err, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_) = best
+            self.validation_error_ = err
+            self._rules = None
+        self.start_ = init
+        if X_val is not None and self.fit_result_.best_step == 0 and init == "greedy":
+            # Training never beat the greedy start on the held-out points: the start
+            # is what the data chose, so grow it on all of them.
+            self._init_tree(Xs_all, y_all, init)
+        elif self.hard_leaf_loc_ is not None or (X_val is not None and self.refit_leaves is True):
+            self._refit_hard_leaves(Xs_all, y_all)
+        self._check_collapse(Xs_all, y_all)
+        self._rules = None
+        _ = self.rules_  # the hard tree, made here once: predicting changes no attribute
+
+    def _use_validation(self, n: int) -> bool:
+        """Hold out ``validation_fraction`` of the rows only if that leaves at least
+        ``_MIN_VALIDATION`` of them (fewer make the choice of a step noise)."""
+        return self.validation_fraction > 0 and self.validation_fraction * n >= _MIN_VALIDATION
+
+    def _num_steps(self, validated: bool) -> int:
+        """``num_steps``, or by default ``_AUTO_STEPS`` (early stopping ends most runs
+        sooner), none where too few rows were left to hold some out."""
+        if self.num_steps is not None:
+            return int(self.num_steps)
+        return _AUTO_STEPS if validated or self.validation_fraction == 0 else 0
+
+    def _new_modules(self, depth: int, like: torch.Tensor) -> None:
+        n_features = self.n_features_in_
         model = HME(n_features, depth, experts=self.experts, **self._model_kwargs())
         guide = RNNTreeGuide(
             n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback
         )
-        model.to(device=Xs.device, dtype=Xs.dtype)
-        guide.to(device=Xs.device, dtype=Xs.dtype)
-        with isolated_params():
-            if self.init in ("balanced", "greedy"):
-                guide.tree.init_balanced(Xs, y, cuts=self.init)
-                # One M-step on the initial tree's hard routing: soft routing would
-                # smear every expert towards the global mean.
-                leaf = guide.tree.hard_leaf(Xs)
-                model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
+        model.to(device=like.device, dtype=like.dtype)
+        guide.to(device=like.device, dtype=like.dtype)
         self.model_, self.guide_ = model, guide
         self._rules = None
         self.hard_leaf_loc_ = None
 
+    @torch.no_grad()
+    def _init_tree(self, Xs: torch.Tensor, y: torch.Tensor, init: str) -> None:
+        """The data-driven start ``init`` (``"greedy"`` or ``"balanced"``): the tree's
+        splits, then one M-step of the experts on its hard routing (soft routing would
+        smear every expert towards the global mean)."""
+        self._rules = None
+        self.hard_leaf_loc_ = None
+        if init == "random":
+            return
+        model, guide = self.model_, self.guide_
+        depth = model.depth
+        with isolated_params():
+            guide.tree.init_balanced(Xs, y, cuts=init)
+            leaf = guide.tree.hard_leaf(Xs)
+            model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
+        self._rules = None
+
+    def _train(self, Xs, y, X_val, y_val, depth: int, init: str) -> None:
+        """Initialise and train ``model_`` and ``guide_`` on ``(Xs, y)``; with a
+        held-out split, keep the state (the start included) of lowest held-out error
+        and, with ``refit_leaves="auto"``, the leaf refit only where it lowers it."""
+        self._new_modules(depth, Xs)
+        self._init_tree(Xs, y, init)
+        model, guide = self.model_, self.guide_
+
         val_metric = None
         if X_val is not None:
+            first = [True]
 
             def val_metric():
                 self._rules = None
                 self.hard_leaf_loc_ = None
                 if self.refit_leaves is True:
                     self._refit_hard_leaves(Xs, y)
-                return self._error(X_val, y_val)
+                err = self._error(X_val, y_val)
+                if first[0] and init != "random":
+                    # the data-driven start is kept unless training beats it clearly
+                    first[0] = False
+                    err = err - self._start_margin(err, y_val.shape[0])
+                return err
 
-        gamma = float(self.lr_decay) ** (1.0 / max(1, self.num_steps))
+        num_steps = self._num_steps(X_val is not None)
+        patience = None
+        if X_val is not None:
+            patience = _AUTO_PATIENCE if self.patience is None else self.patience
+        gamma = float(self.lr_decay) ** (1.0 / max(1, num_steps))
         self.fit_result_ = _fit(
             model,
             guide,
             Xs,
             y,
-            loss=TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight),
-            num_steps=self.num_steps,
+            loss=self._loss(),
+            num_steps=num_steps,
             optim=self.optim,
             lr=self.lr,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
             val_metric=val_metric,
             eval_every=self.eval_every,
-            patience=self.patience,
+            patience=patience,
             progress=self.progress,
             desc=type(self).__name__,
             subsample_size=self.batch_size,
@@ -193,8 +317,48 @@ class _RNNTreeBase(TabularEstimator):
             if self.hard_leaf_loc_ is not None and not self._error(X_val, y_val) < trained:
                 self.hard_leaf_loc_ = None
                 self._rules = None
-        self._rules = None
-        _ = self.rules_  # the hard tree, made here once: predicting changes no attribute
+
+    def _start_margin(self, err: float, n_val: int) -> float:
+        return _START_MARGIN * err
+
+    def _loss(self):
+        weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
+        return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
+
+    @torch.no_grad()
+    def _collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> str | None:
+        """Why the fitted hard tree is degenerate on the training rows, or ``None``:
+        non-finite predictions, every row in one leaf, one prediction for all rows
+        whose targets differ, or a training error no lower than a constant's."""
+        out = self._predict_hard(Xs)
+        if not torch.isfinite(out).all():
+            return "it predicts NaN or infinite values"
+        if torch.unique(self.rules_.route(Xs)).numel() == 1:
+            return "every training row falls in the same leaf"
+        if self._targets_vary(y) and torch.unique(out, dim=0).shape[0] == 1:
+            return f"it predicts {self._constant_name()} for every training row"
+        if self._targets_vary(y) and self._error(Xs, y) >= self._constant_error(y) * (1 - 1e-6):
+            return "its training error is no lower than a constant prediction's"
+        return None
+
+    def _check_collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
+        """Detect a degenerate fit; cure it with the greedy start grown on all rows,
+        and warn if that is degenerate too."""
+        self.collapse_ = reason = self._collapse(Xs, y)
+        if reason is None:
+            return
+        self._init_tree(Xs, y, "greedy")
+        self.start_ = "greedy"
+        reason = self._collapse(Xs, y)
+        if reason is not None:
+            warnings.warn(
+                f"{type(self).__name__}: the fitted tree is degenerate: {reason}, even "
+                "when grown greedily as CART would. The inputs may hold no split that "
+                "separates the targets (constant or duplicated features, too few rows "
+                "for the depth); check X, or try a smaller depth.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     @torch.no_grad()
     def _refit_hard_leaves(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
@@ -289,15 +453,31 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
     :param str feedback: ``"hard"`` (per-node GRU states; default) or ``"soft"`` (the
         paper's single roll-out with quantisation noise, eq. 14).
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
-    :param str init: ``"balanced"`` (:meth:`~pyro_trees.guides.RNNTree.init_balanced`: median cuts,
-        split dimensions chosen with the targets), ``"greedy"`` (the start CART would grow:
-        impurity-reducing cuts), each followed by one M-step for the experts, or ``"random"``.
+    :param str init: the start of training. ``"auto"`` (default): two starts, ``"greedy"``
+        then ``"balanced"``, each trained, the held-out error picking one (a later start
+        must beat an earlier one by 5 %); without a validation split, the greedy start.
+        ``"greedy"``: the tree CART would grow (impurity-reducing cuts); ``"balanced"``
+        (:meth:`~pyro_trees.guides.RNNTree.init_balanced`): median cuts, split dimensions
+        chosen with the targets; each followed by one M-step for the experts.
+        ``"random"``: no data-driven start.
     :param noise_scale: fixed observation noise, or ``None`` (default) to learn it.
-    :param int num_steps: gradient steps; ``lr``, ``lr_decay`` (total factor over the
-        run, exponential), ``optim`` (``"adam"``, ``"radam"``, ``"clipped_adam"``...).
+    :param num_steps: most gradient steps per start; ``None`` (default): 300, or none
+        when the rows are too few to hold out the validation split (fewer than 5 held
+        out). ``lr``, ``lr_decay`` (total factor over the run, exponential), ``optim``
+        (``"adam"``, ``"radam"``, ``"clipped_adam"``...).
     :param batch_size: minibatch size (``None``: full batch).
-    :param float validation_fraction: held out for early stopping on the hard tree's
-        error, with ``patience`` evaluations every ``eval_every`` steps.
+    :param float validation_fraction: share of the rows held out (default 0.2; used
+        only if that holds out at least 5) to choose the start, the step (every
+        ``eval_every`` steps, the start included) and the leaf refit by the hard tree's
+        error. A data-driven start is kept unless training lowers that error by 5 %;
+        a greedy start kept is then grown again on all the rows. ``0``: no held-out
+        rows; the last step is kept.
+    :param patience: stop after this many evaluations without improvement; ``None``
+        (default): 5 with a validation split.
+    :param float entropy_weight: weight of the per-point routing KL in the objective
+        (:class:`~pyro_trees.infer.TreeELBO`); ``-1`` (default) is eq. 22 of Antorán et
+        al., which rewards confident routing; ``1`` is the ELBO, under which vague
+        routing (a tree that predicts one value) can win.
     :param str routing: ``"hard"`` (the single most likely tree, as the paper) or
         ``"posterior"`` (average over the routing posterior) for predictions.
     :param refit_leaves: give the hard tree's leaves the values its own partition of
@@ -306,12 +486,18 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         experts, fitted under soft routing, are pulled towards their neighbours near
         every cut). ``True``: always, early-stopping checks included; ``False``: never
         (the paper); ``"auto"`` (default): after training, only where it lowers the
-        error on the validation split (never without one). Posterior routing always
-        uses the trained experts.
+        error on the validation split (never without one). A refit kept is redone on
+        all the rows. Posterior routing always uses the trained experts.
     :param random_state: seed; fits and predictions are then reproducible.
     :param device: where to fit (``"cuda"``...); default: the CPU.
     :param str dtype: ``"float32"`` (default) or ``"float64"`` computation.
     :param bool progress: show a progress bar with the loss.
+
+    After fitting, ``start_`` names the start kept, ``validation_error_`` is its
+    held-out error (``None`` without a validation split) and ``collapse_`` says why
+    the trained tree was degenerate on the training rows (every row in one leaf, a
+    constant or non-finite prediction) and replaced by the greedy start, or is
+    ``None``; a greedy start that is degenerate too raises a ``UserWarning``.
     """
 
     _multi_output = True
@@ -324,19 +510,19 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         hidden_size: int = 32,
         feedback: str = "hard",
         experts: str = "constant",
-        init: str = "balanced",
-        num_steps: int = 600,
+        init: str = "auto",
+        num_steps: int | None = None,
         lr: float = 0.03,
         lr_decay: float = 0.1,
         optim: str = "adam",
         batch_size: int | None = None,
-        validation_fraction: float = 0.0,
+        validation_fraction: float = 0.2,
         patience: int | None = None,
-        eval_every: int = 20,
+        eval_every: int = 10,
         routing: str = "hard",
         num_noise_samples: int = 32,
         balance_weight: float = 1.0,
-        entropy_weight: float = 1.0,
+        entropy_weight: float = -1.0,
         refit_leaves: bool | str = "auto",
         random_state: int | None = None,
         device=None,
@@ -399,6 +585,22 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         pred = self._predict_std(X, "hard")
         return float(((pred - y.reshape(pred.shape)) ** 2).mean().sqrt())
 
+    def _predict_hard(self, Xs: torch.Tensor) -> torch.Tensor:
+        return self._predict_std(Xs, "hard")
+
+    @staticmethod
+    def _targets_vary(y: torch.Tensor) -> bool:
+        return bool((y != y[:1]).any())
+
+    def _constant_name(self) -> str:
+        return "the same value"
+
+    @staticmethod
+    def _constant_error(y: torch.Tensor) -> float:
+        """RMSE of the training mean."""
+        y2 = y.reshape(y.shape[0], -1)
+        return float(((y2 - y2.mean(0)) ** 2).mean().sqrt())
+
 
 class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
     """Classification with an HME of categorical experts, the tree-balance prior and the
@@ -435,3 +637,21 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
         pred = self._proba(X, "hard").argmax(-1)
         return float((pred != y).to(torch.float64).mean())
+
+    def _predict_hard(self, Xs: torch.Tensor) -> torch.Tensor:
+        proba = self._proba(Xs, "hard")
+        if not torch.isfinite(proba).all():
+            return proba
+        return proba.argmax(-1)
+
+    @staticmethod
+    def _targets_vary(y: torch.Tensor) -> bool:
+        return True  # fit() requires two classes
+
+    def _constant_name(self) -> str:
+        return "a single class"
+
+    def _constant_error(self, y: torch.Tensor) -> float:
+        """Error of the majority class."""
+        counts = torch.bincount(y.long(), minlength=self.n_classes_)
+        return 1.0 - float(counts.max()) / y.shape[0]

@@ -193,7 +193,7 @@ def test_refit_leaves_gives_the_hard_tree_its_own_partition_means():
     a = RNNTreeRegressor(2, refit_leaves=True, **kw).fit(X, y)
     b = RNNTreeRegressor(2, refit_leaves=False, **kw).fit(X, y)
     assert b.hard_leaf_loc_ is None
-    # "auto" refits only with a validation split, and only if that lowers its error
+    # "auto" refits only where that lowers the error on the validation split
     c = RNNTreeRegressor(2, **kw).fit(X, y)
     assert c.hard_leaf_loc_ is None
     with pytest.raises(ValueError, match="refit_leaves must be"):
@@ -218,3 +218,64 @@ def test_refit_leaves_predicts_each_leafs_majority_class(parity_fit):
         counts = np.bincount(y[leaf == k], minlength=2)
         if counts[0] != counts[1]:
             assert (pred[leaf == k] == counts.argmax()).all()
+
+
+def test_closed_form_loss_matches_tree_elbo():
+    from pyro_trees.estimators.rnn_tree import _ClosedFormTreeELBO
+    from pyro_trees.guides import RNNTreeGuide
+    from pyro_trees.infer import TreeELBO
+    from pyro_trees.infer.fit import isolated_params
+    from pyro_trees.models import HME
+
+    torch.manual_seed(0)
+    x = torch.randn(40, 3, dtype=torch.float64)
+    for y, kw in [
+        (torch.randn(40, dtype=torch.float64), {"noise_scale": None}),
+        (torch.randint(0, 3, (40,)), {"likelihood": "categorical", "num_classes": 3}),
+    ]:
+        model = HME(3, 2, **kw).double()
+        guide = RNNTreeGuide(3, 2, feedback="hard").double()
+        params = list(model.parameters()) + list(guide.parameters())
+        for weights in (
+            {"balance_weight": 1.0, "entropy_weight": -1.0},
+            {
+                "balance_weight": 0.5,
+                "entropy_weight": 1.0,
+            },
+        ):
+            with isolated_params():
+                a = TreeELBO(**weights)(model, guide)(x, y)
+                b = _ClosedFormTreeELBO(model, guide, **weights)(x, y)
+                ga = torch.autograd.grad(a, params, allow_unused=True)
+                gb = torch.autograd.grad(b, params, allow_unused=True)
+            torch.testing.assert_close(a, b)
+            for p, q in zip(ga, gb, strict=True):
+                if p is not None:
+                    torch.testing.assert_close(p, q)
+
+
+def test_defaults_fit_real_data_and_cure_a_collapse():
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    est = RNNTreeClassifier(random_state=0).fit(X, y)
+    assert est.start_ in ("greedy", "balanced") and est.collapse_ is None
+    assert set(est.predict(X)) == {0, 1} and est.score(X, y) > 0.93
+    # the ELBO from a balanced start, unchecked by held-out rows: a degenerate tree
+    # that the greedy start replaces
+    bad = RNNTreeClassifier(
+        init="balanced", entropy_weight=1.0, validation_fraction=0, num_steps=50, random_state=0
+    ).fit(X, y)
+    assert bad.collapse_ is not None and bad.start_ == "greedy"
+    assert bad.score(X, y) > 0.93
+
+
+@pytest.mark.parametrize("cls", [RNNTreeClassifier, RNNTreeRegressor])
+def test_degenerate_inputs_warn(cls):
+    rng = np.random.default_rng(0)
+    X = np.ones((40, 3))  # no split separates anything
+    y = rng.integers(0, 2, 40) if cls is RNNTreeClassifier else rng.normal(size=40)
+    with pytest.warns(UserWarning, match="degenerate: every training row falls in the same"):
+        est = cls(random_state=0).fit(X, y)
+    assert est.collapse_ is not None
+    assert len(est.predict(X)) == 40
