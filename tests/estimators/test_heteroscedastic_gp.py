@@ -71,9 +71,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="routing"):
         HeteroscedasticGPRegressor(routing="hard").fit(X, y)
     with pytest.raises(ValueError, match="batch_size needs"):
-        HeteroscedasticGPRegressor(batch_size=4).fit(X, y)
+        HeteroscedasticGPRegressor(num_inducing=0, batch_size=4).fit(X, y)
     with pytest.raises(ValueError, match="num_inducing"):
-        HeteroscedasticGPRegressor(num_inducing=0).fit(X, y)
+        HeteroscedasticGPRegressor(num_inducing=-1).fit(X, y)
     with pytest.raises(ValueError, match="dtype"):
         HeteroscedasticGPRegressor(dtype="float16").fit(X, y)
     with pytest.raises(ValueError, match="lr"):
@@ -114,3 +114,31 @@ def test_early_stopping_keeps_the_best_held_out_state():
         HeteroscedasticGPRegressor(patience=3).fit(X, y)
     with pytest.raises(ValueError, match="eval_every"):
         HeteroscedasticGPRegressor(eval_every=0).fit(X, y)
+
+
+def test_num_inducing_auto_exact_then_sparse(monkeypatch):
+    import pyro_trees.estimators.heteroscedastic_gp as hgp
+
+    X, y = _data(60)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=5, init_steps=5, random_state=0)
+    assert est.fit(X, y).num_inducing_ == 0 and not est.model_.sparse
+    monkeypatch.setattr(hgp, "_EXACT_MAX_ROWS", 40)
+    monkeypatch.setattr(hgp, "_AUTO_INDUCING", 16)
+    est.fit(X, y)
+    assert est.num_inducing_ == 16 and est.model_.num_inducing == 16
+    mean, std = est.predict(X, return_std=True)
+    assert np.all(np.isfinite(mean)) and np.all(std > 0)
+    # the sparse collapsed fit predicts without the training data
+    assert est._X_train is None
+    assert (
+        HeteroscedasticGPRegressor(num_inducing=0, num_steps=2, init_steps=2)
+        .fit(X, y)
+        .num_inducing_
+        == 0
+    )
+
+
+def test_stops_on_a_plateau():
+    X, y = _data(60)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=2000, init_steps=10, random_state=0)
+    assert est.fit(X, y).fit_result_.num_steps < 2000
