@@ -23,6 +23,11 @@ from pyro_trees.validation import check_level, check_X, check_X_y
 
 __all__ = ["BayesianHMERegressor"]
 
+# max_experts=None: at most this many experts, and at least _POINTS_PER_PARAM points per
+# parameter of a linear expert
+_AUTO_MAX_EXPERTS = 5
+_POINTS_PER_PARAM = 5
+
 
 def _as_topology(value) -> Topology:
     if isinstance(value, Topology):
@@ -44,8 +49,10 @@ class BayesianHMERegressor(TreeEstimatorMixin):
     topology with the highest bound. The bounds also give model-averaging weights
     ``exp(bound)`` (``weights_``).
 
-    :param int max_experts: search every topology with ``min_experts..max_experts``
+    :param max_experts: search every topology with ``min_experts..max_experts``
         experts, unique up to mirror symmetry (ignored when ``topologies`` is given).
+        ``None`` (default): ``N // (5 * (L + 1))`` (at least 5 points per parameter
+        of a linear expert) clipped to ``[min_experts, 5]``.
     :param int min_experts: see ``max_experts``.
     :param topologies: a :class:`~pyro_trees.topology.Topology`, a list of them (gate
         sets or nested pairs are converted), or ``None`` for the search above.
@@ -69,8 +76,9 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         then ``n_iter // 2`` cycles at temperature 1; smallest sizes first, see
         :func:`~pyro_trees.infer.grow_selection`); a topology keeps the
         higher bound. ``0`` turns this off.
-    :param str predict_mode: ``"expert"`` (mean of the most probable expert, the paper's
-        choice for multi-modal inverse problems) or ``"mixture"`` (the predictive mean).
+    :param str predict_mode: ``"mixture"`` (default: the predictive mean, which minimises
+        the expected squared error) or ``"expert"`` (mean of the most probable expert, the
+        paper's choice for multi-modal inverse problems).
     :param bool standardize: fit on standardised inputs and targets (predictions and
         ``elbo_`` are reported on the original scale).
     :param float prior_a: Gamma shape of the precisions' priors.
@@ -95,17 +103,17 @@ class BayesianHMERegressor(TreeEstimatorMixin):
 
     def __init__(
         self,
-        max_experts: int = 5,
+        max_experts: int | None = None,
         min_experts: int = 1,
         topologies=None,
         n_restarts: int = 20,
         n_iter: int = 200,
         anneal: bool = False,
-        tol: float = 1e-6,
+        tol: float = 1e-4,
         prune_after: int | None = None,
         keep: int = 5,
         grow: int = 3,
-        predict_mode: str = "expert",
+        predict_mode: str = "mixture",
         standardize: bool = True,
         prior_a: float = 1e-3,
         prior_b: float = 1e-3,
@@ -130,9 +138,15 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         self.random_state = random_state
 
     # ------------------------------------------------------------------ fitting
-    def _candidates(self) -> list[Topology]:
+    def _max_experts(self, n: int, n_features: int) -> int:
+        if self.max_experts is not None:
+            return self.max_experts
+        auto = min(_AUTO_MAX_EXPERTS, n // (_POINTS_PER_PARAM * (n_features + 1)))
+        return max(self.min_experts, auto, 1)
+
+    def _candidates(self, n: int = 0, n_features: int = 0) -> list[Topology]:
         if self.topologies is None:
-            return enumerate_topologies(self.max_experts, self.min_experts)
+            return enumerate_topologies(self._max_experts(n, n_features), self.min_experts)
         if isinstance(self.topologies, Topology):
             return [self.topologies]
         if isinstance(self.topologies, (str, bytes)) or not hasattr(self.topologies, "__iter__"):
@@ -189,7 +203,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
         X, y = X.cpu(), y.cpu()
         self.y_ndim_ = y.dim()
         t = y.unsqueeze(-1) if y.dim() == 1 else y
-        tops = self._candidates()
+        tops = self._candidates(*X.shape)
         most = max(top.num_experts for top in tops)
         if most > X.shape[0]:
             raise ValueError(
@@ -331,7 +345,7 @@ class BayesianHMERegressor(TreeEstimatorMixin):
 
     def predict(self, X, mode: str | None = None, average: bool = False) -> np.ndarray:
         """Predictions ``(N,)`` (or ``(N, D)``): the mean of the most probable expert
-        (``mode="expert"``, the default of ``predict_mode``) or the mixture mean.
+        (``mode="expert"``) or the mixture mean (``"mixture"``); default ``predict_mode``.
 
         With ``average=True`` the predictive is the Bayesian model average over every
         searched topology with weights ``weights_`` (``exp(bound)``, normalised; see

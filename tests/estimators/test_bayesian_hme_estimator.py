@@ -38,8 +38,9 @@ def test_fit_selects_three_experts_and_reports_bounds(fitted):
 
 def test_predictions(fitted):
     est, X, y = fitted
-    pred = est.predict(X)
+    pred = est.predict(X, mode="expert")
     assert pred.shape == (200,)
+    np.testing.assert_array_equal(est.predict(X), est.predict(X, mode="mixture"))
 
     # the most probable expert follows one branch of the multi-valued inverse, so mapping
     # its prediction forward reproduces the input; the mixture mean averages branches and
@@ -167,3 +168,14 @@ def test_grow_off_reports_the_random_search():
     assert not off.grown_.any()
     np.testing.assert_allclose(on.random_bounds_, off.bounds_)
     assert (on.bounds_ >= off.bounds_).all() and on.search_cycles_ > off.search_cycles_
+
+
+def test_max_experts_auto_scales_with_the_data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 3))
+    y = X[:, 0] + 0.1 * rng.standard_normal(40)
+    est = BayesianHMERegressor(n_restarts=2, n_iter=10, random_state=0).fit(X, y)
+    # 40 // (5 * 4) = 2 experts at most
+    assert max(t.num_experts for t in est.topologies_) == 2
+    est = BayesianHMERegressor(min_experts=3, n_restarts=2, n_iter=10, random_state=0)
+    assert min(t.num_experts for t in est.fit(X, y).topologies_) == 3
