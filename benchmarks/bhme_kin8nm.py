@@ -239,6 +239,8 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
         keep=args.keep,
         grow=args.grow,
         standardize=False,
+        tol=1e-6,
+        predict_mode="expert",
         random_state=0,
     )
     ref_before = reference_seconds()
