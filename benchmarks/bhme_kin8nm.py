@@ -238,6 +238,8 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
         search_dtype=args.search_dtype,
         keep=args.keep,
         grow=args.grow,
+        tol=1e-6,
+        routing="hard",
         random_state=0,
     )
     ref_before = reference_seconds()

@@ -50,6 +50,8 @@ def main(argv=None):
         topologies=[Topology.balanced(4)],
         n_restarts=args.restarts,
         n_iter=args.iters,
+        tol=1e-6,
+        routing="hard",
         random_state=0,
     ).fit(pos, ang)
     hme_seconds = time.perf_counter() - t0

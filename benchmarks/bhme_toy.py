@@ -180,7 +180,9 @@ def main(argv=None):
     ax.set_xlabel("number of experts")
     ax.set_ylabel("best lower bound")
     ax.set_title("Ockham hill (each point: one topology)")
-    est = BayesianHMERegressor(topologies=[best_top], n_restarts=20, random_state=0)
+    est = BayesianHMERegressor(
+        topologies=[best_top], n_restarts=20, tol=1e-6, routing="hard", random_state=0
+    )
     est.fit(x_np, t_np)
     grid = np.linspace(x_np.min(), x_np.max(), 300)[:, None]
     ax = axes[1]

@@ -64,7 +64,7 @@ The regressor searches every topology with 1-5 experts and keeps the best bound 
     new_code_cell(
         """t_in, x_out = toy_inverse(200, seed=0)
 est = BayesianHMERegressor(max_experts=3 if SMOKE else 5, n_restarts=RESTARTS, n_iter=ITERS,
-                           random_state=0).fit(t_in, x_out)
+                           tol=1e-6, routing="hard", random_state=0).fit(t_in, x_out)
 for top, b in zip(est.topologies_, est.bounds_):
     print(f"{top.num_experts} experts {str(top):24s} best bound {b:8.2f}")
 print("selected:", est.topology_, "model-averaging weights:", np.round(est.weights_, 3))
@@ -128,7 +128,8 @@ after mapping the predicted angles forward."""
         """pos, ang = robot_arm(200 if SMOKE else 1000, seed=0)
 pos_te, ang_te = robot_arm(100 if SMOKE else 1000, seed=1)
 arm = BayesianHMERegressor(topologies=[Topology.balanced(2 if SMOKE else 4)],
-                           n_restarts=3 if SMOKE else 20, n_iter=ITERS, random_state=0).fit(pos, ang)
+                           n_restarts=3 if SMOKE else 20, n_iter=ITERS, tol=1e-6,
+                           routing="hard", random_state=0).fit(pos, ang)
 err = np.linalg.norm(robot_arm_forward(arm.predict(pos_te)) - pos_te, axis=-1)
 w = np.linalg.lstsq(np.c_[pos, np.ones(len(pos))], ang, rcond=None)[0]
 lin = np.linalg.norm(robot_arm_forward(np.c_[pos_te, np.ones(len(pos_te))] @ w) - pos_te, axis=-1)

@@ -38,6 +38,8 @@ def run(out_dir: Path, smoke: bool = False) -> list[dict]:
         max_experts=3 if smoke else 5,
         n_restarts=6 if smoke else 20,
         n_iter=60 if smoke else 150,
+        tol=1e-6,
+        routing="hard",
         random_state=0,
     ).fit(x, t)
     seconds = time.perf_counter() - t0
@@ -89,6 +91,8 @@ def run(out_dir: Path, smoke: bool = False) -> list[dict]:
         topologies=[Topology.balanced(2 if smoke else 4)],
         n_restarts=3 if smoke else 8,
         n_iter=40 if smoke else 120,
+        tol=1e-6,
+        routing="hard",
         random_state=0,
     ).fit(pos, ang)
     seconds = time.perf_counter() - t0

@@ -27,6 +27,10 @@ from pyro_trees.validation import check_level
 __all__ = ["BayesianHMERegressor"]
 
 _ROUTINGS = ("hard", "posterior")
+# max_experts=None: at most this many experts, and at least _POINTS_PER_PARAM points per
+# parameter of a linear expert
+_AUTO_MAX_EXPERTS = 5
+_POINTS_PER_PARAM = 5
 
 
 def _as_topology(value) -> Topology:
@@ -49,8 +53,10 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     topology with the highest bound. The bounds also give model-averaging weights
     ``exp(bound)`` (``weights_``).
 
-    :param int max_experts: search every topology with ``min_experts..max_experts``
+    :param max_experts: search every topology with ``min_experts..max_experts``
         experts, unique up to mirror symmetry (ignored when ``topologies`` is given).
+        ``None`` (default): ``N // (5 * (L + 1))`` (at least 5 points per parameter
+        of a linear expert) clipped to ``[min_experts, 5]``.
     :param int min_experts: see ``max_experts``.
     :param topologies: a :class:`~pyro_trees.topology.Topology`, a list of them (gate
         sets or nested pairs are converted), or ``None`` for the search above.
@@ -74,9 +80,10 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         then ``n_iter // 2`` cycles at temperature 1; smallest sizes first, see
         :func:`~pyro_trees.infer.grow_selection`); a topology keeps the
         higher bound. ``0`` turns this off.
-    :param str routing: what :meth:`predict` returns: ``"hard"`` (the mean of the most
-        probable expert, the paper's choice for multi-modal inverse problems) or
-        ``"posterior"`` (the predictive mean, the mixture over experts).
+    :param str routing: what :meth:`predict` returns: ``"posterior"`` (default: the
+        predictive mean, the mixture over experts, which minimises the expected squared
+        error) or ``"hard"`` (the mean of the most probable expert, the paper's choice
+        for multi-modal inverse problems).
     :param float prior_a: Gamma shape of the precisions' priors.
     :param float prior_b: Gamma rate of the precisions' priors.
     :param search_dtype: ``"float64"`` (default) or ``None`` runs everything in double
@@ -106,17 +113,17 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
 
     def __init__(
         self,
-        max_experts: int = 5,
+        max_experts: int | None = None,
         min_experts: int = 1,
         topologies=None,
         n_restarts: int = 20,
         n_iter: int = 200,
         anneal: bool = False,
-        tol: float = 1e-6,
+        tol: float = 1e-4,
         prune_after: int | None = None,
         keep: int = 5,
         grow: int = 3,
-        routing: str = "hard",
+        routing: str = "posterior",
         prior_a: float = 1e-3,
         prior_b: float = 1e-3,
         search_dtype: str | None = "float64",
@@ -146,9 +153,15 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     _default_dtype = "float64"  # the closed-form updates need double precision
 
     # ------------------------------------------------------------------ fitting
-    def _candidates(self) -> list[Topology]:
+    def _max_experts(self, n: int, n_features: int) -> int:
+        if self.max_experts is not None:
+            return self.max_experts
+        auto = min(_AUTO_MAX_EXPERTS, n // (_POINTS_PER_PARAM * (n_features + 1)))
+        return max(self.min_experts, auto, 1)
+
+    def _candidates(self, n: int = 0, n_features: int = 0) -> list[Topology]:
         if self.topologies is None:
-            return enumerate_topologies(self.max_experts, self.min_experts)
+            return enumerate_topologies(self._max_experts(n, n_features), self.min_experts)
         if isinstance(self.topologies, Topology):
             return [self.topologies]
         if isinstance(self.topologies, (str, bytes)) or not hasattr(self.topologies, "__iter__"):
@@ -201,7 +214,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         xs, ys = self._validate_fit(X, y)
         self.y_ndim_ = ys.dim()
         ts = ys.unsqueeze(-1) if ys.dim() == 1 else ys
-        tops = self._candidates()
+        tops = self._candidates(*xs.shape)
         most = max(top.num_experts for top in tops)
         if most > xs.shape[0]:
             raise ValueError(

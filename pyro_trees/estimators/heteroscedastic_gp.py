@@ -2,8 +2,10 @@
 
 Wraps :class:`~pyro_trees.models.HeteroscedasticGP` and
 :class:`~pyro_trees.guides.HeteroscedasticGPGuide`, trained by :func:`~pyro_trees.infer.fit`:
-the exact GP with :class:`~pyro_trees.infer.CollapsedELBO` (default), or the sparse
-model with :class:`~pyro_trees.infer.TreeELBO` and minibatches (``num_inducing``).
+the exact GP or the sparse one (inducing points, Titsias' bound), both with
+:class:`~pyro_trees.infer.CollapsedELBO` (chosen by the number of rows unless
+``num_inducing`` says), or the sparse model with :class:`~pyro_trees.infer.TreeELBO` and
+minibatches (``batch_size``).
 Inputs and targets are standardised internally; predictions, noise levels and rules
 are in the original units.
 """
@@ -31,19 +33,33 @@ from pyro_trees.validation import check_level
 __all__ = ["HeteroscedasticGPRegressor"]
 
 _ROUTINGS = ("hard", "posterior")
+# num_inducing=None: the exact GP up to this many training rows, else the sparse one
+_EXACT_MAX_ROWS = 500
+# num_inducing=None above _EXACT_MAX_ROWS: this many inducing points
+_AUTO_INDUCING = 256
+# training stops once the loss fell by less than _PLATEAU_TOL nats per point over
+# _PLATEAU_WINDOW steps (without a validation split)
+_PLATEAU_WINDOW = 20
+_PLATEAU_TOL = 1e-3
 
 
 class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
     """GP regression whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2).
 
     :param int depth: depth of the noise tree (``2**depth`` noise levels).
-    :param num_inducing: ``None`` for the exact GP (collapsed bound, ``O(N^3)`` per
-        step), else the number of inducing points of the sparse model (placed at
-        quantiles of the data along the first principal direction, learnt).
-    :param int num_steps: optimisation steps.
+    :param num_inducing: ``None`` (default, automatic): the exact GP for at most 500
+        training rows, else the sparse model with ``min(N, 256)`` inducing points;
+        ``0``: the exact GP (collapsed bound, ``O(N^3)`` per step); an integer ``M``: the
+        sparse model with ``M`` inducing points (``O(N M^2)`` per step; started at ``M``
+        random rows, at quantiles for one feature; learnt), trained by the collapsed
+        bound with the optimal ``q(u)`` (or, with ``batch_size``, by ``TreeELBO`` on
+        minibatches with a learnt ``q(u)``).
+    :param int num_steps: optimisation steps at most; without a validation split the
+        training stops earlier once the loss fell by less than ``0.001 * N`` nats over
+        20 steps.
     :param float lr: learning rate of the GP and the noise levels.
     :param float tree_lr: learning rate of the RNN-Tree.
-    :param batch_size: minibatch size (sparse model only).
+    :param batch_size: minibatch size (sparse model only; ``None``: full batch).
     :param int init_steps: steps of the homoscedastic GP fit used for the balanced start.
     :param int hidden_size: GRU width of the RNN-Tree.
     :param str routing: default noise at prediction: ``"hard"`` (most likely tree) or
@@ -64,6 +80,9 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
 
     Inputs and targets are standardised inside; predictions, noise levels, intervals
     and rules are in the units of ``X`` and ``y``.
+
+    Fitted attributes: ``num_inducing_`` (inducing points used; 0 for the exact GP),
+    ``fit_result_`` (the :class:`~pyro_trees.infer.FitResult`), ``model_``, ``guide_``.
     """
 
     def __init__(
@@ -71,9 +90,9 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
         depth: int = 2,
         *,
         num_inducing: int | None = None,
-        num_steps: int = 200,
-        lr: float = 0.02,
-        tree_lr: float = 0.005,
+        num_steps: int = 50,
+        lr: float = 0.05,
+        tree_lr: float = 0.0125,
         batch_size: int | None = None,
         init_steps: int = 60,
         hidden_size: int = 16,
@@ -112,14 +131,16 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
         if self.routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
         if self.num_inducing is not None and (
-            not isinstance(self.num_inducing, int) or self.num_inducing < 1
+            isinstance(self.num_inducing, bool)
+            or not isinstance(self.num_inducing, int)
+            or self.num_inducing < 0
         ):
             raise ValueError(
-                f"num_inducing must be an integer >= 1 or None, got {self.num_inducing!r}"
+                f"num_inducing must be an integer >= 0 or None, got {self.num_inducing!r}"
             )
         if self.batch_size is not None:
-            if self.num_inducing is None:
-                raise ValueError("batch_size needs the sparse model: set num_inducing")
+            if self.num_inducing == 0:
+                raise ValueError("batch_size needs the sparse model: num_inducing=0 is exact")
             if not isinstance(self.batch_size, int) or self.batch_size < 1:
                 raise ValueError(
                     f"batch_size must be an integer >= 1 or None, got {self.batch_size!r}"
@@ -135,6 +156,14 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
+
+    def _num_inducing(self, n: int) -> int:
+        """Inducing points for ``n`` training rows (0: the exact GP); see ``num_inducing``."""
+        if self.num_inducing is not None:
+            return min(self.num_inducing, n)
+        if n <= _EXACT_MAX_ROWS and self.batch_size is None:
+            return 0
+        return min(n, _AUTO_INDUCING)
 
     # -- fitting ---------------------------------------------------------------------------------
     def fit(self, X, y):
@@ -171,10 +200,10 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             Xs, ys = Xs[train], ys[train]
             n = Xs.shape[0]
         z = None
-        if self.num_inducing is not None:
-            idx = torch.linspace(0, n - 1, min(self.num_inducing, n)).round().long()
-            order = Xs[:, 0].argsort() if n_features == 1 else _principal_order(Xs)
-            z = Xs[order[idx]].clone()
+        num_inducing = self._num_inducing(n)
+        self.num_inducing_ = num_inducing
+        if num_inducing:
+            z = _inducing_inputs(Xs, num_inducing)
         model = HeteroscedasticGP(n_features, depth, inducing_points=z).to(Xs.device, dtype)
         guide = HeteroscedasticGPGuide(
             n_features,
@@ -194,7 +223,8 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             ]
             return torch.optim.Adam([g for g in groups if g["params"]])
 
-        if z is None:
+        collapsed = z is None or self.batch_size is None
+        if collapsed:
             loss = CollapsedELBO(
                 balance_weight=self.balance_weight, entropy_weight=self.entropy_weight
             )
@@ -208,9 +238,14 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
 
             def val_metric():
                 with torch.no_grad():
+                    if z is not None and collapsed:
+                        model.set_optimal_inducing_posterior(Xs, ys, guide)
                     pred = model.predict(X_val, guide, X_cond, y_cond, routing=self.routing)
                     return -float(pred.log_prob(y_val).mean())
 
+        callback = None
+        if X_val is None:
+            callback = _plateau(n)
         self.fit_result_ = _fit(
             model,
             guide,
@@ -224,8 +259,12 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             patience=self.patience,
             progress=self.progress,
             desc="HeteroscedasticGP",
+            callback=callback,
             **kwargs,
         )
+        if z is not None and collapsed:
+            with isolated_params():
+                model.set_optimal_inducing_posterior(Xs, ys, guide)
         self.model_, self.guide_ = model, guide
         self._X_train, self._y_train = (Xs, ys) if z is None else (None, None)
 
@@ -315,8 +354,28 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
         return raw.export_text(feature_names=feature_names, decimals=decimals)
 
 
-def _principal_order(X: torch.Tensor) -> torch.Tensor:
-    """Order of the rows along the first principal direction."""
-    Xc = X - X.mean(0)
-    v = torch.linalg.svd(Xc, full_matrices=False).Vh[0]
-    return (Xc @ v).argsort()
+def _plateau(n: int, window: int = _PLATEAU_WINDOW, tol: float = _PLATEAU_TOL):
+    """A :func:`~pyro_trees.infer.fit` callback that stops once the loss fell by less
+    than ``tol * n`` nats over the last ``window`` steps (and ``2 * window`` were run)."""
+    losses = []
+
+    def callback(step, loss):
+        losses.append(loss)
+        t = len(losses)
+        return t >= 2 * window and losses[t - 1 - window] - losses[t - 1] < tol * n
+
+    return callback
+
+
+def _inducing_inputs(X: torch.Tensor, m: int) -> torch.Tensor:
+    """``m`` starting inducing inputs ``(m, L)`` from the rows of ``X`` ``(N, L)``.
+
+    One feature: evenly spaced quantiles. Several: ``m`` distinct rows drawn at random
+    (torch's global generator, seeded by ``fit``).
+    """
+    n = X.shape[0]
+    m = min(m, n)
+    if X.shape[1] == 1:
+        idx = torch.linspace(0, n - 1, m).round().long()
+        return X[X[:, 0].argsort()[idx]].clone()
+    return X[torch.randperm(n)[:m]].clone()

@@ -37,6 +37,12 @@ with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
   Stirling's (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`).
   Train with :class:`~pyro_trees.infer.CollapsedELBO`; :meth:`HeteroscedasticGP.collapsed_bound`
   is the same number as a plain function. Cost :math:`O(N^3)` per step.
+* *Collapsed, sparse* (``inducing_points=Z``, full batch): the same bound with
+  :math:`\log \mathcal{N}(y \mid c, K + R)` replaced by Titsias' collapsed bound
+  :math:`\log \mathcal{N}(y \mid c, Q + R) - \tfrac12 \operatorname{tr}(R^{-1}(K - Q))`,
+  :math:`Q = K_{xz} K_{zz}^{-1} K_{zx}` (the optimal :math:`q(u)` for the given routing,
+  set in the guide afterwards by :meth:`HeteroscedasticGP.set_optimal_inducing_posterior`).
+  Also :class:`~pyro_trees.infer.CollapsedELBO`; cost :math:`O(N M^2)` per step.
 * *Uncollapsed, sparse* (``inducing_points=Z``, any :math:`N`, minibatches): whitened
   inducing outputs :math:`u \sim \mathcal{N}(0, I)` with :math:`f(Z) = L_{ZZ} u`
   (site ``"u"``); given :math:`u`, the likelihood term is the SVGP one,
@@ -265,7 +271,8 @@ class HeteroscedasticGP(PyroModule):
         balance_weight: float = 1.0,
         entropy_weight: float = 1.0,
     ) -> torch.Tensor:
-        r""":math:`\mathcal{L}_2(q(M))` of App. E for the exact GP (module docs).
+        r""":math:`\mathcal{L}_2(q(M))` of App. E for the exact GP, or its sparse collapsed
+        form (Titsias' bound) for the sparse model (module docs).
 
         :param x: ``(N, L)``.
         :param y: ``(N,)``.
@@ -276,25 +283,23 @@ class HeteroscedasticGP(PyroModule):
             :class:`~pyro_trees.infer.TreeELBO`).
         :returns: a scalar.
         """
-        if self.sparse:
-            raise ValueError(
-                "collapsed_bound is for the exact model (inducing_points=None); the sparse "
-                "model trains with TreeELBO on its forward()"
-            )
         self._check(x, y)
         log_q = self._check_logits(x, leaf_logits)
         pyro.module("kernel", self.kernel)
         s = self.leaf_log_scale.to(x.dtype)
         q = log_q.exp()
         log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
-        r = torch.exp(-log_prec)
         C = -0.5 * log_prec.sum() - (q * s).sum()
-        K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-        L = cholesky(K + torch.diag_embed(r), self.jitter)
         resid = y - self.mean_constant.to(x.dtype)
-        log_evidence = dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(
-            resid
-        )
+        if self.sparse:
+            log_evidence = self._sparse_evidence(x, resid, log_prec)[0]
+        else:
+            r = torch.exp(-log_prec)
+            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+            L = cholesky(K + torch.diag_embed(r), self.jitter)
+            log_evidence = dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(
+                resid
+            )
         per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
         coupling = expected_log_coupling(log_q, self.depth)
         return (
@@ -303,6 +308,66 @@ class HeteroscedasticGP(PyroModule):
             - float(entropy_weight) * per_point_kl
             + float(balance_weight) * coupling
         )
+
+    def _sparse_evidence(self, x, resid, log_prec):
+        r"""Titsias' collapsed bound on :math:`\log \mathcal{N}(r \mid 0, K + R)` with the
+        inducing inputs :math:`Z`, and the optimal whitened :math:`q(u)`.
+
+        :math:`\log \mathcal{N}(r \mid 0, Q + R) - \tfrac12 \operatorname{tr}(R^{-1}(K - Q))`
+        with :math:`Q = A^\top A`, :math:`A = L_{zz}^{-1} K_{zx}`; the optimal
+        :math:`q(u) = \mathcal{N}(B^{-1} A R^{-1} r, B^{-1})`, :math:`B = I + A R^{-1} A^\top`.
+        Cost :math:`O(N M^2)`.
+
+        :param x: ``(N, L)``.
+        :param resid: ``y`` minus the constant mean, ``(N,)``.
+        :param log_prec: :math:`\log R_{nn}^{-1}`, ``(N,)``.
+        :returns: ``(bound, LB, c)``: a scalar, the Cholesky factor of :math:`B` ``(M, M)``
+            and :math:`L_B^{-1} A R^{-1} r` ``(M,)``.
+        """
+        z = self.inducing_points.to(x.dtype)
+        n = x.shape[0]
+        Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
+        Kzx = kernel_matrix(self.kernel, z, x)[..., 0, :, :]
+        # L^-1 K_zx through the (M, M) triangular inverse: a matmul, forward and backward,
+        # instead of a triangular solve with N right-hand sides (as gp.conditional)
+        eye = torch.eye(Lzz.shape[-1], dtype=x.dtype, device=x.device)
+        A = torch.linalg.solve_triangular(Lzz, eye, upper=False) @ Kzx  # (M, N)
+        prec = torch.exp(log_prec)
+        Ap = A * prec
+        LB = cholesky(eye + Ap @ A.mT, 0.0)
+        c = torch.linalg.solve_triangular(LB, (Ap @ resid).unsqueeze(-1), upper=False)
+        c = c.squeeze(-1)
+        logdet = -log_prec.sum() + 2 * LB.diagonal().log().sum()
+        quad = (resid.pow(2) * prec).sum() - c.pow(2).sum()
+        kdiag = kernel_matrix(self.kernel, x, diag=True)[..., 0, :]
+        trace = (prec * (kdiag - A.pow(2).sum(-2))).sum()
+        bound = -0.5 * (n * math.log(2 * math.pi) + logdet + quad + trace)
+        return bound, LB, c
+
+    @torch.no_grad()
+    def set_optimal_inducing_posterior(self, x: torch.Tensor, y: torch.Tensor, guide) -> None:
+        """Set the guide's whitened :math:`q(u)` to the optimum of the collapsed bound.
+
+        For the sparse model trained with :meth:`collapsed_bound` (which integrates
+        :math:`u` out): after it, :meth:`predict` needs no training data.
+
+        :param x: training inputs ``(N, L)``.
+        :param y: training targets ``(N,)``.
+        :param guide: the :class:`~pyro_trees.guides.HeteroscedasticGPGuide` (with
+            ``num_inducing`` equal to the model's).
+        """
+        if not self.sparse or getattr(guide, "num_inducing", 0) != self.num_inducing:
+            raise ValueError("set_optimal_inducing_posterior needs the sparse model and guide")
+        self._check(x, y)
+        s = self.leaf_log_scale.to(x.dtype)
+        q = guide.tree.leaf_probs(x).to(x.dtype)
+        log_prec = torch.logsumexp(q.clamp_min(1e-300).log() - 2 * s, dim=-1)
+        resid = y - self.mean_constant.to(x.dtype)
+        _, LB, c = self._sparse_evidence(x, resid, log_prec)
+        eye = torch.eye(LB.shape[0], dtype=x.dtype, device=x.device)
+        LBinv = torch.linalg.solve_triangular(LB, eye, upper=False)
+        guide.u_loc = (LBinv.mT @ c.unsqueeze(-1)).squeeze(-1)
+        guide.u_scale_tril = cholesky(LBinv.mT @ LBinv, 1e-10)
 
     # -- the Pyro model -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
@@ -362,12 +427,15 @@ class HeteroscedasticGP(PyroModule):
         num_steps: int = 60,
         lr: float = 0.05,
         max_points: int = 400,
+        loo: bool = True,
     ) -> torch.Tensor:
         """Fit kernel, mean and one shared noise level by the exact GP evidence.
 
         Uses at most ``max_points`` evenly spaced points; sets every :math:`s_\\ell` to the
         fitted level (and, for the sparse model, nothing else: inducing inputs stay).
 
+        :param bool loo: at the fitted points, return the leave-one-out residuals
+            (``y_i - E[f(x_i) | y_{-i}]``) instead of the in-sample ones.
         :returns: the residuals ``y - E[f(x) | y]`` at all ``x``, ``(N,)``.
         """
         self._check(x, y)
@@ -396,7 +464,13 @@ class HeteroscedasticGP(PyroModule):
             Kxs = kernel_matrix(self.kernel, x, xs)[..., 0, :, :]
             fmean = (Kxs @ alpha).squeeze(-1) + ys.mean()
             self.leaf_log_scale = torch.full_like(self.leaf_log_scale, float(log_noise))
-        return (y - fmean).detach()
+            resid = y - fmean
+            # at the fitted points, leave-one-out residuals alpha_i / [K_y^-1]_ii: the
+            # in-sample ones are shrunk towards 0 and would start the noise too low
+            if not loo:
+                return resid.detach()
+            resid[sub] = alpha.squeeze(-1) / torch.cholesky_inverse(L).diagonal()
+        return resid.detach()
 
     @torch.no_grad()
     def init_from_data(

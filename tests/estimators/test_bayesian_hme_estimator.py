@@ -38,8 +38,9 @@ def test_fit_selects_three_experts_and_reports_bounds(fitted):
 
 def test_predictions(fitted):
     est, X, y = fitted
-    pred = est.predict(X)
+    pred = est.predict(X, routing="hard")
     assert pred.shape == (200,)
+    np.testing.assert_array_equal(est.predict(X), est.predict(X, routing="posterior"))
 
     # the most probable expert follows one branch of the multi-valued inverse, so mapping
     # its prediction forward reproduces the input; the mixture mean averages branches and
@@ -48,7 +49,7 @@ def test_predictions(fitted):
         return x + 0.3 * np.sin(2 * math.pi * x)
 
     err_expert = float(np.mean(np.abs(forward(pred) - X[:, 0])))
-    err_mixture = float(np.mean(np.abs(forward(est.predict(X, mode="mixture")) - X[:, 0])))
+    err_mixture = float(np.mean(np.abs(forward(est.predict(X, routing="posterior")) - X[:, 0])))
     assert err_expert < 0.03
     assert err_expert < 0.5 * err_mixture
     d = est.predict_distribution(X[:5])
@@ -66,13 +67,13 @@ def test_model_average_is_the_bound_weighted_mean(fitted):
     est, X, _ = fitted
     w = est.weights_
     assert len(w) == len(est.topologies_) > 1 and np.isclose(w.sum(), 1.0)
-    got = est.predict(X[:20], mode="mixture", average=True)
+    got = est.predict(X[:20], routing="posterior", average=True)
     want = 0.0
     keep = est.best_index_
     try:
         for k in range(len(w)):
             est.best_index_ = k
-            want = want + w[k] * est.predict(X[:20], mode="mixture")
+            want = want + w[k] * est.predict(X[:20], routing="posterior")
     finally:
         est.best_index_ = keep
     assert np.allclose(got, want, atol=1e-10)
@@ -167,3 +168,14 @@ def test_grow_off_reports_the_random_search():
     assert not off.grown_.any()
     np.testing.assert_allclose(on.random_bounds_, off.bounds_)
     assert (on.bounds_ >= off.bounds_).all() and on.search_cycles_ > off.search_cycles_
+
+
+def test_max_experts_auto_scales_with_the_data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 3))
+    y = X[:, 0] + 0.1 * rng.standard_normal(40)
+    est = BayesianHMERegressor(n_restarts=2, n_iter=10, random_state=0).fit(X, y)
+    # 40 // (5 * 4) = 2 experts at most
+    assert max(t.num_experts for t in est.topologies_) == 2
+    est = BayesianHMERegressor(min_experts=3, n_restarts=2, n_iter=10, random_state=0)
+    assert min(t.num_experts for t in est.fit(X, y).topologies_) == 3

@@ -171,9 +171,7 @@ def test_large_offsets_and_integer_inputs(est_cls):
     X, y = _table(classification=est_cls is RNNTreeClassifier)
     X = X.to_numpy(dtype=float)
     big = _small(est_cls).fit(X + 1e12, y)
-    assert np.isfinite(np.asarray(big.predict(X + 1e12), dtype=float)).all() or is_classifier(
-        big
-    )
+    assert np.isfinite(np.asarray(big.predict(X + 1e12), dtype=float)).all() or is_classifier(big)
     ints = _small(est_cls).fit(np.round(X * 10).astype(np.int64), y)
     assert len(ints.predict(np.round(X * 10).astype(np.int64))) == len(X)
 

@@ -39,7 +39,7 @@ def test_pickle_exact():
     X, y = _data(40)
     est = HeteroscedasticGPRegressor(depth=1, num_steps=5, init_steps=5, random_state=0).fit(X, y)
     clone = pickle.loads(pickle.dumps(est))
-    for routing in ("tree", "posterior"):
+    for routing in ("hard", "posterior"):
         np.testing.assert_array_equal(
             est.predict(X, routing=routing), clone.predict(X, routing=routing)
         )
@@ -71,9 +71,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="routing"):
         HeteroscedasticGPRegressor(routing="hard").fit(X, y)
     with pytest.raises(ValueError, match="batch_size needs"):
-        HeteroscedasticGPRegressor(batch_size=4).fit(X, y)
+        HeteroscedasticGPRegressor(num_inducing=0, batch_size=4).fit(X, y)
     with pytest.raises(ValueError, match="num_inducing"):
-        HeteroscedasticGPRegressor(num_inducing=0).fit(X, y)
+        HeteroscedasticGPRegressor(num_inducing=-1).fit(X, y)
     with pytest.raises(ValueError, match="dtype"):
         HeteroscedasticGPRegressor(dtype="float16").fit(X, y)
     with pytest.raises(ValueError, match="lr"):
@@ -107,10 +107,40 @@ def test_early_stopping_keeps_the_best_held_out_state():
     # the kept state scores best_val on the held-out points (same draw of 20)
     held_out = np.random.default_rng(0).permutation(80)[:20]
     ll = est.log_likelihood(X[held_out], y[held_out])
-    assert ll == pytest.approx(-result.best_val - np.log(float(est.y_scaler_.scale)), rel=1e-9, abs=1e-9)
+    assert ll == pytest.approx(
+        -result.best_val - np.log(float(est.y_scaler_.scale)), rel=1e-9, abs=1e-9
+    )
     with pytest.raises(ValueError, match="validation_fraction"):
         HeteroscedasticGPRegressor(validation_fraction=1.0).fit(X, y)
     with pytest.raises(ValueError, match="patience needs"):
         HeteroscedasticGPRegressor(patience=3).fit(X, y)
     with pytest.raises(ValueError, match="eval_every"):
         HeteroscedasticGPRegressor(eval_every=0).fit(X, y)
+
+
+def test_num_inducing_auto_exact_then_sparse(monkeypatch):
+    import pyro_trees.estimators.heteroscedastic_gp as hgp
+
+    X, y = _data(60)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=5, init_steps=5, random_state=0)
+    assert est.fit(X, y).num_inducing_ == 0 and not est.model_.sparse
+    monkeypatch.setattr(hgp, "_EXACT_MAX_ROWS", 40)
+    monkeypatch.setattr(hgp, "_AUTO_INDUCING", 16)
+    est.fit(X, y)
+    assert est.num_inducing_ == 16 and est.model_.num_inducing == 16
+    mean, std = est.predict(X, return_std=True)
+    assert np.all(np.isfinite(mean)) and np.all(std > 0)
+    # the sparse collapsed fit predicts without the training data
+    assert est._X_train is None
+    assert (
+        HeteroscedasticGPRegressor(num_inducing=0, num_steps=2, init_steps=2)
+        .fit(X, y)
+        .num_inducing_
+        == 0
+    )
+
+
+def test_stops_on_a_plateau():
+    X, y = _data(60)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=2000, init_steps=10, random_state=0)
+    assert est.fit(X, y).fit_result_.num_steps < 2000

@@ -502,9 +502,7 @@ def test_sample_beyond_the_trees_follows_the_interval_mixture(fitted, data):
     assert np.array_equal(many[:50], base)  # the first round is the default draw
     assert np.array_equal(fitted.sample(rows, num_samples=20), base[:20])
     assert not np.allclose(many[50:100], base)  # later rounds draw afresh
-    assert np.array_equal(
-        pickle.loads(pickle.dumps(fitted)).sample(rows, 120), many[:120]
-    )
+    assert np.array_equal(pickle.loads(pickle.dumps(fitted)).sample(rows, 120), many[:120])
     # every draw follows the mixture over the 50 trees that predict_interval inverts:
     # 4000 draws per row fall inside its exact 80 % interval 80 +- 2 (3 sd) % of the time
     lo, hi = fitted.predict_interval(rows, level=0.8)

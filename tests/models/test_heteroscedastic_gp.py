@@ -293,8 +293,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match="subsample_size"):
         model(x, y, 5)
     sparse, _ = _model(sparse=3)
-    with pytest.raises(ValueError, match="exact model"):
-        sparse.collapsed_bound(x, y, torch.zeros(10, 4))
+    with pytest.raises(ValueError, match="sparse model and guide"):
+        sparse.set_optimal_inducing_posterior(x, y, guide)
     with pytest.raises(ValueError, match="collapsed_bound"):
         CollapsedELBO().loss(lambda x, y: None, guide, x, y)
 
@@ -367,3 +367,30 @@ def test_cuda_matches_cpu():
     sguide.cuda()
     loss = TreeELBO().differentiable_loss(sparse, sguide, x.cuda(), y.cuda(), 6)
     assert torch.isfinite(loss)
+
+
+def test_sparse_collapsed_bound_at_the_data_is_the_exact_bound():
+    """With Z = X, Titsias' bound is the exact evidence (Q = K, zero trace term), and
+    the optimal q(u) predicts as the exact GP."""
+    exact, guide = _model(features=2)
+    x, y = _data(12, features=2)
+    sparse = HeteroscedasticGP(2, 2, inducing_points=x).double()
+    sparse.load_state_dict({**exact.state_dict(), "inducing_points_unconstrained": x})
+    sguide = HeteroscedasticGPGuide(2, 2, num_inducing=12).double()
+    sguide.tree.load_state_dict(guide.tree.state_dict())
+    logits = guide.tree(x)
+    a, b = exact.collapsed_bound(x, y, logits), sparse.collapsed_bound(x, y, logits)
+    assert torch.allclose(a, b, atol=1e-4, rtol=0)
+    # the sparse bound is below the exact one elsewhere
+    sparse.inducing_points = x[:5]
+    assert float(sparse.collapsed_bound(x, y, logits).detach()) < float(a.detach())
+    sparse.inducing_points = x
+    sparse.set_optimal_inducing_posterior(x, y, sguide)
+    x_new = torch.randn(7, 2, dtype=torch.float64)
+    pe = exact.predict(x_new, guide, x, y)
+    ps = sparse.predict(x_new, sguide)
+    assert torch.allclose(pe.mean, ps.mean, atol=1e-4)
+    assert torch.allclose(pe.f_var, ps.f_var, atol=1e-4)
+    # CollapsedELBO trains the sparse model as the exact one
+    loss = CollapsedELBO().differentiable_loss(sparse, sguide, x, y)
+    assert torch.allclose(loss, -b, atol=1e-4)
