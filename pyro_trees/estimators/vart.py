@@ -423,7 +423,10 @@ class VaRTRegressor(TreeEstimatorMixin):
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
     :param float temperature_end: final temperature.
-    :param int num_samples: posterior trees used by ``predict`` and ``predict_interval``.
+    :param int num_samples: posterior trees used by ``predict`` and ``predict_interval``
+        (and by the noise calibration). Prediction costs grow linearly with it; the
+        predictive mixture has about ``num_samples`` times as many components per row
+        as one tree.
     :param float split_alpha: prior split probability at the root (see VaRT).
     :param float split_beta: depth decay of the prior split probability.
     :param float split_scale: prior standard deviation of the split weights.
@@ -517,6 +520,11 @@ class VaRTRegressor(TreeEstimatorMixin):
         ten splits (``benchmarks/results/vart_uci_d5_refit_*.md``): every set's mean test
         coverage of the 90 % interval lies in 0.86-0.93 (15 of 18 inside 0.85-0.95 with
         ``refit=False``), and VaRT beats XGBoost on the same 9 sets.
+    :param float init_split_prob: initial split probability :math:`\\tilde\\gamma_i` of
+        every internal node of the guide. The split logits move slowly, so at 0.9 a
+        hard posterior tree prunes about one node in ten at random, and those
+        subtrees' (hardly trained) stand-in leaves spread the posterior trees'
+        predictions; 0.99 (default) starts from the full tree of depth ``depth``.
     :param str init: ``"data"`` (default) starts the split rules through random
         training points (:meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`); ``"random"``
         uses random hyperplanes through the origin of the standardised inputs.
@@ -557,7 +565,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
-        num_samples: int = 200,
+        num_samples: int = 50,
         validation_fraction: float = 0.1,
         patience: int | None = 10,
         eval_every: int = 20,
@@ -566,6 +574,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         min_calibration_rows: int | None = None,
         refit: bool = True,
         init: str = "data",
+        init_split_prob: float = 0.99,
         elbo: str = "vectorised",
         clip_margin: float | None = 0.5,
         split_alpha: float = 0.95,
@@ -592,6 +601,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         self.min_calibration_rows = min_calibration_rows
         self.refit = refit
         self.init = init
+        self.init_split_prob = init_split_prob
         self.elbo = elbo
         self.clip_margin = clip_margin
         self.split_alpha = split_alpha
@@ -745,7 +755,11 @@ class VaRTRegressor(TreeEstimatorMixin):
                 leaf_scale=self.leaf_scale,
             )
             self.guide_ = VaRTGuide(
-                self.model_, depth, temperature=self.temperature_start, generator=gen
+                self.model_,
+                depth,
+                temperature=self.temperature_start,
+                init_split_prob=self.init_split_prob,
+                generator=gen,
             )
             if self.init == "data":
                 self.guide_.init_splits_from_data(Xtr, generator=gen)
@@ -1156,5 +1170,5 @@ class VaRTRegressor(TreeEstimatorMixin):
 
     def __setstate__(self, state):
         # parameters added after an estimator was pickled: the behaviour it was fitted with
-        state = {"min_calibration_rows": None, "refit": False, **state}
+        state = {"min_calibration_rows": None, "refit": False, "init_split_prob": 0.9, **state}
         self.__dict__.update(state)

@@ -531,7 +531,9 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
     # need about 350 MiB: refused before any training
     Xw = np.random.default_rng(0).normal(size=(2048, 33))
     with pytest.raises(ValueError, match=r"depth 10 .* num_samples=200 .* would need about"):
-        VaRTRegressor(depth=10, num_steps=1, validation_fraction=0).fit(Xw, Xw[:, 0])
+        VaRTRegressor(depth=10, num_steps=1, validation_fraction=0, num_samples=200).fit(
+            Xw, Xw[:, 0]
+        )
     # few rows, many inputs: the guide's parameters, gradients and Adam moments count
     Xl = np.random.default_rng(0).normal(size=(8, 5000))
     with pytest.raises(ValueError, match=r"depth 10 .* training on 8 rows .* would need about"):
