@@ -567,7 +567,7 @@ class VaRTRegressor(TreeEstimatorMixin):
         temperature_end: float = 0.1,
         num_samples: int = 50,
         validation_fraction: float = 0.1,
-        patience: int | None = 10,
+        patience: int | None = 5,
         eval_every: int = 20,
         calibrate_noise: str | bool | None = "coverage",
         calibration_level: float = 0.9,
