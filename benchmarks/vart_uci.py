@@ -232,6 +232,10 @@ def fit_vart(args, depth, split, Xtr, ytr, Xte, yte) -> dict:
         calibrate_noise=getattr(args, "calibrate_noise", "coverage"),
         min_calibration_rows=getattr(args, "min_calibration_rows", None),
         refit=getattr(args, "refit", False),  # False: results JSONs written before the flag
+        # the estimator's defaults when the recorded results were written
+        num_samples=200,
+        patience=10,
+        init_split_prob=0.9,
         random_state=split,
     ).fit(Xtr, ytr)
     secs = time.perf_counter() - t

@@ -12,12 +12,12 @@ import math
 import numpy as np
 import pyro
 import torch
+import torch.nn.functional as F
 from pyro.infer import Predictive, Trace_ELBO
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
-from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.vart import (
@@ -37,6 +37,8 @@ _PREDICT_BYTES = 256 * 2**20  # memory for one prediction batch
 _CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
 _REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 _ROW_BYTES_PER_NODE = 6 * 8  # per tree and row: the double mixture tensors of one row
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _check_training_memory(depth, batch: int, in_features: int, device) -> int:
@@ -214,12 +216,14 @@ def _leading_components(weight: torch.Tensor, *others: torch.Tensor, tol: float 
     return (top.unsqueeze(0), *out)
 
 
-def _row_mixtures(tree: dict, x: torch.Tensor):
-    """The predictive mixtures of rows ``x`` ``(n, L)`` under the stacked trees, in double
-    precision: log leaf weights normalised within each tree, means and scales, each
-    ``(S, n, M)``. Over trees and leaves together the weights are ``exp(log_w) / S``."""
-    logits, loc, scale = mixture_params(tree, with_bias(x))
-    logits, loc, scale = logits.double(), loc.double(), scale.double()
+def _row_mixtures(leaf: dict, x: torch.Tensor):
+    """The predictive mixtures of rows ``x`` ``(n, L)`` under the trees of
+    :func:`_leaf_tree`, in double precision: log leaf weights normalised within each
+    tree, means and scales, each ``(S, n, K)``. Over trees and leaves together the
+    weights are ``exp(log_w) / S``."""
+    logits, loc, log_scale = _leaf_mixtures(leaf, x)
+    logits, loc = logits.double(), loc.double()
+    scale = log_scale.double().exp().expand_as(loc)
     return logits - logits.logsumexp(-1, keepdim=True), loc, scale
 
 
@@ -246,6 +250,159 @@ def _stack_trees(samples: dict, depth: int) -> dict:
     }
 
 
+def _leaf_tree(tree: dict) -> dict:
+    """The stacked trees of :func:`_stack_trees` cut to the nodes that are a leaf of at
+    least one of them: ``keep`` ``(K,)`` their heap positions, ``log_kappa`` ``(S, K)``
+    (``-inf`` where a node is no leaf of that tree), ``theta`` ``(S, K, L + 1)`` and
+    ``log_sigma`` ``(S, K)``; ``beta`` ``(S, 2**D - 1, L + 1)`` as before. The other nodes
+    have mixture weight zero in every tree."""
+    log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
+    keep = (log_kappa > -math.inf).any(0).nonzero().flatten()
+    return {
+        "keep": keep,
+        "log_kappa": log_kappa[:, keep],
+        "beta": tree["beta"],
+        "theta": tree["theta"][:, keep],
+        "log_sigma": tree["log_sigma"][:, keep],
+    }
+
+
+def _leaf_mixtures(leaf: dict, x: torch.Tensor):
+    """The mixtures of eq. 27 for rows ``x`` ``(n, L)`` under the trees of
+    :func:`_leaf_tree`, over their ``K`` leaf nodes: unnormalised logits, means and
+    log scales ``(S, n, K)`` (the values :func:`~pyro_trees.models.vart.mixture_params`
+    gives at those nodes; its other nodes have weight zero).
+
+    The routing is computed top-down, level by level: a node's log reach is its
+    parent's plus ``logsigmoid(beta^T x)`` (left child) or ``logsigmoid(-beta^T x)``."""
+    x1 = with_bias(x)
+    beta = leaf["beta"]
+    num, n = leaf["log_kappa"].shape[0], x1.shape[0]
+    levels = [x1.new_zeros(num, n, 1)]
+    if beta is not None and beta.shape[-2] > 0:
+        u = torch.matmul(x1, beta.transpose(-1, -2))  # (S, n, 2**D - 1): beta^T x
+        depth = (beta.shape[-2] + 1).bit_length() - 1
+        for d in range(depth):
+            ud = u[..., (1 << d) - 1 : (1 << (d + 1)) - 1]
+            pair = torch.stack([F.logsigmoid(ud), F.logsigmoid(-ud)], -1) + levels[-1].unsqueeze(-1)
+            levels.append(pair.flatten(-2))
+    log_reach = torch.cat(levels, -1)[..., leaf["keep"]]
+    logits = leaf["log_kappa"].unsqueeze(-2) + log_reach
+    means = torch.matmul(x1, leaf["theta"].transpose(-1, -2))
+    return logits, means, leaf["log_sigma"].unsqueeze(-2)
+
+
+def _compact_rows(weight: torch.Tensor, *others: torch.Tensor, tol: float = 1e-12):
+    """Per-row Gaussian mixtures ``(S, n, K)`` laid out as ``(n, C)``: every component of
+    weight at least ``tol / (S K)`` (so that the weight dropped from a row is at most
+    ``tol``), packed to the left in their original order, ``C`` the most any row keeps.
+    The padding has weight zero and ``others`` one there (finite, positive scales).
+    ``others`` ``(S, n, K)`` are gathered alike."""
+    num, n, k = weight.shape
+    flat = [t.permute(1, 0, 2).reshape(n, num * k) for t in (weight, *others)]
+    kept = flat[0] >= tol / (num * k)
+    pos = kept.cumsum(-1)
+    width = max(int(pos[:, -1].max()), 1)
+    index = torch.where(kept, pos - 1, width)  # dropped components go to a spare column
+    out = []
+    for j, t in enumerate(flat):
+        packed = t.new_full((n, width + 1), 0.0 if j == 0 else 1.0)
+        out.append(packed.scatter_(-1, index, t)[:, :width])
+    return tuple(out)
+
+
+def _compact_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
+    """:func:`_coverage_scores` of the rows of ``weight`` and ``z`` ``(S, n, K)``, on the
+    components of :func:`_compact_rows`."""
+    return _coverage_scores(*(t.unsqueeze(0) for t in _compact_rows(weight, z)), level)
+
+
+def _ndtr(z: torch.Tensor) -> torch.Tensor:
+    """The standard normal CDF as ``erfc(-z / sqrt 2) / 2`` (the same function as
+    ``torch.special.ndtr``, several times faster on CPU)."""
+    return 0.5 * torch.special.erfc(z * -_SQRT_HALF)
+
+
+def _newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p: float, tol: float, iters: int):
+    """Safeguarded Newton steps for the ``p``-quantiles of the row mixtures of
+    :func:`_row_mixture_quantiles` (``inv`` the reciprocal scales, ``w_pdf`` the
+    weights over ``sqrt(2 pi)`` times ``inv``), from ``q`` ``(n,)`` inside brackets
+    ``[a, b]`` with CDF below and above ``p``; each row stops once its CDF is within
+    ``tol`` of ``p`` or its bracket is a few ulps wide, and only the other rows are
+    evaluated further."""
+    result = q.clone()
+    rows = torch.arange(q.shape[0], device=q.device)
+    eps = 4 * torch.finfo(q.dtype).eps
+    # |z| beyond 8 (single) or 30 (double) changes a CDF by under 1e-15 or 1e-197 of
+    # its weight; clamping keeps subnormal numbers (slow on CPUs) out of the sums
+    bound = 8.0 if q.dtype == torch.float32 else 30.0
+    for _ in range(iters):
+        z = (q.unsqueeze(-1) - loc).mul_(inv).clamp_(-bound, bound)
+        cdf = torch.linalg.vecdot(weight, _ndtr(z))
+        pdf = torch.linalg.vecdot(w_pdf, z.square_().mul_(-0.5).exp_())
+        err = cdf - p
+        below = err < 0
+        a, b = torch.where(below, q, a), torch.where(below, b, q)
+        step = q - err / pdf
+        new = torch.where((step > a) & (step < b), step, (a + b) / 2)
+        done = (err.abs() <= tol) | (b - a <= eps * q.abs())
+        result[rows] = torch.where(done, q, new)
+        if bool(done.all()):
+            break
+        live = (~done).nonzero().flatten()
+        rows, a, b, q = rows[live], a[live], b[live], new[live]
+        weight, w_pdf, loc, inv = weight[live], w_pdf[live], loc[live], inv[live]
+    return result
+
+
+def _row_mixture_quantiles(
+    weight: torch.Tensor,
+    loc: torch.Tensor,
+    scale: torch.Tensor,
+    probs,
+    tol: float = 1e-12,
+    iters: int = 100,
+) -> torch.Tensor:
+    """Quantiles of one Gaussian mixture per row: the ``q`` with
+    :math:`\\sum_k w_{jk} \\Phi((q - \\mu_{jk}) / \\sigma_{jk}) = p`.
+
+    Safeguarded Newton steps on the CDF, kept inside the bracket of the components' own
+    ``p``-quantiles (the mixture's lies between their least and greatest), which
+    bisection shrinks whenever a Newton step would leave it; only the rows not yet
+    converged are evaluated. The steps start at the quantile of the Gaussian with the
+    mixture's mean and variance and run in single precision until the CDF is within
+    ``1e-5`` of ``p`` (for double inputs), then in the inputs' precision from there
+    (one or two steps) until it is within ``tol``.
+
+    :param weight: ``(n, C)`` weights summing to one per row (zero: padding).
+    :param loc: ``(n, C)`` means.
+    :param scale: ``(n, C)`` standard deviations (positive).
+    :param probs: probabilities in ``(0, 1)``.
+    :returns: ``(len(probs), n)``.
+    """
+    used = weight > 0
+    mean = (weight * loc).sum(-1)
+    var = (weight * (scale * scale + (loc - mean.unsqueeze(-1)) ** 2)).sum(-1)
+    sd = var.clamp_min(0).sqrt()
+    inv = scale.reciprocal()
+    w_pdf = weight * inv * _INV_SQRT_2PI
+    coarse = loc.dtype == torch.float64
+    if coarse:  # the first steps in single precision: half the memory traffic
+        single = [t.float() for t in (weight, w_pdf, loc, inv)]
+    out = []
+    for p in probs:
+        zp = float(torch.special.ndtri(torch.tensor(float(p), dtype=torch.float64)))
+        comp = loc + scale * zp
+        a = torch.where(used, comp, math.inf).amin(-1)
+        b = torch.where(used, comp, -math.inf).amax(-1)
+        q = torch.minimum(torch.maximum(mean + sd * zp, a), b)
+        if coarse:
+            q32 = _newton_quantiles(*single, q.float(), a.float(), b.float(), p, 1e-5, iters)
+            q = torch.minimum(torch.maximum(q32.to(q.dtype), a), b)
+        out.append(_newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p, tol, iters))
+    return torch.stack(out)
+
+
 class VaRTRegressor(RegressorMixin, TabularEstimator):
     """A variational regression tree (VaRT) with posterior predictive intervals.
 
@@ -268,7 +425,10 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
     :param float temperature_end: final temperature.
-    :param int num_samples: posterior trees used by ``predict`` and ``predict_interval``.
+    :param int num_samples: posterior trees used by ``predict`` and ``predict_interval``
+        (and by the noise calibration). Prediction costs grow linearly with it; the
+        predictive mixture has about ``num_samples`` times as many components per row
+        as one tree.
     :param float split_alpha: prior split probability at the root (see VaRT).
     :param float split_beta: depth decay of the prior split probability.
     :param float split_scale: prior standard deviation of the split weights.
@@ -362,6 +522,11 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         ten splits (``benchmarks/results/vart_uci_d5_refit_*.md``): every set's mean test
         coverage of the 90 % interval lies in 0.86-0.93 (15 of 18 inside 0.85-0.95 with
         ``refit=False``), and VaRT beats XGBoost on the same 9 sets.
+    :param float init_split_prob: initial split probability :math:`\\tilde\\gamma_i` of
+        every internal node of the guide. The split logits move slowly, so at 0.9 a
+        hard posterior tree prunes about one node in ten at random, and those
+        subtrees' (hardly trained) stand-in leaves spread the posterior trees'
+        predictions; 0.99 (default) starts from the full tree of depth ``depth``.
     :param str init: ``"data"`` (default) starts the split rules through random
         training points (:meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`); ``"random"``
         uses random hyperplanes through the origin of the standardised inputs.
@@ -400,15 +565,16 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
-        num_samples: int = 200,
+        num_samples: int = 50,
         validation_fraction: float = 0.1,
-        patience: int | None = 10,
+        patience: int | None = 5,
         eval_every: int = 20,
         calibrate_noise: str | bool | None = "coverage",
         calibration_level: float = 0.9,
         min_calibration_rows: int | None = None,
         refit: bool = True,
         init: str = "data",
+        init_split_prob: float = 0.99,
         elbo: str = "vectorised",
         clip_margin: float | None = 0.5,
         split_alpha: float = 0.95,
@@ -435,6 +601,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         self.min_calibration_rows = min_calibration_rows
         self.refit = refit
         self.init = init
+        self.init_split_prob = init_split_prob
         self.elbo = elbo
         self.clip_margin = clip_margin
         self.split_alpha = split_alpha
@@ -514,7 +681,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
                 Xva[:_CALIBRATION_ROWS], yva[:_CALIBRATION_ROWS], extra
             )
             self._tree_samples = None
-        self._posterior_trees()  # drawn here once: predicting changes no attribute
+        self._leaf_trees()  # drawn here once: predicting changes no attribute
         return self
 
     def _calibration_folds(self, n: int, n_val: int, rule) -> int:
@@ -591,7 +758,11 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
                 leaf_scale=self.leaf_scale,
             )
             self.guide_ = VaRTGuide(
-                self.model_, depth, temperature=self.temperature_start, generator=gen
+                self.model_,
+                depth,
+                temperature=self.temperature_start,
+                init_split_prob=self.init_split_prob,
+                generator=gen,
             )
             if self.init == "data":
                 self.guide_.init_splits_from_data(Xtr, generator=gen)
@@ -648,14 +819,14 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         ``noise_calibration_`` (``grid``, ``log_density``, ``scores``, ``level``,
         ``rule``: the rule that chose the factor, ``"likelihood"`` where the coverage
         rule had too few rows)."""
-        tree = self._raw_tree()
+        tree = self._raw_leaves()
         grid = torch.logspace(math.log10(0.125), math.log10(64.0), 109, dtype=torch.float64)
         total = torch.zeros_like(grid)
         level = float(self.calibration_level)
         log_s = math.log(int(self.num_samples))
         scores = []
         for xb, yb in self._calibration_batches(Xva, yva):
-            logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
+            logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, K)
             z = (yb.double().unsqueeze(-1) - loc) / scale
             # log N(y; loc, (c scale)^2) = base - 0.5 z^2 / c^2 - log c
             base = logits - scale.log() - 0.5 * math.log(2 * math.pi)
@@ -664,7 +835,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
                 per_tree = (base - half_z2 / (c * c)).logsumexp(-1) - math.log(c)  # (S, n)
                 total[k] += float((per_tree.logsumexp(0) - log_s).sum())
             weight = logits.exp() / logits.shape[0]  # mixture weights over trees and leaves
-            scores.append(_coverage_scores(*_leading_components(weight, z), level))
+            scores.append(_compact_scores(weight, z, level))
         scores = torch.cat(scores)
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
@@ -689,6 +860,22 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
         shift = math.log(getattr(self, "noise_factor_", 1.0))
         return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
+
+    def _raw_leaves(self) -> dict:
+        """The trees of :meth:`_leaf_trees` with factor-1 noise."""
+        tree = self._leaf_trees()
+        shift = math.log(getattr(self, "noise_factor_", 1.0))
+        return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
+
+    def _leaf_trees(self) -> dict:
+        """The posterior trees of ``_posterior_trees`` stacked and cut to their leaves
+        (:func:`_leaf_tree`), cached alongside the draws they come from."""
+        samples = self._posterior_trees()
+        cache = getattr(self, "_leaf_cache", None)
+        if cache is None or cache[0] is not samples:
+            cache = (samples, _leaf_tree(_stack_trees(samples, self.guide_.depth)))
+            self._leaf_cache = cache
+        return cache[1]
 
     @torch.no_grad()
     def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
@@ -722,13 +909,13 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
 
     def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
         """:meth:`coverage_scores` of standardised (and clipped) rows."""
-        tree = self._raw_tree()
+        tree = self._raw_leaves()
         out = []
         for xb, yb in self._calibration_batches(Xs, ys):
             logits, loc, scale = _row_mixtures(tree, xb)
             weight = logits.exp() / logits.shape[0]
             z = (yb.double().unsqueeze(-1) - loc) / scale
-            out.append(_coverage_scores(*_leading_components(weight, z), level))
+            out.append(_compact_scores(weight, z, level))
         return torch.cat(out).cpu().numpy()
 
     def _calibration_batches(self, *tensors: torch.Tensor):
@@ -822,7 +1009,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         if not return_std:
             return mean
         Xs = self._prepare(X)
-        tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
+        tree = self._leaf_trees()
         var = []
         with torch.no_grad():
             for (xb,) in self._calibration_batches(Xs):
@@ -837,8 +1024,15 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
         one per posterior tree: shape ``(num_samples, N)`` (credible bands for means)."""
         Xs = self._prepare(X)
-        mean = self._predictive(Xs, ("mean",), 2)["mean"]
-        return self._take(mean, num_samples)
+        tree = self._leaf_trees()
+        nodes = max(int(tree["keep"].numel()), trees.num_internal(self.guide_.depth))
+        rows = max(1, _PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
+        out = []
+        with torch.no_grad():
+            for start in range(0, Xs.shape[0], rows):
+                logits, means, _ = _leaf_mixtures(tree, Xs[start : start + rows])
+                out.append((logits.softmax(-1) * means).sum(-1))
+        return self._take(self._outputs(torch.cat(out, -1)), num_samples)
 
     def sample(self, X, num_samples: int | None = None) -> np.ndarray:
         """Draws of the posterior predictive :math:`y^*` (eq. 32), ``(num_samples, N)``.
@@ -898,15 +1092,14 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         if method != "exact":
             raise ValueError(f"method must be 'exact' or 'draws', got {method!r}")
         Xs = self._prepare(X)
-        tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
+        tree = self._leaf_trees()
+        probs = ((1 - level) / 2, (1 + level) / 2)
         out = []
         with torch.no_grad():
             for (xb,) in self._calibration_batches(Xs):
                 logits, loc, scale = _row_mixtures(tree, xb)
                 weight = logits.exp() / logits.shape[0]
-                parts = _leading_components(weight, loc, scale)
-                probs = ((1 - level) / 2, (1 + level) / 2)
-                out.append(gaussian_mixture_quantiles(*parts, probs, dim=(0, -1)))
+                out.append(_row_mixture_quantiles(*_compact_rows(weight, loc, scale), probs))
         q = self._outputs(torch.cat(out, -1))
         return q[0], q[1]
 
@@ -995,9 +1188,10 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_tree_samples"] = None  # redrawn with the same seed after loading
+        state["_leaf_cache"] = None
         return state
 
     def __setstate__(self, state):
         # parameters added after an estimator was pickled: the behaviour it was fitted with
-        state = {"min_calibration_rows": None, "refit": False, **state}
+        state = {"min_calibration_rows": None, "refit": False, "init_split_prob": 0.9, **state}
         self.__dict__.update(state)

@@ -520,7 +520,9 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
     # need about 350 MiB: refused before any training
     Xw = np.random.default_rng(0).normal(size=(2048, 33))
     with pytest.raises(ValueError, match=r"depth 10 .* num_samples=200 .* would need about"):
-        VaRTRegressor(depth=10, num_steps=1, validation_fraction=0).fit(Xw, Xw[:, 0])
+        VaRTRegressor(depth=10, num_steps=1, validation_fraction=0, num_samples=200).fit(
+            Xw, Xw[:, 0]
+        )
     # few rows, many inputs: the guide's parameters, gradients and Adam moments count
     Xl = np.random.default_rng(0).normal(size=(8, 5000))
     with pytest.raises(ValueError, match=r"depth 10 .* training on 8 rows .* would need about"):
@@ -649,3 +651,41 @@ def test_refit_with_cross_fitting_refits_every_fold(data):
     assert not np.allclose(fold, plain_fold)  # the fold's scores come from its own refit
     pooled = torch.as_tensor(np.concatenate([est.noise_calibration_["scores"], fold]))
     assert est.noise_factor_ == min(noise_factor_from_scores(pooled, 0.9, None), 256.0)
+
+
+def test_fast_prediction_matches_the_full_mixture(fitted, data):
+    """predict / sample_function and the exact interval, computed on the trees' leaf nodes
+    with the per-row solver, equal the full mixtures of every node (Predictive's ``mean``
+    site, and gaussian_mixture_quantiles on all components)."""
+    X, _ = data
+    Xs = fitted._prepare(X)
+    ym, ys = fitted.y_mean_.double(), fitted.y_scale_.double()
+    tree = vart_module._stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
+    logits, loc, scale = mixture_params(tree, with_bias(Xs))
+    w = logits.double().softmax(-1) / logits.shape[0]
+    q = gaussian_mixture_quantiles(w, loc.double(), scale.double(), (0.05, 0.95), dim=(0, -1))
+    q = (q * ys + ym).numpy()
+    lo, hi = fitted.predict_interval(X, 0.9)
+    np.testing.assert_allclose(lo, q[0], rtol=0, atol=1e-7 * float(ys))
+    np.testing.assert_allclose(hi, q[1], rtol=0, atol=1e-7 * float(ys))
+    mean = fitted._predictive(Xs, ("mean",), 2)["mean"].numpy()
+    np.testing.assert_allclose(fitted.sample_function(X), mean, rtol=0, atol=1e-5 * float(ys))
+
+
+def test_row_mixture_quantiles_match_the_reference_solver():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.rand(9, 40, 6, generator=gen, dtype=torch.float64) ** 8  # uneven weights
+    w[:, :, 2] = 0.0  # a node that is no leaf
+    w = w / w.sum((0, -1), keepdim=True)
+    loc = 3 * torch.randn(9, 40, 6, generator=gen, dtype=torch.float64)  # multimodal
+    scale = 0.01 + torch.rand(9, 40, 6, generator=gen, dtype=torch.float64)
+    probs = (0.05, 0.3, 0.95)
+    ref = gaussian_mixture_quantiles(w, loc, scale, probs, dim=(0, -1))
+    cw, cloc, cscale = vart_module._compact_rows(w, loc, scale)
+    assert ((1.0 - cw.sum(-1)).abs() <= 1e-12).all() and cw.shape[1] < 9 * 6
+    got = vart_module._row_mixture_quantiles(cw, cloc, cscale, probs)
+    torch.testing.assert_close(got, ref, atol=1e-9, rtol=0)
+    z = (0.3 - loc) / scale
+    torch.testing.assert_close(
+        vart_module._compact_scores(w, z, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
+    )
