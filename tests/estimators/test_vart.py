@@ -107,7 +107,7 @@ def test_bad_input(fitted, data):
         est.fit(Xn, y)
     Xi = X.copy()
     Xi[0, 0] = np.inf
-    with pytest.raises(ValueError, match="infinite"):
+    with pytest.raises(ValueError, match="infinity"):
         fitted.predict(Xi)
     with pytest.raises(ValueError, match="mismatched lengths"):
         est.fit(X, y[:-1])
@@ -539,6 +539,13 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
         vart_module._check_prediction_memory(depth, 200, 33, None)
 
 
+def _share_inputs(other, est):
+    """Give ``other`` the fitted input handling of ``est`` (scalers, dtype, device), as
+    the estimator does for its cross-fitted folds."""
+    for name in ("dtype_", "device_", "x_scaler_", "y_scaler_", "n_features_in_", "n_outputs_"):
+        setattr(other, name, getattr(est, name))
+
+
 def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
     X, y = data  # 120 rows, 12 held out
     fitted = stopped  # refit=False: each fold's scores come from its early-stopped fit
@@ -555,11 +562,13 @@ def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
     # fold k: rows perm[12 k : 12 (k + 1)] of the main fit's permutation, scored by a fit
     # seeded seed_ + k that holds them out
     perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
-    Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    Xt = torch.as_tensor(est.x_scaler_.transform(X), dtype=torch.float32)  # standardised
+    yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
     for k in (1, 2):
         rows, rest = perm[12 * k : 12 * (k + 1)], torch.cat([perm[: 12 * k], perm[12 * (k + 1) :]])
         other = VaRTRegressor(**{**SMALL, "random_state": k})
         other.seed_ = k
+        _share_inputs(other, est)
         other._fit_split(Xt, yt, rows, rest, torch.Generator().manual_seed(k))
         other.noise_factor_, other._tree_samples = 1.0, None
         scores = other.coverage_scores(X[rows.numpy()], y[rows.numpy()])
@@ -609,9 +618,11 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     assert ref.num_steps == steps and ref.best_step is None and not ref.val_losses
     assert not np.allclose(est.predict(X), stopped.predict(X))
     perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
-    Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    Xt = torch.as_tensor(est.x_scaler_.transform(X), dtype=torch.float32)  # standardised
+    yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
     other = VaRTRegressor(**SMALL)
     other.seed_ = 0
+    _share_inputs(other, est)
     seed = vart_module._REFIT_SEED
     other._fit_split(
         Xt,
@@ -659,7 +670,7 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     site, and gaussian_mixture_quantiles on all components)."""
     X, _ = data
     Xs = fitted._prepare(X)
-    ym, ys = fitted.y_mean_.double(), fitted.y_scale_.double()
+    ym, ys = float(fitted.y_scaler_.mean), float(fitted.y_scaler_.scale)
     tree = vart_module._stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
     logits, loc, scale = mixture_params(tree, with_bias(Xs))
     w = logits.double().softmax(-1) / logits.shape[0]
@@ -668,7 +679,7 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     lo, hi = fitted.predict_interval(X, 0.9)
     np.testing.assert_allclose(lo, q[0], rtol=0, atol=1e-7 * float(ys))
     np.testing.assert_allclose(hi, q[1], rtol=0, atol=1e-7 * float(ys))
-    mean = fitted._predictive(Xs, ("mean",), 2)["mean"].numpy()
+    mean = fitted._predictive(Xs, ("mean",), 2)["mean"]
     np.testing.assert_allclose(fitted.sample_function(X), mean, rtol=0, atol=1e-5 * float(ys))
 
 
