@@ -204,7 +204,9 @@ def test_refit_leaves_predicts_each_leafs_majority_class(parity_fit):
     est, X, y = parity_fit
     est = pickle.loads(pickle.dumps(est))
     est.refit_leaves = True
-    est._refit_hard_leaves(est._validate_predict(X), torch.as_tensor(np.searchsorted(est.classes_, y)))
+    est._refit_hard_leaves(
+        est._validate_predict(X), torch.as_tensor(np.searchsorted(est.classes_, y))
+    )
     leaf, pred = est.apply(X), est.predict(X)
     for k in np.unique(leaf):
         counts = np.bincount(y[leaf == k], minlength=2)
