@@ -109,7 +109,7 @@ def test_bad_input(fitted, data):
     Xi[0, 0] = np.inf
     with pytest.raises(ValueError, match="infinity"):
         fitted.predict(Xi)
-    with pytest.raises(ValueError, match="mismatched lengths"):
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         est.fit(X, y[:-1])
     with pytest.raises(ValueError, match="features"):
         fitted.predict(X[:, :2])

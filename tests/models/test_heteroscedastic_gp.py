@@ -247,7 +247,7 @@ def test_save_load_exact(tmp_path):
     loaded = torch.load(buf, weights_only=False)
     m2, g2 = loaded["model"], loaded["guide"]
     x_new = torch.linspace(-1, 1, 5, dtype=torch.float64).unsqueeze(-1)
-    for routing in ("tree", "posterior"):
+    for routing in ("hard", "posterior"):
         a = model.predict(x_new, guide, x, y, routing=routing)
         b = m2.predict(x_new, g2, x, y, routing=routing)
         for u, v in zip(a, b, strict=True):
