@@ -319,7 +319,14 @@ class _RNNTreeBase(TabularEstimator):
                 self._rules = None
 
     def _start_margin(self, err: float, n_val: int) -> float:
-        return _START_MARGIN * err
+        """How much lower a later candidate's held-out error must be to replace the
+        data-driven start: ``_START_MARGIN`` of it, and at least one standard error of
+        the held-out estimate (on a hundred held-out rows a difference of one or two
+        rows is chance, and a tree chosen by chance loses on new data)."""
+        return max(_START_MARGIN * err, self._standard_error(err, n_val))
+
+    def _standard_error(self, err: float, n_val: int) -> float:
+        raise NotImplementedError
 
     def _loss(self):
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
@@ -555,6 +562,10 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         )
         self.noise_scale = noise_scale
 
+    def _standard_error(self, err: float, n_val: int) -> float:
+        """Standard error of a held-out RMSE: about ``err / sqrt(2 n)``."""
+        return err / math.sqrt(2 * max(n_val, 1))
+
     def _model_kwargs(self) -> dict:
         return {
             "likelihood": "gaussian",
@@ -607,6 +618,12 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
     RNN-Tree guide (Antorán et al.). Options as :class:`RNNTreeRegressor`, without
     ``noise_scale``; ``classes_`` holds the sorted class labels.
     """
+
+    def _standard_error(self, err: float, n_val: int) -> float:
+        """Binomial standard error of a held-out error rate (one row at least)."""
+        n = max(n_val, 1)
+        p = min(max(err, 1.0 / n), 1.0 - 1.0 / n)
+        return math.sqrt(p * (1.0 - p) / n)
 
     def _model_kwargs(self) -> dict:
         return {"likelihood": "categorical", "num_classes": self.n_classes_}
