@@ -402,6 +402,18 @@ def _cell(records, dataset, method, key, digits=3, seeds=1):
     return text
 
 
+def _every_set_check(estimator: str, check: str, bad: list[str], compared: int) -> dict:
+    """A row of the checks table for a goal every set must meet: ``bad`` lists the
+    sets that miss it, ``compared`` how many were compared."""
+    return {
+        "estimator": estimator,
+        "check": check,
+        "goal": "every set",
+        "result": "not run" if not compared else ("pass" if not bad else "FAIL"),
+        "detail": "; ".join(bad) or f"{compared} sets",
+    }
+
+
 def checks(records, panel, ours, columns):
     """Per-estimator goal checks: a list of dicts ``estimator, check, goal, result, detail``
     and the list of failures (one line each) for "Where we lose"."""
@@ -463,15 +475,7 @@ def checks(records, panel, ours, columns):
                     f"{name} on {d}: {label} {shown} > {cart} {cart_m:.3f} + {margin} "
                     f"(depth {info['depth']}, {info['depth_from']})"
                 )
-        rows.append(
-            {
-                "estimator": name,
-                "check": f"{label} <= {cart} + {margin}",
-                "goal": "every set",
-                "result": "not run" if not compared else ("pass" if not bad else "FAIL"),
-                "detail": "; ".join(bad) or f"{compared} sets",
-            }
-        )
+        rows.append(_every_set_check(name, f"{label} <= {cart} + {margin}", bad, compared))
         # interval coverage
         if info["probabilistic"] and task == "regression":
             lo_goal, hi_goal = COVERAGE_GOAL
@@ -488,15 +492,8 @@ def checks(records, panel, ours, columns):
                         f"{name} on {d}: 90 % interval coverage {shown} outside "
                         f"[{lo_goal}, {hi_goal}]"
                     )
-            rows.append(
-                {
-                    "estimator": name,
-                    "check": f"90 % coverage in [{lo_goal}, {hi_goal}]",
-                    "goal": "every set",
-                    "result": "not run" if not compared else ("pass" if not bad else "FAIL"),
-                    "detail": "; ".join(bad) or f"{compared} sets",
-                }
-            )
+            check = f"90 % coverage in [{lo_goal}, {hi_goal}]"
+            rows.append(_every_set_check(name, check, bad, compared))
     # VaRT against the random forest
     if "VaRTRegressor" in ours:
         sets = [

@@ -182,6 +182,30 @@ class TabularEstimator(BaseEstimator):
         self.y_scaler_ = Standardizer(y)
         return Xs, self._tensor(self.y_scaler_.transform(y))
 
+    #: the fitted attributes :meth:`_validate_fit` sets (those a regressor has)
+    _INPUT_ATTRS = ("dtype_", "device_", "x_scaler_", "y_scaler_", "n_features_in_", "n_outputs_")
+
+    def _share_inputs(self, other: TabularEstimator) -> None:
+        """Give ``other`` this estimator's fitted input handling (scalers, dtype,
+        device, widths), so that it reads the same standardised data."""
+        for name in self._INPUT_ATTRS:
+            setattr(other, name, getattr(self, name))
+
+    def _scaled_targets(self, y, n_rows: int) -> torch.Tensor:
+        """New regression targets ``(n_rows,)`` checked and standardised like the
+        training targets, as a tensor in ``dtype_`` on ``device_``.
+
+        :raises ValueError: a length other than ``n_rows``, NaN or infinite values.
+        """
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if y.shape[0] != n_rows:
+            raise ValueError(
+                f"X and y have mismatched lengths: X has {n_rows} rows, y has {y.shape[0]}"
+            )
+        if not np.isfinite(y).all():
+            raise ValueError("y contains NaN or infinite values")
+        return self._tensor(self.y_scaler_.transform(y))
+
     # -- predict ------------------------------------------------------------------------
     def _validate_predict(self, X) -> torch.Tensor:
         """Check new inputs against the fit and standardise them like the training rows.

@@ -324,15 +324,7 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
     def log_likelihood(self, X, y, *, routing: str | None = None) -> float:
         """Mean log predictive density per point of ``y`` (units of ``y``)."""
         pred = self._predict(X, routing)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        if y.shape[0] != pred.mean.shape[0]:
-            raise ValueError(
-                f"X and y have mismatched lengths: X has {pred.mean.shape[0]} rows, "
-                f"y has {y.shape[0]}"
-            )
-        if not np.isfinite(y).all():
-            raise ValueError("y contains NaN or infinite values")
-        ys = self._tensor(self.y_scaler_.transform(y))
+        ys = self._scaled_targets(y, pred.mean.shape[0])
         return float(pred.log_prob(ys).mean()) - math.log(float(self.y_scaler_.scale))
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:

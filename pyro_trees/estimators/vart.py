@@ -202,20 +202,6 @@ def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> tor
     return scores
 
 
-def _leading_components(weight: torch.Tensor, *others: torch.Tensor, tol: float = 1e-12):
-    """Per-row Gaussian mixtures ``(S, n, M)`` cut to the ``K`` heaviest components that
-    carry all but ``tol`` of every row's weight, laid out as ``(1, n, K)`` (the sums over
-    the first and last dims are unchanged up to ``tol``); ``others`` are gathered alike.
-    """
-    num, n, m = weight.shape
-    flat = weight.permute(1, 0, 2).reshape(n, num * m)
-    top, idx = flat.sort(-1, descending=True)
-    need = int(((top.cumsum(-1) < 1.0 - tol).sum(-1) + 1).max().clamp_max(num * m))
-    top, idx = top[:, :need], idx[:, :need]
-    out = [o.permute(1, 0, 2).reshape(n, num * m).gather(-1, idx).unsqueeze(0) for o in others]
-    return (top.unsqueeze(0), *out)
-
-
 def _row_mixtures(leaf: dict, x: torch.Tensor):
     """The predictive mixtures of rows ``x`` ``(n, L)`` under the trees of
     :func:`_leaf_tree`, in double precision: log leaf weights normalised within each
@@ -716,8 +702,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         params.update(progress=False, random_state=self._seed() + k)
         other = type(self)(**params)
         other.seed_ = self._seed() + k
-        for name in ("dtype_", "device_", "x_scaler_", "y_scaler_", "n_features_in_", "n_outputs_"):
-            setattr(other, name, getattr(self, name))
+        self._share_inputs(other)
         other._fit_split(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
         if self.refit:
             other._refit(X, y, rows, rest, other.seed_)
@@ -855,12 +840,6 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         }
         return c_cov if rule == "coverage" else c_lik
 
-    def _raw_tree(self) -> dict:
-        """The posterior trees of ``_posterior_trees`` stacked, with factor-1 noise."""
-        tree = _stack_trees(self._posterior_trees(), self.guide_.depth)
-        shift = math.log(getattr(self, "noise_factor_", 1.0))
-        return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
-
     def _raw_leaves(self) -> dict:
         """The trees of :meth:`_leaf_trees` with factor-1 noise."""
         tree = self._leaf_trees()
@@ -898,14 +877,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
         """
         level = check_level(self.calibration_level if level is None else level)
         Xs = self._prepare(X)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        if y.shape[0] != Xs.shape[0]:
-            raise ValueError(
-                f"X and y have mismatched lengths: X has {Xs.shape[0]} rows, y has {y.shape[0]}"
-            )
-        if not np.isfinite(y).all():
-            raise ValueError("y contains NaN or infinite values")
-        return self._standardised_scores(Xs, self._tensor(self.y_scaler_.transform(y)), level)
+        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
 
     def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
         """:meth:`coverage_scores` of standardised (and clipped) rows."""
@@ -1005,10 +977,10 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
             predictive (the Gaussian mixture over the ``num_samples`` trees and their
             leaves, calibrated noise included), ``(N,)``.
         """
-        mean = self.sample_function(X).mean(0)
+        Xs = self._prepare(X)
+        mean = self._function_draws(Xs).mean(0)
         if not return_std:
             return mean
-        Xs = self._prepare(X)
         tree = self._leaf_trees()
         var = []
         with torch.no_grad():
@@ -1023,7 +995,10 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
     def sample_function(self, X, num_samples: int | None = None) -> np.ndarray:
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
         one per posterior tree: shape ``(num_samples, N)`` (credible bands for means)."""
-        Xs = self._prepare(X)
+        return self._take(self._function_draws(self._prepare(X)), num_samples)
+
+    def _function_draws(self, Xs: torch.Tensor) -> np.ndarray:
+        """:meth:`sample_function` of standardised rows, every posterior tree."""
         tree = self._leaf_trees()
         nodes = max(int(tree["keep"].numel()), trees.num_internal(self.guide_.depth))
         rows = max(1, _PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
@@ -1032,7 +1007,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
             for start in range(0, Xs.shape[0], rows):
                 logits, means, _ = _leaf_mixtures(tree, Xs[start : start + rows])
                 out.append((logits.softmax(-1) * means).sum(-1))
-        return self._take(self._outputs(torch.cat(out, -1)), num_samples)
+        return self._outputs(torch.cat(out, -1))
 
     def sample(self, X, num_samples: int | None = None) -> np.ndarray:
         """Draws of the posterior predictive :math:`y^*` (eq. 32), ``(num_samples, N)``.

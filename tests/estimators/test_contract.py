@@ -280,3 +280,11 @@ def test_vart_causal_clones_its_regressor():
     assert clone(causal).get_params()["regressor"] is not reg
     with pytest.raises(NotFittedError):
         VaRTCausal().ate()
+
+
+def test_rnn_tree_signatures_share_their_defaults():
+    """RNNTreeRegressor spells out the shared constructor (scikit-learn reads explicit
+    signatures); its defaults must stay those of RNNTreeClassifier."""
+    reg, clf = RNNTreeRegressor().get_params(), RNNTreeClassifier().get_params()
+    assert set(reg) - set(clf) == {"noise_scale"}
+    assert {k: reg[k] for k in clf} == clf

@@ -13,7 +13,6 @@ from pyro_trees.estimators import VaRTRegressor
 from pyro_trees.estimators import vart as vart_module
 from pyro_trees.estimators.vart import (
     _coverage_scores,
-    _leading_components,
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
@@ -172,6 +171,14 @@ def test_early_stopping_and_noise_calibration(fitted, data):
     assert np.array_equal(fitted.noise_calibration_["scores"], cal["scores"])
 
 
+def _raw_tree(est) -> dict:
+    """Every node of the estimator's posterior trees (not only their leaves), with the
+    factor-1 noise: the full mixtures the estimator's leaf-node computations must equal."""
+    tree = vart_module._stack_trees(est._posterior_trees(), est.guide_.depth)
+    shift = math.log(est.noise_factor_)
+    return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
+
+
 def _held_out(est, data):
     """The estimator's held-out rows, standardised, as ``fit`` drew them."""
     X, y = data
@@ -204,7 +211,7 @@ def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, stop
         assert stopped.noise_factor_ == 1.0
     # a row is inside the exact central 90 % interval iff its score is at most c:
     # check on the calibrated mixture with the factor just above / below each score
-    tree = fitted._raw_tree()
+    tree = _raw_tree(fitted)
     logits, loc, scale = mixture_params(tree, with_bias(Xs))
     w = logits.double().softmax(-1) / logits.shape[0]
     z = (ys.double().unsqueeze(-1) - loc.double()) / scale.double()
@@ -397,7 +404,7 @@ def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, d
     lo, hi = fitted.predict_interval(X, 0.9)
     assert lo.shape == hi.shape == (120,) and (lo < hi).all()
     # the predictive CDF at the bounds is 0.05 and 0.95
-    tree = fitted._raw_tree()
+    tree = _raw_tree(fitted)
     logits, loc, scale = mixture_params(tree, with_bias(fitted._prepare(X)))
     w = logits.double().softmax(-1) / logits.shape[0]
     c = fitted.noise_factor_
@@ -419,14 +426,14 @@ def test_exact_interval_is_the_mixture_quantile_and_matches_the_scores(fitted, d
         fitted.predict_interval(X, method="mc")
 
 
-def test_leading_components_keep_the_quantiles_and_scores():
+def test_compact_rows_keep_the_quantiles_and_scores():
     gen = torch.Generator().manual_seed(0)
     w = torch.rand(6, 5, 7, generator=gen, dtype=torch.float64) ** 30  # a few heavy ones
     w[:, :, 3] = 0.0  # absent nodes
     w = w / w.sum((0, -1), keepdim=True)
     loc = torch.randn(6, 5, 7, generator=gen, dtype=torch.float64)
     scale = 0.1 + torch.rand(6, 5, 7, generator=gen, dtype=torch.float64)
-    cw, cloc, cscale = _leading_components(w, loc, scale, tol=1e-12)
+    cw, cloc, cscale = (t.unsqueeze(0) for t in vart_module._compact_rows(w, loc, scale))
     assert cw.shape[0] == 1 and cw.shape[1] == 5 and cw.shape[2] < 6 * 7
     assert ((1.0 - cw.sum((0, -1))).abs() <= 1e-12).all()
     probs = (0.05, 0.95)
@@ -437,7 +444,7 @@ def test_leading_components_keep_the_quantiles_and_scores():
         rtol=0,
     )
     z = (0.3 - loc) / scale
-    cz = _leading_components(w, z)[1]
+    cz = vart_module._compact_rows(w, z)[1].unsqueeze(0)
     torch.testing.assert_close(
         _coverage_scores(cw, cz, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
     )
@@ -539,13 +546,6 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
         vart_module._check_prediction_memory(depth, 200, 33, None)
 
 
-def _share_inputs(other, est):
-    """Give ``other`` the fitted input handling of ``est`` (scalers, dtype, device), as
-    the estimator does for its cross-fitted folds."""
-    for name in ("dtype_", "device_", "x_scaler_", "y_scaler_", "n_features_in_", "n_outputs_"):
-        setattr(other, name, getattr(est, name))
-
-
 def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
     X, y = data  # 120 rows, 12 held out
     fitted = stopped  # refit=False: each fold's scores come from its early-stopped fit
@@ -568,7 +568,7 @@ def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
         rows, rest = perm[12 * k : 12 * (k + 1)], torch.cat([perm[: 12 * k], perm[12 * (k + 1) :]])
         other = VaRTRegressor(**{**SMALL, "random_state": k})
         other.seed_ = k
-        _share_inputs(other, est)
+        est._share_inputs(other)
         other._fit_split(Xt, yt, rows, rest, torch.Generator().manual_seed(k))
         other.noise_factor_, other._tree_samples = 1.0, None
         scores = other.coverage_scores(X[rows.numpy()], y[rows.numpy()])
@@ -622,7 +622,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
     other = VaRTRegressor(**SMALL)
     other.seed_ = 0
-    _share_inputs(other, est)
+    est._share_inputs(other)
     seed = vart_module._REFIT_SEED
     other._fit_split(
         Xt,
