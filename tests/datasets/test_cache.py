@@ -1,4 +1,5 @@
 import hashlib
+import importlib.resources
 import pathlib
 import urllib.error
 import urllib.request
@@ -31,10 +32,7 @@ def test_registry():
     assert len(REGISTRY) == 67 + 42
     for relpath, entry in REGISTRY.items():
         assert entry.relpath == relpath
-        if relpath.startswith("kin8nm/index_"):
-            assert entry.sha256 is None
-        else:
-            assert len(entry.sha256) == 64 and int(entry.sha256, 16) >= 0
+        assert len(entry.sha256) == 64 and int(entry.sha256, 16) >= 0
         if relpath != "cora/cora.npz":
             assert entry.urls and all(u.startswith("https://") for u in entry.urls)
     assert REGISTRY[UCI_DATA].urls == (
@@ -100,11 +98,21 @@ def test_verified_once_and_rechecked_after_change(tmp_cache, monkeypatch):
     assert entry.sha256 != REGISTRY[relpath].sha256
 
 
-def test_unchecked_kin8nm_index(tmp_cache):
+@pytest.mark.parametrize("content", ["1\n2\n", ""], ids=["edited", "emptied"])
+def test_edited_kin8nm_index_is_refused(tmp_cache, content):
+    # An edited index would silently change the split, an empty one train on 0 rows.
     target = tmp_cache / "kin8nm" / "index_train_0.txt"
     target.parent.mkdir(parents=True)
-    target.write_text("1\n2\n")
-    assert cached_path("kin8nm/index_train_0.txt") == target
+    target.write_text(content)
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        cached_path("kin8nm/index_train_0.txt")
+
+
+def test_registry_is_a_package_data_file():
+    text = importlib.resources.files("pyro_trees.datasets").joinpath("registry.csv").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "relpath,sha256,origin,path_at_origin"
+    assert sorted(line.split(",")[0] for line in lines[1:]) == list(REGISTRY)
 
 
 def test_fetch_without_network(tmp_cache, monkeypatch):
