@@ -21,10 +21,14 @@ from pyro_trees.infer.dgp import (
     layer_samples,
 )
 from pyro_trees.infer.fit import (
+    Checkpoint,
+    EarlyStopping,
     FitResult,
     fit,
     isolated_params,
     make_optimizer,
+    resume_from,
+    train_steps,
 )
 from pyro_trees.infer.restarts import (
     RestartsResult,
@@ -51,7 +55,9 @@ from pyro_trees.infer.vart_elbo import (
 )
 
 __all__ = [
+    "Checkpoint",
     "CollapsedELBO",
+    "EarlyStopping",
     "FitResult",
     "LearnedTree",
     "ModelSelection",
@@ -73,6 +79,7 @@ __all__ = [
     "layer_samples",
     "learn_tree_structure",
     "make_optimizer",
+    "resume_from",
     "maximum_spanning_tree",
     "model_log_joint",
     "parents_from_edges",
@@ -82,4 +89,5 @@ __all__ = [
     "select_topology",
     "similarity_dfs_tree",
     "soft_tree_elbo",
+    "train_steps",
 ]

@@ -25,7 +25,16 @@ from pyro.infer import Trace_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
 from pyro.util import get_rng_state, set_rng_state
 
-__all__ = ["FitResult", "fit", "isolated_params", "make_optimizer"]
+__all__ = [
+    "Checkpoint",
+    "EarlyStopping",
+    "FitResult",
+    "fit",
+    "isolated_params",
+    "make_optimizer",
+    "resume_from",
+    "train_steps",
+]
 
 _OPTIMIZERS = {
     "clipped_adam": ClippedAdam,
@@ -127,6 +136,144 @@ def _set_cuda_rng_state(states) -> None:
         torch.cuda.set_rng_state_all([t.cpu() for t in states])
 
 
+class EarlyStopping:
+    """Scores the run on a validation criterion, keeps the best state and says when to stop.
+
+    :param evaluate: callable returning the criterion (a float, lower is better).
+    :param modules: the modules whose states are snapshotted and restored.
+    :param FitResult result: where the scores (``val_losses``, ``best_step``,
+        ``best_val``) are written.
+    :param int eval_every: steps between evaluations.
+    :param patience: stop after this many evaluations without an improvement of
+        ``min_delta`` (``None``: never stop, only keep the best state).
+    :param float min_delta: the smallest decrease that counts as an improvement.
+
+    The starting state is a candidate too (:meth:`score_start`): a good initialisation
+    (a greedy tree, a warm start) is kept when training never matches it.
+    """
+
+    def __init__(self, evaluate, modules, result, *, eval_every=20, patience=None, min_delta=0.0):
+        self.evaluate = evaluate
+        self.modules = list(modules)
+        self.result = result
+        self.eval_every = eval_every
+        self.patience = patience
+        self.min_delta = min_delta
+        self.best_state: list[dict] | None = None
+        self.bad_evals = 0
+
+    def score_start(self) -> None:
+        """Score the starting state as step 0."""
+        val = self.evaluate()
+        self.result.val_losses.append((0, val))
+        self.result.best_val, self.result.best_step = val, 0
+        self.best_state = _snapshot(*self.modules)
+
+    def after_step(self, done: int, last: bool) -> bool:
+        """Called after ``done`` steps (``last``: the final one); ``True`` means stop."""
+        if done % self.eval_every != 0 and not last:
+            return False
+        result = self.result
+        val = self.evaluate()
+        result.val_losses.append((done, val))
+        improved = result.best_val is None or val < result.best_val - self.min_delta
+        # The starting state keeps its place only while strictly better.
+        if improved or (result.best_step == 0 and val <= result.best_val):
+            result.best_val, result.best_step = val, done
+            self.best_state = _snapshot(*self.modules)
+            self.bad_evals = 0
+            return False
+        self.bad_evals += 1
+        return self.patience is not None and self.bad_evals >= self.patience
+
+    def restore(self) -> None:
+        """Load the best state into the modules (nothing when none was scored)."""
+        if self.best_state is not None:
+            for m, s in zip(self.modules, self.best_state, strict=True):
+                m.load_state_dict(s)
+
+
+class Checkpoint:
+    """Writes the whole training state every ``every`` steps and reads it back.
+
+    :param path: the file (written atomically through ``path.tmp``).
+    :param int every: steps between writes.
+    """
+
+    def __init__(self, path: str | os.PathLike, every: int = 500):
+        self.path = path
+        self.every = every
+
+    def after_step(self, done: int, state: Callable[[], dict]) -> None:
+        """Write ``state()`` when ``done`` is a multiple of ``every``."""
+        if done % self.every == 0:
+            self.save(done, state())
+
+    def save(self, step: int, state: dict) -> None:
+        """Write ``{"step": step, **state}``."""
+        tmp = f"{os.fspath(self.path)}.tmp"
+        torch.save({"step": step, **state}, tmp)
+        os.replace(tmp, self.path)
+
+
+def resume_from(path, model, guide, optimizer, scheduler, stopping, device=None):
+    """Load a checkpoint written by :func:`fit` into the model, the guide, the optimiser,
+    the scheduler, early stopping's bookkeeping and the random generators.
+
+    :returns: ``(result, step)``: the run's :class:`FitResult` so far and its step count.
+    """
+    state = torch.load(path, map_location=device, weights_only=False)
+    for m, key in ((model, "model"), (guide, "guide")):
+        if isinstance(m, torch.nn.Module):
+            m.load_state_dict(state[key].state_dict())
+    optimizer.load_state_dict(state["optimizer"])
+    # Checkpoints written before the scheduler was saved have no entry; the scheduler
+    # then starts afresh from the optimiser's saved learning rate.
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    result = copy.deepcopy(state["result"])
+    result.stopped = "num_steps"
+    # Early stopping's bookkeeping and the random streams (absent from older
+    # checkpoints): a resumed run then continues exactly as an uninterrupted one.
+    if stopping is not None:
+        stopping.result = result
+        stopping.best_state = state.get("best_state")
+        stopping.bad_evals = state.get("bad_evals", 0)
+    if state.get("rng") is not None:
+        rng = dict(state["rng"])
+        rng["torch"] = rng["torch"].cpu()
+        set_rng_state(rng)
+    _set_cuda_rng_state(state.get("cuda_rng"))
+    return result, state["step"]
+
+
+def train_steps(step_fn, start: int, stop: int, result: FitResult, *, after_step=None, bar=None):
+    """The loop: ``step_fn()`` (one gradient step, returning the loss) for steps
+    ``start..stop-1``, recording losses in ``result``.
+
+    Ends early on a non-finite loss (``result.stopped = "non_finite"``), when
+    ``after_step(step, loss)`` returns ``True`` (its reason is already in ``result``) or on
+    Ctrl-C (``"interrupted"``, what was learnt is kept).
+
+    :param bar: a tqdm bar to advance, or ``None``.
+    """
+    try:
+        for step in range(start, stop):
+            loss_value = step_fn()
+            result.losses.append(loss_value)
+            if not math.isfinite(loss_value):
+                result.stopped = "non_finite"
+                break
+            if bar is not None:
+                bar.update(1)
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{loss_value:.4g}")
+            if after_step is not None and after_step(step, loss_value):
+                break
+    except KeyboardInterrupt:
+        result.stopped = "interrupted"
+
+
 def fit(
     model: Callable,
     guide: Callable,
@@ -215,15 +362,13 @@ def fit(
     if device is not None:
         for m in modules:
             m.to(device)
-        args = _to_device(args, device)
-        kwargs = _to_device(kwargs, device)
-        val_args = _to_device(val_args, device)
-        val_kwargs = _to_device(val_kwargs, device)
+        args, kwargs, val_args, val_kwargs = _to_device(
+            (args, kwargs, val_args, val_kwargs), device
+        )
     val_kwargs = dict(kwargs if val_kwargs is None else val_kwargs)
     val_kwargs.pop("subsample_size", None)
 
     result = FitResult()
-    start_step = 0
     with isolated_params():
         elbo = loss(model, guide)
         # A first evaluation creates lazily initialised parameters.
@@ -233,30 +378,6 @@ def fit(
             raise ValueError("the model and guide have no trainable parameters")
         optimizer = make_optimizer(params, optim, lr, **(optim_args or {}))
         scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
-        best_state = None  # the modules' states at the best validation so far
-        bad_evals = 0
-        if resume is not None:
-            state = torch.load(resume, map_location=device, weights_only=False)
-            for m, key in ((model, "model"), (guide, "guide")):
-                if isinstance(m, torch.nn.Module):
-                    m.load_state_dict(state[key].state_dict())
-            optimizer.load_state_dict(state["optimizer"])
-            # Checkpoints written before the scheduler was saved have no entry; the
-            # scheduler then starts afresh from the optimiser's saved learning rate.
-            if scheduler is not None and state.get("scheduler") is not None:
-                scheduler.load_state_dict(state["scheduler"])
-            result = copy.deepcopy(state["result"])
-            result.stopped = "num_steps"
-            start_step = state["step"]
-            # Early stopping's bookkeeping and the random streams (absent from older
-            # checkpoints): a resumed run then continues exactly as an uninterrupted one.
-            best_state = state.get("best_state")
-            bad_evals = state.get("bad_evals", 0)
-            if state.get("rng") is not None:
-                rng = dict(state["rng"])
-                rng["torch"] = rng["torch"].cpu()
-                set_rng_state(rng)
-            _set_cuda_rng_state(state.get("cuda_rng"))
 
         def evaluate() -> float:
             if val_metric is not None:
@@ -264,14 +385,24 @@ def fit(
             with torch.no_grad():
                 return float(elbo(*val_args, **val_kwargs))
 
-        has_val = val_metric is not None or val_args is not None
-        if has_val and start_step == 0:
-            # The starting state is a candidate too: a good initialisation (a greedy
-            # tree, a warm start) is kept when training never matches it on validation.
-            val = evaluate()
-            result.val_losses.append((0, val))
-            result.best_val, result.best_step = val, 0
-            best_state = _snapshot(*modules)
+        stopping = None
+        if val_metric is not None or val_args is not None:
+            stopping = EarlyStopping(
+                evaluate,
+                modules,
+                result,
+                eval_every=eval_every,
+                patience=patience,
+                min_delta=min_delta,
+            )
+        start_step = 0
+        if resume is not None:
+            result, start_step = resume_from(
+                resume, model, guide, optimizer, scheduler, stopping, device
+            )
+        elif stopping is not None:
+            stopping.score_start()
+        saver = Checkpoint(checkpoint, checkpoint_every) if checkpoint is not None else None
 
         def saved() -> dict:
             return {
@@ -280,11 +411,30 @@ def fit(
                 "optimizer": optimizer.state_dict(),
                 "scheduler": None if scheduler is None else scheduler.state_dict(),
                 "result": result,
-                "best_state": best_state,
-                "bad_evals": bad_evals,
+                "best_state": None if stopping is None else stopping.best_state,
+                "bad_evals": 0 if stopping is None else stopping.bad_evals,
                 "rng": get_rng_state(),
                 "cuda_rng": _cuda_rng_state(),
             }
+
+        def step_fn() -> float:
+            optimizer.zero_grad()
+            value = elbo(*args, **kwargs)
+            value.backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            return float(value.detach())
+
+        def after_step(step: int, loss_value: float) -> bool:
+            if callback is not None and callback(step, loss_value) is True:
+                return True
+            if stopping is not None and stopping.after_step(step + 1, step + 1 == num_steps):
+                result.stopped = "early_stopping"
+                return True
+            if saver is not None:
+                saver.after_step(step + 1, saved)
+            return False
 
         bar = None
         if progress:
@@ -292,59 +442,16 @@ def fit(
 
             bar = tqdm(total=num_steps, initial=start_step, desc=desc, leave=False)
         t0 = time.perf_counter()
-        step = start_step
         try:
-            for step in range(start_step, num_steps):
-                optimizer.zero_grad()
-                value = elbo(*args, **kwargs)
-                value.backward()
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-                loss_value = float(value.detach())
-                result.losses.append(loss_value)
-                if not math.isfinite(loss_value):
-                    result.stopped = "non_finite"
-                    break
-                if bar is not None:
-                    bar.update(1)
-                    if step % 10 == 0:
-                        bar.set_postfix(loss=f"{loss_value:.4g}")
-                if callback is not None and callback(step, loss_value) is True:
-                    break
-                if has_val and ((step + 1) % eval_every == 0 or step + 1 == num_steps):
-                    val = evaluate()
-                    result.val_losses.append((step + 1, val))
-                    improved = result.best_val is None or val < result.best_val - min_delta
-                    # The starting state keeps its place only while strictly better.
-                    if improved or (result.best_step == 0 and val <= result.best_val):
-                        result.best_val, result.best_step = val, step + 1
-                        best_state = _snapshot(*modules)
-                        bad_evals = 0
-                    else:
-                        bad_evals += 1
-                        if patience is not None and bad_evals >= patience:
-                            result.stopped = "early_stopping"
-                            break
-                if checkpoint is not None and (step + 1) % checkpoint_every == 0:
-                    _save(checkpoint, step + 1, **saved())
-        except KeyboardInterrupt:
-            result.stopped = "interrupted"
+            train_steps(step_fn, start_step, num_steps, result, after_step=after_step, bar=bar)
         finally:
             if bar is not None:
                 bar.close()
         result.seconds += time.perf_counter() - t0
         # The last checkpoint holds the training state before the best one is restored:
         # resuming it with more steps continues the run, as a longer run would have.
-        if checkpoint is not None:
-            _save(checkpoint, len(result.losses), **saved())
-        if best_state is not None and result.stopped != "interrupted":
-            for m, s in zip(modules, best_state, strict=True):
-                m.load_state_dict(s)
+        if saver is not None:
+            saver.save(len(result.losses), saved())
+        if stopping is not None and result.stopped != "interrupted":
+            stopping.restore()
     return result
-
-
-def _save(path, step: int, **state) -> None:
-    tmp = f"{os.fspath(path)}.tmp"
-    torch.save({"step": step, **state}, tmp)
-    os.replace(tmp, path)

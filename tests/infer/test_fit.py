@@ -320,3 +320,53 @@ def test_resuming_a_finished_run_extends_it(tmp_path):
     for a, b in ((model, model2), (guide, guide2)):
         for key, value in a.state_dict().items():
             assert torch.equal(b.state_dict()[key], value), key
+
+
+# The parts of fit, each alone.
+
+
+def test_early_stopping_alone_keeps_the_best_state_and_counts_patience():
+    from pyro_trees.infer import EarlyStopping, FitResult
+
+    module = torch.nn.Linear(1, 1)
+    values = iter([3.0, 2.0, 2.5, 2.6])
+    result = FitResult()
+    stopping = EarlyStopping(lambda: next(values), [module], result, eval_every=2, patience=2)
+    stopping.score_start()
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    assert not stopping.after_step(1, last=False)  # not an evaluation step
+    assert not stopping.after_step(2, last=False)  # 2.0: the best so far
+    with torch.no_grad():
+        module.weight.fill_(5.0)
+    assert not stopping.after_step(4, last=False)  # 2.5: one bad evaluation
+    assert stopping.after_step(6, last=False)  # 2.6: patience spent
+    assert result.best_step == 2 and result.best_val == 2.0
+    assert result.val_losses == [(0, 3.0), (2, 2.0), (4, 2.5), (6, 2.6)]
+    stopping.restore()
+    assert float(module.weight.detach()) == 1.0
+
+
+def test_train_steps_alone_stops_on_a_non_finite_loss_and_on_request():
+    from pyro_trees.infer import FitResult, train_steps
+
+    losses = iter([1.0, 0.5, float("nan"), 0.1])
+    result = FitResult()
+    train_steps(lambda: next(losses), 0, 10, result)
+    assert result.stopped == "non_finite" and len(result.losses) == 3
+    result = FitResult()
+    train_steps(lambda: 1.0, 0, 10, result, after_step=lambda step, loss: step == 3)
+    assert result.num_steps == 4 and result.stopped == "num_steps"
+
+
+def test_checkpoint_alone_writes_every_n_steps(tmp_path):
+    from pyro_trees.infer import Checkpoint
+
+    path = tmp_path / "run.pt"
+    saver = Checkpoint(path, every=3)
+    for done in (1, 2):
+        saver.after_step(done, lambda: {"x": 0})
+    assert not path.exists()
+    saver.after_step(3, lambda: {"x": 3})
+    assert torch.load(path) == {"step": 3, "x": 3}
+    assert not (tmp_path / "run.pt.tmp").exists()
