@@ -187,3 +187,19 @@ def test_param_store_round_trip_reproduces_predictions_and_is_not_reinitialised(
     svi.step(x, y)
     assert not torch.equal(pyro.param("saved.leaf_loc").detach(), state["saved.leaf_loc"])
     assert torch.equal(model2.leaf_loc.detach(), pyro.param("saved.leaf_loc").detach())
+
+
+def test_estimator_modules_are_not_reinitialised_by_a_later_call():
+    from pyro_trees.estimators import RNNTreeRegressor
+
+    X, y = make_pulse(80)
+    est = RNNTreeRegressor(2, num_steps=5, random_state=0).fit(X, y)
+    model, guide = est.model_, est.guide_
+    loc = model.leaf_loc.detach().clone()
+    offset = guide.tree.node_offset.detach().clone()
+    x = torch.randn(80, 1, dtype=loc.dtype)
+    t = 10.0 + torch.randn(80, dtype=loc.dtype)
+    poutine.trace(guide).get_trace(x, t)
+    poutine.trace(model).get_trace(x, t)
+    assert torch.equal(model.leaf_loc.detach(), loc)
+    assert torch.equal(guide.tree.node_offset.detach(), offset)
