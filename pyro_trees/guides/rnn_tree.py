@@ -15,7 +15,7 @@ Two ways to feed decisions back into the GRU:
   back, and the leaf probabilities are :math:`\prod_d q(m_d \mid h_d, x)`. Conditional
   and aggregate posteriors (App. C, eqs. 23-24) follow from these leaf probabilities
   (:meth:`RNNTree.conditional_posteriors`, :meth:`RNNTree.aggregate_posteriors`).
-* ``feedback="hard"``: the GRU is fed the binary decision of each path, so every node
+* ``feedback="hard"`` (the default): the GRU is fed the binary decision of each path, so every node
   of the tree has its own hidden state; these do not depend on ``x`` and cost
   ``2**D - 1`` GRU steps per evaluation, whatever the batch. The routing posterior is
   then an exact soft decision tree whose hard limit is the test-time tree
