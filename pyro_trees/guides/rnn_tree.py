@@ -44,7 +44,7 @@ from torch import nn
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store, follow_data, store_name
 
-__all__ = ["RNNTree", "RNNTreeGuide", "balanced_start", "input_scaling"]
+__all__ = ["RNNTree", "RNNTreeGuide"]
 
 # Elements of one ``(rows, nodes, features)`` block of :class:`_NodeSplitLogProbs`:
 # on CPU about a megabyte in float32, so each block's passes run from cache; on an
