@@ -42,28 +42,33 @@ pyro.set_rng_seed(0)"""),
 
 Nothing here is special: a `PyroModule` model, a guide with the same signature, and `SVI`.
 The guide marks the leaf for parallel enumeration, so the expected log-likelihood is an exact
-sum over the $2^D$ leaves (no score-function estimator)."""),
+sum over the $2^D$ leaves (no score-function estimator).
+
+At the first `svi.step(x, y)` the guide standardises `x` itself and starts at the balanced
+tree, where every node splits its points at the median (the mode of the balance prior), and
+the model's experts take one M-step on that tree: the habits of mixture modelling, done
+for you. On the pulse the balanced tree already cuts at the eight levels' edges."""),
     code("""X, y = make_pulse(400)
-x = torch.tensor(X / X.std(), dtype=torch.float32)
+x = torch.tensor(X, dtype=torch.float32)
 t = torch.tensor(y, dtype=torch.float32)
 
 pyro.clear_param_store()
-model = HME(in_features=1, depth=3, noise_scale=None)
+model = HME(in_features=1, depth=3)
 guide = RNNTreeGuide(in_features=1, depth=3)
-svi = pyro.infer.SVI(model, guide, pyro.optim.ClippedAdam({"lr": 0.03}), loss=TreeELBO())
-losses = [svi.step(x, t) for _ in range(STEPS // 3)]
+svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), loss=TreeELBO())
+losses = [svi.step(x, t) for _ in range(STEPS)]
 plt.plot(losses); plt.xlabel("step"); plt.ylabel("-ELBO");"""),
-    md("""From a random start the routing often stays vague: the balance prior can be satisfied by
-sending each point everywhere a little. The estimators below avoid this with two habits from
-mixture modelling:
-
-* a balanced start, where every node splits its points at the median;
-* one M-step for the experts.
-
-They also train with `entropy_weight=-1`, the sign of eq. 22, which rewards confident routing.
-With `entropy_weight=1` (the exact ELBO) confident routing costs $D\\log 2$ nats per point.
-On these tasks that is more than the likelihood gains, and the bound prefers vague routing.
-`benchmarks/results/hme_pulse.md` measures both settings."""),
+    md("""The most likely tree reads as rules, thresholds in the units of `x`; `Predictive` draws
+`y` from the posterior predictive:"""),
+    code("""print(guide.rules().export_text())
+draws = pyro.infer.Predictive(model, guide=guide, num_samples=100)(x)["obs"]
+plt.plot(X[:, 0], y, "k", lw=1, label="truth")
+plt.plot(X[:, 0], draws.mean(0), label="posterior predictive mean")
+plt.legend();"""),
+    md("""The estimators below add held-out early stopping and train with `entropy_weight=-1`,
+the sign of eq. 22, which rewards confident routing. With `entropy_weight=1` (the exact
+ELBO, `TreeELBO()`'s default) confident routing costs up to $D\\log 2$ nats per point, so
+the bound softens the cuts a little. `benchmarks/results/hme_pulse.md` measures both."""),
     md("## 2. The 8-level pulse: all 8 regions from a depth-3 tree"),
     code("""est = RNNTreeRegressor(depth=3, random_state=0, entropy_weight=-1.0, num_steps=STEPS).fit(X, y)
 grid = np.linspace(-4, 4, 1001)[:, None]

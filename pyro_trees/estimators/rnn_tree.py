@@ -231,9 +231,10 @@ class _RNNTreeBase(TabularEstimator):
 
     def _new_modules(self, depth: int, like: torch.Tensor) -> None:
         n_features = self.n_features_in_
-        model = HME(n_features, depth, experts=self.experts, **self._model_kwargs())
+        # init=None: _init_tree starts them; a later call (e.g. Predictive) must not
+        model = HME(n_features, depth, experts=self.experts, init=None, **self._model_kwargs())
         guide = RNNTreeGuide(
-            n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback
+            n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback, init=None
         )
         model.to(device=like.device, dtype=like.dtype)
         guide.to(device=like.device, dtype=like.dtype)

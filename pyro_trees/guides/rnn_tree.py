@@ -15,7 +15,7 @@ Two ways to feed decisions back into the GRU:
   back, and the leaf probabilities are :math:`\prod_d q(m_d \mid h_d, x)`. Conditional
   and aggregate posteriors (App. C, eqs. 23-24) follow from these leaf probabilities
   (:meth:`RNNTree.conditional_posteriors`, :meth:`RNNTree.aggregate_posteriors`).
-* ``feedback="hard"``: the GRU is fed the binary decision of each path, so every node
+* ``feedback="hard"`` (the default): the GRU is fed the binary decision of each path, so every node
   of the tree has its own hidden state; these do not depend on ``x`` and cost
   ``2**D - 1`` GRU steps per evaluation, whatever the batch. The routing posterior is
   then an exact soft decision tree whose hard limit is the test-time tree
@@ -33,10 +33,16 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pyro import poutine
 from pyro.nn import PyroModule
+from pyro.poutine.plate_messenger import PlateMessenger
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.trace_messenger import TraceMessenger
 from torch import nn
 
 from pyro_trees import trees
+from pyro_trees._param_store import adopt_param_store, follow_data, store_name
 
 __all__ = ["RNNTree", "RNNTreeGuide"]
 
@@ -252,6 +258,62 @@ def _choose_dimension(pts, y, cut, spread) -> int:
     return int(gain.argmax())
 
 
+def input_scaling(x: torch.Tensor):
+    """Mean and standard deviation of every input dimension, ``(L,)`` each; a constant
+    (or single-row) dimension gets scale 1."""
+    loc = x.mean(0)
+    scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(loc)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return loc, scale
+
+
+@torch.no_grad()
+def balanced_start(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    depth: int,
+    *,
+    sharpness: float = 20.0,
+    dim_margin: float = 3.0,
+    cuts: str = "balanced",
+    min_leaf: int = 1,
+):
+    """The balanced (or greedy) tree of :meth:`RNNTree.init_balanced` on inputs ``x``.
+
+    :param x: ``(N, L)`` inputs, already standardised.
+    :param y: optional targets (see :meth:`RNNTree.init_balanced`).
+    :returns: ``(targets, leaf)``: per internal node the dimension logits, ``w0`` and
+        ``w1`` ``(2**D - 1, 3L)``, and the leaf each point reaches ``(N,)``.
+    """
+    if cuts not in ("balanced", "greedy"):
+        raise ValueError(f"cuts must be 'balanced' or 'greedy', got {cuts!r}")
+    if cuts == "greedy" and y is None:
+        raise ValueError("cuts='greedy' needs the targets y")
+    L = x.shape[-1]
+    n_internal = trees.num_internal(depth)
+    targets = torch.zeros(n_internal, 3 * L, dtype=x.dtype, device=x.device)
+    node_of_point = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
+    for j in range(n_internal):
+        node = j + 1
+        mask = node_of_point == node
+        cut, spread = _balanced_cuts(x[mask], like=x[0])
+        l = None
+        if cuts == "greedy" and int(mask.sum()) >= 2 * max(1, min_leaf):
+            g_cut, gain = _greedy_cuts(x[mask], y[mask], min_leaf=max(1, min_leaf))
+            if float(gain.max()) > 0:
+                l = int(gain.argmax())
+                cut = torch.where(torch.isfinite(gain), g_cut, cut)
+        if l is None:
+            l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)
+        slope = sharpness / spread.clamp_min(1e-2)
+        targets[j, l] = dim_margin + math.log(max(1, L - 1))
+        targets[j, L : 2 * L] = -slope * cut
+        targets[j, 2 * L :] = slope
+        right = x[:, l] > cut[l]
+        node_of_point = torch.where(mask, 2 * node + right.long(), node_of_point)
+    return targets, node_of_point - trees.num_leaves(depth)
+
+
 class RNNTree(PyroModule):
     """The routing network: maps inputs ``(N, L)`` to leaf logits ``(N, 2**D)``.
 
@@ -261,9 +323,16 @@ class RNNTree(PyroModule):
     :param int in_features: input dimension :math:`L`.
     :param int depth: tree depth :math:`D`.
     :param int hidden_size: GRU width.
-    :param str feedback: ``"soft"`` (paper, eq. 14) or ``"hard"`` (per-node states).
+    :param str feedback: ``"hard"`` (per-node states; default) or ``"soft"`` (the
+        paper's single roll-out, eq. 14).
     :param float noise: half-width of the uniform quantisation noise fed back during
         training with soft feedback (the paper: 0.5); 0 disables it.
+    :param str name: parameter-store prefix (``PyroModule`` name of a root module).
+
+    Inputs are standardised inside, ``(x - x_loc) / x_scale`` with the buffers
+    ``x_loc``, ``x_scale`` ``(L,)`` (0 and 1 until :meth:`init_scaling` sets them), so
+    that split weights live on the unit scale whatever the units of ``x``;
+    :meth:`rules` reports thresholds in the units of ``x``.
     """
 
     def __init__(
@@ -272,10 +341,11 @@ class RNNTree(PyroModule):
         depth: int,
         *,
         hidden_size: int = 32,
-        feedback: str = "soft",
+        feedback: str = "hard",
         noise: float = 0.5,
+        name: str | None = None,
     ):
-        super().__init__()
+        super().__init__(name=name or "")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
         if feedback not in ("soft", "hard"):
@@ -314,7 +384,21 @@ class RNNTree(PyroModule):
             # buffer of zeros, under the same state_dict key, so that rules() serves
             # both feedbacks and every parameter receives a gradient.
             self.register_buffer("node_offset", offset)
+        self.register_buffer("x_loc", torch.zeros(self.in_features))
+        self.register_buffer("x_scale", torch.ones(self.in_features))
         self.reset_split_parameters()
+
+    @torch.no_grad()
+    def init_scaling(self, x: torch.Tensor) -> None:
+        """Set the input standardisation ``x_loc``, ``x_scale`` to the mean and standard
+        deviation of ``x`` ``(N, L)`` (a constant dimension keeps scale 1)."""
+        loc, scale = input_scaling(x)
+        self.x_loc = loc.to(self.x_loc)
+        self.x_scale = scale.to(self.x_scale)
+
+    def standardise(self, x: torch.Tensor) -> torch.Tensor:
+        """``(x - x_loc) / x_scale``: the inputs as the splits see them, ``(..., L)``."""
+        return (x - self.x_loc.to(x.dtype)) / self.x_scale.to(x.dtype)
 
     def reset_split_parameters(self) -> None:
         """Spread the initial thresholds over the standardised input range.
@@ -371,39 +455,25 @@ class RNNTree(PyroModule):
         own best cuts); a node where no cut reduces it falls back to the balanced rule.
         End-to-end training then refines a greedy tree instead of a balanced one.
 
-        :param x: inputs ``(N, L)``, standardised as in training.
+        :param x: inputs ``(N, L)`` in the units the tree is called with (standardised
+            by the tree's own ``x_loc``, ``x_scale``).
         :param y: optional targets, used only to choose split dimensions (and, with
             ``cuts="greedy"``, the cuts).
         :param str cuts: ``"balanced"`` (median cuts) or ``"greedy"`` (impurity cuts).
         :param int min_leaf: fewest points on either side of a greedy cut.
         """
-        if cuts not in ("balanced", "greedy"):
-            raise ValueError(f"cuts must be 'balanced' or 'greedy', got {cuts!r}")
-        if cuts == "greedy" and y is None:
-            raise ValueError("cuts='greedy' needs the targets y")
         L = self.in_features
+        x = self.standardise(x)
         states = self.node_states().to(x.dtype)  # (I, H)
-        n_internal = states.shape[0]
-        targets = torch.zeros(n_internal, 3 * L, dtype=x.dtype, device=x.device)
-        node_of_point = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
-        for j in range(n_internal):
-            node = j + 1
-            mask = node_of_point == node
-            cut, spread = _balanced_cuts(x[mask], like=x[0])
-            l = None
-            if cuts == "greedy" and int(mask.sum()) >= 2 * max(1, min_leaf):
-                g_cut, gain = _greedy_cuts(x[mask], y[mask], min_leaf=max(1, min_leaf))
-                if float(gain.max()) > 0:
-                    l = int(gain.argmax())
-                    cut = torch.where(torch.isfinite(gain), g_cut, cut)
-            if l is None:
-                l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)
-            slope = sharpness / spread.clamp_min(1e-2)
-            targets[j, l] = dim_margin + math.log(max(1, L - 1))
-            targets[j, L : 2 * L] = -slope * cut
-            targets[j, 2 * L :] = slope
-            right = x[:, l] > cut[l]
-            node_of_point = torch.where(mask, 2 * node + right.long(), node_of_point)
+        targets, _ = balanced_start(
+            x,
+            y,
+            self.depth,
+            sharpness=sharpness,
+            dim_margin=dim_margin,
+            cuts=cuts,
+            min_leaf=min_leaf,
+        )
         base = torch.cat([self.dim_head(states), self.split_head(states)], dim=-1)
         if self.feedback == "hard":
             self.node_offset.copy_(targets - base)
@@ -460,6 +530,7 @@ class RNNTree(PyroModule):
             device, then moved to ``x``'s); default: the global generator.
         """
         noise = self.training if noise is None else noise
+        x = self.standardise(x)
         n = x.shape[0]
         h = self.h0.to(x.dtype).expand(n, -1)
         inp = x.new_zeros(n, 1)
@@ -489,7 +560,7 @@ class RNNTree(PyroModule):
             return trees.depth_logits_to_node_logits(log_right - log_left)
         if feedback == "hard":
             log_dim, w0, w1 = self._node_heads(x.dtype)
-            flat = x.reshape(-1, x.shape[-1])
+            flat = self.standardise(x).reshape(-1, x.shape[-1])
             log_right, log_left = _NodeSplitLogProbs.apply(flat, log_dim, w0, w1)
             return (log_right - log_left).reshape(*x.shape[:-1], -1)  # (N, 2**D - 1)
         raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
@@ -553,7 +624,8 @@ class RNNTree(PyroModule):
         """The single most likely tree: max instead of softmax, step instead of sigmoid.
 
         Node ``i`` tests dimension ``l* = argmax_l f(h_i)`` against
-        ``-w_{l*0} / w_{l*1}``; a zero slope gives a constant decision (threshold
+        ``-w_{l*0} / w_{l*1}`` (mapped back to the units of ``x`` through ``x_loc``,
+        ``x_scale``); a zero slope gives a constant decision (threshold
         ``-inf``/``+inf``).
         """
         # The per-node residual stays zero under soft feedback, so this serves both.
@@ -568,6 +640,9 @@ class RNNTree(PyroModule):
             torch.where(a > 0, torch.full_like(a, -math.inf), torch.full_like(a, math.inf)),
             -a / safe_b,
         )
+        # back to the units of x (the scale is positive: comparisons keep their sense)
+        loc, scale = self.x_loc.to(threshold)[feature], self.x_scale.to(threshold)[feature]
+        threshold = loc + scale * threshold
         if leaf_values is None:
             leaf_values = [f"leaf {i}" for i in range(trees.num_leaves(self.depth))]
         return trees.DecisionRules(feature, threshold, greater, list(leaf_values))
@@ -581,23 +656,79 @@ class RNNTreeGuide(PyroModule):
     """Guide for :class:`~pyro_trees.models.HME`: the RNN-Tree routing posterior.
 
     ``forward(x, y=None, subsample_size=None)`` has the model's signature and samples
-    the per-point site ``"leaf"`` inside the plate ``"data"`` from
+    the per-point site ``"leaf"`` ``(N,)`` inside the plate ``"data"`` from
     ``Categorical(logits=RNNTree(x))``, marked for parallel enumeration so that
     :class:`~pyro_trees.infer.TreeELBO` (or ``TraceEnum_ELBO``) sums it out exactly.
+    Outside enumeration (``pyro.infer.Predictive``, ``poutine.trace``) the site is an
+    ordinary draw from the routing posterior, so posterior predictive draws need nothing
+    else.
+
+    **Lazy initialisation.** At its first call with targets ``y`` (the first
+    ``svi.step(x, y)``) the guide moves to ``x``'s dtype and device, sets the tree's
+    input standardisation (:meth:`RNNTree.init_scaling`) and starts the tree at the
+    balanced tree of ``(x, y)`` (:meth:`RNNTree.init_balanced`, the tree-balance
+    prior's mode), which :class:`~pyro_trees.models.HME` with the same ``init`` starts
+    its experts from. If the param store already holds the guide's parameters (loaded
+    with ``pyro.get_param_store().load``, or trained by an instance of the same
+    ``name``), it uses them and initialises nothing. The standardisation is mirrored in
+    the store as ``"<name>.tree.x_loc"``, ``"<name>.tree.x_scale"``.
 
     :param int in_features: input dimension.
     :param int depth: tree depth; must match the model's.
+    :param str init: ``"balanced"`` (median cuts; default), ``"greedy"`` (CART's cuts)
+        or ``None`` (no data-dependent start: random splits on unscaled inputs).
+    :param str name: parameter-store prefix, e.g. ``"hme"`` gives ``"hme.tree.h0"``.
     :param kwargs: passed to :class:`RNNTree` (``hidden_size``, ``feedback``, ``noise``).
     """
 
-    def __init__(self, in_features: int, depth: int, **kwargs):
-        super().__init__()
+    def __init__(
+        self,
+        in_features: int,
+        depth: int,
+        *,
+        init: str | None = "balanced",
+        name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(name=name or "")
+        if init not in ("balanced", "greedy", None):
+            raise ValueError(f"init must be 'balanced', 'greedy' or None, got {init!r}")
+        self.init = init
         self.tree = RNNTree(in_features, depth, **kwargs)
+        self._init_state = "fresh"
 
     @property
     def depth(self) -> int:
         """Depth ``D`` of the tree (``2**D`` leaves)."""
         return self.tree.depth
+
+    @property
+    def initialised(self) -> bool:
+        """Whether the first-call initialisation has happened (or was adopted)."""
+        return self._init_state == "done"
+
+    def _scaling_names(self) -> dict:
+        return {store_name(self.tree, key): (self.tree, key) for key in ("x_loc", "x_scale")}
+
+    @torch.no_grad()
+    def _lazy_init(self, x: torch.Tensor, y) -> None:
+        if self._init_state == "fresh":
+            self._init_state = "pending"
+            if adopt_param_store(self, buffers=self._scaling_names()):
+                self._init_state = "done"
+                return
+            follow_data(self, x)
+        if self.init is None:
+            self._init_state = "done"
+            return
+        if y is None:
+            return  # initialised at the first call with targets
+        self.tree.init_scaling(x)
+        self.tree.init_balanced(x, y, cuts=self.init)
+        store = pyro.get_param_store()
+        for name, (owner, key) in self._scaling_names().items():
+            store[name] = getattr(owner, key).clone()
+        self._init_state = "done"
 
     def conditional_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
         """Eq. 23 per point and node, ``(N, 2**D - 1)``: :meth:`RNNTree.conditional_posteriors`."""
@@ -607,18 +738,74 @@ class RNNTreeGuide(PyroModule):
         """Eq. 24 per node over ``x``, ``(2**D - 1,)``: :meth:`RNNTree.aggregate_posteriors`."""
         return self.tree.aggregate_posteriors(x, noise=noise)
 
+    def rules(self, leaf_values=None) -> trees.DecisionRules:
+        """The single most likely tree, thresholds in the units of ``x``: :meth:`RNNTree.rules`."""
+        return self.tree.rules(leaf_values)
+
+    def _leaf_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Leaf logits ``(N, 2**D)``; under outer vectorised plates (``Predictive(...,
+        parallel=True)``) and a noisy soft-feedback roll-out, one roll-out per element of
+        those plates, ``batch + (N, 2**D)``, so that parallel draws are independent as
+        sequential ones are."""
+        tree = self.tree
+        batch = _outer_plate_shape()
+        if tree.feedback == "hard" or not (tree.training and tree.noise > 0) or not batch:
+            return tree(x)
+        copies = math.prod(batch)
+        logits = tree(x.expand(copies, *x.shape).reshape(-1, x.shape[-1]))
+        return logits.reshape(*batch, x.shape[0], -1)
+
     def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
         """Sample each point's ``"leaf"`` from :class:`RNNTree` inside the ``"data"`` plate.
 
-        The site is marked for parallel enumeration, so :class:`~pyro_trees.infer.TreeELBO`
-        sums over the ``2**D`` leaves exactly.
-
         :param torch.Tensor x: inputs ``(N, L)``.
-        :param y: ignored (the model's signature).
+        :param y: targets as the model takes them; used only by the first-call
+            initialisation.
         :param int subsample_size: minibatch size of the ``"data"`` plate; must match the
             model's.
         """
-        n = x.shape[0]
-        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            logits = self.tree(x[idx])
+        if x.dim() != 2 or x.shape[-1] != self.tree.in_features:
+            raise ValueError(
+                f"x must have shape (N, {self.tree.in_features}); got {tuple(x.shape)}"
+            )
+        if self._init_state != "done":
+            self._lazy_init(x, y)
+        with _data_plate(x.shape[0], subsample_size) as idx:
+            logits = self._leaf_logits(x[idx])
             pyro.sample("leaf", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
+
+
+def _outer_plate_shape() -> tuple:
+    """Sizes of the vectorised plates active outside the ``"data"`` plate (``dim=-1``),
+    aligned on the dims left of it, e.g. ``(S,)`` inside ``Predictive(parallel=True)``;
+    ``()`` when there are none."""
+    sizes = {}
+    for messenger in _PYRO_STACK:
+        if isinstance(messenger, PlateMessenger) and messenger.dim is not None:
+            if messenger.dim < -1:
+                sizes[messenger.dim] = messenger.subsample_size
+    if not sizes:
+        return ()
+    return tuple(sizes.get(d, 1) for d in range(min(sizes), -1))
+
+
+def _recorded_subsample(name: str):
+    """The indices of a plate ``name`` that an enclosing trace already recorded (as
+    :class:`~pyro.infer.autoguide.AutoGuideList` does for every plate of its model
+    before running its parts), or ``None``."""
+    for messenger in _PYRO_STACK:
+        if isinstance(messenger, TraceMessenger):
+            site = messenger.trace.nodes.get(name)
+            if site is not None and isinstance(site.get("fn"), _Subsample):
+                return site["value"]
+    return None
+
+
+def _data_plate(n: int, subsample_size: int | None):
+    """The plate ``"data"`` of size ``n``: a new one, or, inside a trace that has already
+    recorded it, one over the recorded indices (not recorded a second time)."""
+    recorded = _recorded_subsample("data")
+    if recorded is None:
+        return pyro.plate("data", n, subsample_size=subsample_size, dim=-1)
+    with poutine.block(hide=["data"]):
+        return pyro.plate("data", n, subsample=recorded, dim=-1)

@@ -37,6 +37,7 @@ from pyro.nn import PyroModule, PyroParam
 from pyro.ops.indexing import Vindex
 
 from pyro_trees import trees
+from pyro_trees._param_store import adopt_param_store, follow_data
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 
 __all__ = ["HME"]
@@ -53,6 +54,16 @@ class HME(PyroModule):
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
     :param noise_scale: fixed observation noise (the paper: 1.0) or ``None`` to learn
         one scale per output.
+    :param str init: the start the experts take at the first call with ``y``:
+        ``"balanced"`` (default) or ``"greedy"``, the tree that
+        :class:`~pyro_trees.guides.RNNTreeGuide` with the same ``init`` starts from (one
+        M-step on its hard routing, :meth:`init_experts`); ``None``: no data-dependent
+        start. Parameters already in the param store under this model's names are
+        used instead, never overwritten.
+    :param str name: parameter-store prefix, e.g. ``"hme"`` gives ``"hme.leaf_loc"``;
+        two models in one store need different names.
+
+    At its first call the model also moves to the dtype and device of ``x``.
     """
 
     def __init__(
@@ -65,8 +76,14 @@ class HME(PyroModule):
         num_classes: int | None = None,
         experts: str = "constant",
         noise_scale: float | None = 1.0,
+        init: str | None = "balanced",
+        name: str | None = None,
     ):
-        super().__init__()
+        super().__init__(name=name or "")
+        if init not in ("balanced", "greedy", None):
+            raise ValueError(f"init must be 'balanced', 'greedy' or None, got {init!r}")
+        self.init = init
+        self._init_state = "fresh"
         if likelihood not in ("gaussian", "categorical"):
             raise ValueError(f"likelihood must be 'gaussian' or 'categorical', got {likelihood!r}")
         if experts not in ("constant", "linear"):
@@ -111,6 +128,31 @@ class HME(PyroModule):
         self.leaf_loc = PyroParam(0.1 * torch.randn(leaves, width))
         if experts == "linear":
             self.leaf_weight = PyroParam(torch.zeros(leaves, self.in_features, width))
+
+    @property
+    def initialised(self) -> bool:
+        """Whether the first-call initialisation has happened (or was adopted)."""
+        return self._init_state == "done"
+
+    @torch.no_grad()
+    def _lazy_init(self, x: torch.Tensor, y) -> None:
+        from pyro_trees.guides.rnn_tree import balanced_start, input_scaling
+
+        if self._init_state == "fresh":
+            self._init_state = "pending"
+            if adopt_param_store(self):
+                self._init_state = "done"
+                return
+            follow_data(self, x)
+        if self.init is None:
+            self._init_state = "done"
+            return
+        if y is None:
+            return  # initialised at the first call with targets
+        loc, scale = input_scaling(x)
+        _, leaf = balanced_start((x - loc) / scale, y, self.depth, cuts=self.init)
+        self.init_experts(x, y, torch.nn.functional.one_hot(leaf, self.num_leaves))
+        self._init_state = "done"
 
     @property
     def num_leaves(self) -> int:
@@ -197,6 +239,8 @@ class HME(PyroModule):
         n = x.shape[0]
         if y is not None and y.shape[0] != n:
             raise ValueError(f"x has {n} rows but y has {y.shape[0]}")
+        if self._init_state != "done":
+            self._lazy_init(x, y)
         with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
             leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device))
             return pyro.sample("obs", self.expert(x[idx], leaf), obs=None if y is None else y[idx])

@@ -13,7 +13,9 @@ from pyro_trees.models import HME
 def _problem():
     x = torch.linspace(-2, 2, 60).unsqueeze(-1)
     y = torch.where(x[:, 0] > 0, 1.0, -1.0)
-    return HME(1, 2, noise_scale=None), RNNTreeGuide(1, 2, feedback="hard"), x, y
+    # init=None: the start is the constructed state (fit's starting-state semantics)
+    model = HME(1, 2, noise_scale=None, init=None)
+    return model, RNNTreeGuide(1, 2, feedback="hard", init=None), x, y
 
 
 def test_fit_reduces_the_loss_and_leaves_global_store_alone():
