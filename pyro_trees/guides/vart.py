@@ -221,8 +221,10 @@ class VaRTGuide(AutoGuide):
         finally:
             self.temperature = old
 
-    def _start(self, x: torch.Tensor) -> None:
-        """The lazy start of the class docstring, once."""
+    def _ensure_started(self, x: torch.Tensor) -> None:
+        """The lazy start of the class docstring, once (inputs ``x`` ``(N, L)``)."""
+        if self._started:
+            return
         self._started = True
         if not pyro.settings.get("module_local_params"):
             store = pyro.get_param_store()
@@ -240,8 +242,7 @@ class VaRTGuide(AutoGuide):
         """
         model = self.model
         model._check_x(x, y)
-        if not self._started:
-            self._start(x)
+        self._ensure_started(x)
         plates = self._create_plates(x, y, subsample_size)
         opts = {"dtype": x.dtype, "device": x.device}
         out = {}
