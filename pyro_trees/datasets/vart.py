@@ -51,7 +51,8 @@ def make_vart_step(n: int = 100, noise: float = 0.1, spread: float = 0.15, rando
     mids = np.array([-1.5, -0.5, 0.5, 1.5])
     x = mids[rng.integers(4, size=int(n))] + spread * rng.normal(size=int(n))
     f = step_function(x)
-    return {"X": x[:, None], "y": f + noise * rng.normal(size=int(n)), "f": f, "step": step_function}
+    y = f + noise * rng.normal(size=int(n))
+    return {"X": x[:, None], "y": y, "f": f, "step": step_function}
 
 
 def make_vart_causal_toy(n: int = 120, setting: str = "partial", random_state=None) -> dict:

@@ -322,11 +322,28 @@ class VaRTGuide(AutoGuide):
         return self
 
     @torch.no_grad()
+    def median(self, *args, **kwargs) -> dict:
+        """The central tree of :meth:`mean_tree` by site name (``split_d``: hard
+        indicators :math:`\\tilde\\gamma_i > 1/2`, the others their locations), as
+        :meth:`pyro.infer.autoguide.AutoGuideList.median` asks of its parts."""
+        tree = self.mean_tree()
+        out = {}
+        for d in range(self.depth + 1):
+            sl = slice((1 << d) - 1, (2 << d) - 1)
+            out[self.model.site(f"split_{d}")] = tree["split"][sl]
+            if d < self.depth:
+                out[self.model.site(f"beta_{d}")] = tree["beta"][sl]
+            out[self.model.site(f"theta_{d}")] = tree["theta"][sl]
+            out[self.model.site(f"log_sigma_{d}")] = tree["log_sigma"][sl]
+        return out
+
+    @torch.no_grad()
     def mean_tree(self) -> dict:
         """The guide's central tree in the format of :meth:`~pyro_trees.models.VaRT.sample_tree`:
         hard split indicators :math:`\\tilde\\gamma_i > 1/2` (all leaves at depth ``D``) and the
-        locations of the Gaussians; feed it to :func:`~pyro_trees.models.vart.mixture_params`
-        for a fast point prediction (used for early stopping)."""
+        locations of the Gaussians; feed it to :func:`~pyro_trees.models.tree_mean` (or
+        :func:`~pyro_trees.models.mixture_params`) for a fast point prediction (used for
+        early stopping)."""
         split = torch.cat(
             [
                 (self.split_logits > 0).to(self.theta_loc.dtype),

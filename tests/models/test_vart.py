@@ -125,6 +125,9 @@ def test_vart_as_a_mean_function_in_a_users_own_model():
     fit = out["y"].mean(0)
     assert torch.corrcoef(torch.stack([fit, y]))[0, 1] > 0.9
     assert float(out["noise"].mean()) < 0.5
+    median = guide.median(x)
+    assert {"noise", "f.split_0", "f.beta_1", "f.theta_2"} <= set(median)
+    assert median["f.split_2"].tolist() == [0.0] * 4  # the truncation level
 
 
 def test_two_named_instances_of_different_depth_in_one_model():
