@@ -48,6 +48,7 @@ from pyro_trees.datasets.public import (
 )
 from pyro_trees.datasets.vart import (
     make_vart_causal_toy,
+    make_vart_step,
     simulate_ihdp_surface,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "make_parity",
     "make_pulse",
     "make_vart_causal_toy",
+    "make_vart_step",
     "noise_log_sigma",
     "noise_task_mean",
     "parity_test_set",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["make_vart_causal_toy", "simulate_ihdp_surface"]
+__all__ = ["make_vart_causal_toy", "make_vart_step", "simulate_ihdp_surface"]
 
 _TOY_MEANS = {"partial": (40.0, 20.0), "overlap": (30.0, 40.0)}
 
@@ -21,6 +21,38 @@ def _mu1(x):
 
 def _mu0(x):
     return 72.0 + 3.0 * np.sqrt(np.clip(x, 0.0, None))
+
+
+_STEP_EDGES = (-1.0, 0.0, 1.0)
+_STEP_LEVELS = (-1.0, 1.0, 0.0, 2.0)
+
+
+def step_function(x):
+    """The step function of :func:`make_vart_step`: ``-1, 1, 0, 2`` on the intervals
+    ``(-inf, -1), [-1, 0), [0, 1), [1, inf)``."""
+    return np.asarray(_STEP_LEVELS)[np.searchsorted(_STEP_EDGES, np.asarray(x), side="right")]
+
+
+def make_vart_step(n: int = 100, noise: float = 0.1, spread: float = 0.15, random_state=None):
+    r"""The piecewise-constant toy of the paper's Figure A.
+
+    Inputs come from a uniform mixture of Gaussians centred on the midpoints
+    ``-1.5, -0.5, 0.5, 1.5`` of the four intervals of :func:`step_function` (standard
+    deviation ``spread``); :math:`y = f(x) + \varepsilon`, :math:`\varepsilon \sim
+    \mathcal N(0, \text{noise}^2)`. The paper shows the posterior on 100 and 1,000
+    points concentrating on the steps.
+
+    :returns: dict with ``X`` ``(n, 1)``, ``y`` ``(n,)``, ``f`` ``(n,)`` (the step
+        function at ``X``) and the callable ``step``.
+    """
+    if int(n) < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    rng = np.random.default_rng(random_state)
+    mids = np.array([-1.5, -0.5, 0.5, 1.5])
+    x = mids[rng.integers(4, size=int(n))] + spread * rng.normal(size=int(n))
+    f = step_function(x)
+    y = f + noise * rng.normal(size=int(n))
+    return {"X": x[:, None], "y": y, "f": f, "step": step_function}
 
 
 def make_vart_causal_toy(n: int = 120, setting: str = "partial", random_state=None) -> dict:

@@ -746,6 +746,7 @@ class VaRTRegressor(RegressorMixin, TabularEstimator):
                 self.model_,
                 depth,
                 temperature=self.temperature_start,
+                init="random",  # the data-driven start follows, from ``gen``
                 init_split_prob=self.init_split_prob,
                 generator=gen,
             )

@@ -16,7 +16,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.nn import PyroModule, PyroParam
+from pyro.infer.autoguide import AutoGuide
+from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from pyro_trees import trees
@@ -89,7 +90,7 @@ class TemperatureSchedule:
         return _cb
 
 
-class VaRTGuide(PyroModule):
+class VaRTGuide(AutoGuide):
     r"""Variational family over trees truncated at depth ``depth`` (Sec. 2.4).
 
     For every internal position :math:`i < 2^D` (heap order),
@@ -102,37 +103,55 @@ class VaRTGuide(PyroModule):
     ``split_D`` site is a ``Delta`` at zero): this is the truncation. The log-density
     terms are weighted as in eqs. 25-26 (:math:`A_i` on ``split``, :math:`\psi_i` on
     ``beta``, :math:`\kappa_i` on the leaf parameters) and scaled by the model's ``lam``,
-    mirroring :class:`~pyro_trees.models.VaRT`, so plain ``SVI(model, guide, optim,
-    Trace_ELBO())`` maximises the :math:`\lambda`-weighted ELBO of eq. 4.
+    mirroring :meth:`~pyro_trees.models.VaRT.sample_tree`, so plain ``SVI(model, guide,
+    optim, Trace_ELBO())`` maximises the :math:`\lambda`-weighted ELBO of eq. 4. The
+    sites are the model's (:meth:`~pyro_trees.models.VaRT.site`), so the guide serves any
+    model that draws its tree with ``sample_tree``, and it is an
+    :class:`~pyro.infer.autoguide.AutoGuide` that works inside
+    :class:`~pyro.infer.autoguide.AutoGuideList` beside autoguides for other sites.
+    Building it raises the model's ``site_depth`` to ``depth``.
 
-    The temperature :math:`\tau` is the attribute ``temperature`` (a float, saved with
-    the module); anneal it with :class:`TemperatureSchedule`. ``temperature = 0`` samples
-    the hard indicators of eq. 20 (used for prediction).
+    **Lazy start.** At the first call the parameters move to the inputs' dtype and
+    device and, with ``init="data"``, the split rules start through training points
+    (:meth:`init_splits_from_data`); neither happens when the parameter store already
+    holds this guide's parameters (a loaded store), nor after an explicit
+    :meth:`init_splits_from_data`.
 
-    :param model: the :class:`~pyro_trees.models.VaRT` model (its ``lam`` and input size
-        are read from it; it is not registered as a submodule).
-    :param int depth: truncation depth :math:`D \ge 1`.
-    :param float temperature: initial :math:`\tau` (default 1).
+    **Temperature.** :math:`\tau` is the attribute ``temperature`` (a float, saved with
+    the module); anneal it with :class:`TemperatureSchedule` or leave it fixed.
+    ``Predictive`` draws trees at the current temperature; ``temperature = 0`` draws the
+    hard trees of eq. 20 (:meth:`temperature_set_to` sets it for a block).
+
+    :param model: the :class:`~pyro_trees.models.VaRT` model (its ``lam``, input size
+        and site names are read from it; it is not registered as a submodule).
+    :param int depth: truncation depth :math:`D \ge 1` (default 3).
+    :param float temperature: initial :math:`\tau` (default 0.5).
+    :param str init: ``"data"`` (default): split rules through training points at the
+        first call; ``"random"``: random hyperplanes through the origin.
     :param float init_split_prob: initial :math:`\tilde\gamma_i` (default 0.9).
     :param float init_scale: initial standard deviations of every Gaussian (default 0.05).
     :param float init_noise: initial mean noise scale :math:`e^{\tilde m_i}` (default 0.5).
     :param generator: optional ``torch.Generator`` for the random split directions.
+    :param str name: prefix of the parameters in Pyro's parameter store (default none).
     """
 
     def __init__(
         self,
         model: VaRT,
-        depth: int,
+        depth: int = 3,
         *,
-        temperature: float = 1.0,
+        temperature: float = 0.5,
+        init: str = "data",
         init_split_prob: float = 0.9,
         init_scale: float = 0.05,
         init_noise: float = 0.5,
         generator: torch.Generator | None = None,
+        name: str | None = None,
     ):
-        super().__init__()
         if not isinstance(model, VaRT):
             raise ValueError(f"model must be a VaRT, got {type(model).__name__}")
+        super().__init__(model)
+        self._pyro_name = "" if name is None else str(name)
         depth = trees.check_depth(depth)
         itemsize = torch.empty(()).element_size()
         _require_memory(
@@ -141,13 +160,17 @@ class VaRTGuide(PyroModule):
             f"the guide's parameters for {model.in_features:,} inputs",
             "a smaller depth",
         )
+        if init not in ("data", "random"):
+            raise ValueError(f"init must be 'data' or 'random', got {init!r}")
         if not 0 < init_split_prob < 1:
             raise ValueError(f"init_split_prob must lie in (0, 1), got {init_split_prob}")
         if not init_scale > 0 or not init_noise > 0:
             raise ValueError("init_scale and init_noise must be > 0")
-        self._model = (model,)
+        model.site_depth = max(model.site_depth, depth)
         self.depth = depth
         self.temperature = float(temperature)
+        self.init = init
+        self._started = False
         width = model.in_features + 1
         n_int, n_all = trees.num_internal(depth), trees.num_internal(depth + 1)
         logit = math.log(init_split_prob) - math.log1p(-init_split_prob)
@@ -160,10 +183,21 @@ class VaRTGuide(PyroModule):
         self.log_sigma_loc = PyroParam(torch.full((n_all,), math.log(init_noise)))
         self.log_sigma_scale = PyroParam(torch.full((n_all,), init_scale), constraints.positive)
 
-    @property
-    def model(self) -> VaRT:
-        """The :class:`~pyro_trees.models.VaRT` this guide approximates."""
-        return self._model[0]
+    _PARAMS = (
+        "split_logits",
+        "beta_loc",
+        "beta_scale",
+        "theta_loc",
+        "theta_scale",
+        "log_sigma_loc",
+        "log_sigma_scale",
+    )
+
+    def __getstate__(self):
+        # AutoGuide's drops the model; keep it (only the weak reference to a master goes)
+        state = dict(super(AutoGuide, self).__getstate__())
+        state["master"] = None
+        return state
 
     @property
     def temperature(self) -> float:
@@ -187,9 +221,29 @@ class VaRTGuide(PyroModule):
         finally:
             self.temperature = old
 
+    def _ensure_started(self, x: torch.Tensor) -> None:
+        """The lazy start of the class docstring, once (inputs ``x`` ``(N, L)``)."""
+        if self._started:
+            return
+        self._started = True
+        if not pyro.settings.get("module_local_params"):
+            store = pyro.get_param_store()
+            prefix = f"{self._pyro_name}." if self._pyro_name else ""
+            if any(prefix + k in store for k in self._PARAMS):
+                return  # parameters from the store win
+        self.to(dtype=x.dtype, device=x.device)
+        if self.init == "data":
+            self.init_splits_from_data(x)
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
-        """Sample a truncated tree; the arguments only fix dtype and device."""
-        self.model._check_x(x, y)
+        """Sample a truncated tree; the arguments only fix dtype and device.
+
+        :returns: dict of the sampled values by site name.
+        """
+        model = self.model
+        model._check_x(x, y)
+        self._ensure_started(x)
+        plates = self._create_plates(x, y, subsample_size)
         opts = {"dtype": x.dtype, "device": x.device}
         out = {}
         # read each (constrained) parameter once per call, then slice level by level
@@ -197,32 +251,38 @@ class VaRTGuide(PyroModule):
         beta_loc, beta_scale = self.beta_loc.to(**opts), self.beta_scale.to(**opts)
         theta_loc, theta_scale = self.theta_loc.to(**opts), self.theta_scale.to(**opts)
         ls_loc, ls_scale = self.log_sigma_loc.to(**opts), self.log_sigma_scale.to(**opts)
-        with poutine.scale(scale=self.model.lam):
+        with poutine.scale(scale=model.lam):
             exist = torch.ones(1, **opts)
             for d in range(self.depth + 1):
                 n = 1 << d
                 sl = slice(n - 1, 2 * n - 1)
-                with pyro.plate(f"nodes_{d}", n, dim=-1):
+                plate_name = model.site(f"nodes_{d}")
+                # inside an AutoGuideList the plates exist already (its master made them)
+                plate = plates[plate_name] if plate_name in plates else None
+                with plate or pyro.plate(plate_name, n, dim=-1):
+                    name = model.site(f"split_{d}")
                     if d < self.depth:
                         with weighted(exist):
                             split = pyro.sample(
-                                f"split_{d}",
-                                RelaxedSplitIndicator(split_logits[sl], self.temperature),
+                                name, RelaxedSplitIndicator(split_logits[sl], self.temperature)
                             )
                     else:
-                        split = pyro.sample(f"split_{d}", dist.Delta(torch.zeros(n, **opts)))
+                        split = pyro.sample(name, dist.Delta(torch.zeros(n, **opts)))
+                    out[name] = split
                     psi, kappa, child_exist = node_weights(exist, split)
                     if d < self.depth:
+                        name = model.site(f"beta_{d}")
                         with weighted(psi):
-                            out[f"beta_{d}"] = pyro.sample(
-                                f"beta_{d}",
-                                dist.Normal(beta_loc[sl], beta_scale[sl]).to_event(1),
+                            out[name] = pyro.sample(
+                                name, dist.Normal(beta_loc[sl], beta_scale[sl]).to_event(1)
                             )
                     with weighted(kappa):
-                        pyro.sample(
-                            f"theta_{d}", dist.Normal(theta_loc[sl], theta_scale[sl]).to_event(1)
+                        name = model.site(f"theta_{d}")
+                        out[name] = pyro.sample(
+                            name, dist.Normal(theta_loc[sl], theta_scale[sl]).to_event(1)
                         )
-                        pyro.sample(f"log_sigma_{d}", dist.Normal(ls_loc[sl], ls_scale[sl]))
+                        name = model.site(f"log_sigma_{d}")
+                        out[name] = pyro.sample(name, dist.Normal(ls_loc[sl], ls_scale[sl]))
                 exist = child_exist
         return out
 
@@ -258,14 +318,32 @@ class VaRTGuide(PyroModule):
         bias = -(w * xr).sum(-1, keepdim=True)
         loc = torch.cat([w, bias], dim=-1)
         self.beta_loc = loc.to(dtype=self.beta_loc.dtype, device=self.beta_loc.device)
+        self._started = True
         return self
+
+    @torch.no_grad()
+    def median(self, *args, **kwargs) -> dict:
+        """The central tree of :meth:`mean_tree` by site name (``split_d``: hard
+        indicators :math:`\\tilde\\gamma_i > 1/2`, the others their locations), as
+        :meth:`pyro.infer.autoguide.AutoGuideList.median` asks of its parts."""
+        tree = self.mean_tree()
+        out = {}
+        for d in range(self.depth + 1):
+            sl = slice((1 << d) - 1, (2 << d) - 1)
+            out[self.model.site(f"split_{d}")] = tree["split"][sl]
+            if d < self.depth:
+                out[self.model.site(f"beta_{d}")] = tree["beta"][sl]
+            out[self.model.site(f"theta_{d}")] = tree["theta"][sl]
+            out[self.model.site(f"log_sigma_{d}")] = tree["log_sigma"][sl]
+        return out
 
     @torch.no_grad()
     def mean_tree(self) -> dict:
         """The guide's central tree in the format of :meth:`~pyro_trees.models.VaRT.sample_tree`:
         hard split indicators :math:`\\tilde\\gamma_i > 1/2` (all leaves at depth ``D``) and the
-        locations of the Gaussians; feed it to :func:`~pyro_trees.models.vart.mixture_params`
-        for a fast point prediction (used for early stopping)."""
+        locations of the Gaussians; feed it to :func:`~pyro_trees.models.tree_mean` (or
+        :func:`~pyro_trees.models.mixture_params`) for a fast point prediction (used for
+        early stopping)."""
         split = torch.cat(
             [
                 (self.split_logits > 0).to(self.theta_loc.dtype),

@@ -50,6 +50,7 @@ def _level_depths(num_nodes: int, device) -> torch.Tensor:
 
 def _guide_params(guide, x: torch.Tensor) -> dict:
     """Every (constrained) parameter of the guide, read once, in ``x``'s dtype and device."""
+    guide._ensure_started(x)
     opts = {"dtype": x.dtype, "device": x.device}
     names = ("split_logits", "beta_loc", "beta_scale", "theta_loc", "theta_scale")
     out = {k: getattr(guide, k).to(**opts) for k in names}

@@ -21,6 +21,10 @@ from pyro_trees.models.latent import (
 )
 from pyro_trees.models.vart import (
     VaRT,
+    mixture_params,
+    tree_likelihood,
+    tree_mean,
+    with_bias,
 )
 
 __all__ = [
@@ -34,4 +38,8 @@ __all__ = [
     "SYNTHETIC_AFFINITY",
     "SyntheticGraphVAE",
     "VaRT",
+    "mixture_params",
+    "tree_likelihood",
+    "tree_mean",
+    "with_bias",
 ]

@@ -18,11 +18,24 @@ from pyro.nn import PyroModule
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
 
-__all__ = ["VaRT", "gaussian", "mixture_params", "node_weights", "weighted", "with_bias"]
+__all__ = [
+    "VaRT",
+    "gaussian",
+    "mixture_params",
+    "node_weights",
+    "tree_likelihood",
+    "tree_mean",
+    "weighted",
+    "with_bias",
+]
 
 
 def with_bias(x: torch.Tensor) -> torch.Tensor:
-    """Append a column of ones: ``(N, L) -> (N, L + 1)`` (the split and leaf intercepts)."""
+    """Append a column of ones, the split and leaf intercepts.
+
+    :param x: ``(..., L)``.
+    :returns: ``(..., L + 1)``.
+    """
     return torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], dim=-1)
 
 
@@ -87,28 +100,35 @@ class VaRT(PyroModule):
     The weights :math:`\kappa_i P(x \to i)` sum to one for hard *and* relaxed split
     indicators, so the likelihood is a proper mixture at every temperature.
 
-    **Unbounded depth.** The model is not truncated. It samples the tree level by level
-    (sites ``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` inside the plate
-    ``nodes_d`` of size ``2**d`` at ``dim=-1``) and stops at the first level where no
-    node splits. Since :math:`\gamma_d \to 0`, the expected number of nodes at depth
-    :math:`d`, :math:`2^d \prod_{k<d} \gamma_k`, vanishes super-exponentially for
-    :math:`\beta > 0`, so a prior draw is finite almost surely (with the defaults the
-    expected number of nodes at depth 7, which bounds the probability that the tree
-    reaches depth 7, is :math:`3.5 \cdot 10^{-6}`). Under a guide
-    truncated at depth :math:`D` (:class:`~pyro_trees.guides.VaRTGuide`) every node of
-    level :math:`D` is a leaf and sampling stops there. A pathologically deep prior
-    draw raises the memory ``ValueError`` of :func:`pyro_trees.trees.check_depth`
-    instead of exhausting memory.
+    **Unbounded depth, static sites.** The model is not truncated: a prior draw goes on
+    level by level until no node splits. Since :math:`\gamma_d \to 0`, the expected
+    number of nodes at depth :math:`d`, :math:`2^d \prod_{k<d} \gamma_k`, vanishes
+    super-exponentially for :math:`\beta > 0`, so a prior draw is finite almost surely
+    (with the defaults the expected number of nodes at depth 7 is :math:`3.5 \cdot
+    10^{-6}`); a pathologically deep one raises the memory ``ValueError`` of
+    :func:`pyro_trees.trees.check_depth`. The levels :math:`d \le` ``site_depth`` are
+    Pyro sample sites in every draw, whether or not their nodes exist: ``split_d``,
+    ``theta_d``, ``log_sigma_d`` for :math:`d \le` ``site_depth`` and ``beta_d`` for
+    :math:`d <` ``site_depth``, inside the plate ``nodes_d`` of size ``2**d`` at
+    ``dim=-1`` (absent nodes weigh zero). Deeper levels, which only a prior draw that
+    splits at level ``site_depth`` reaches, are drawn without sites. Every draw thus has
+    the same sites, as :class:`pyro.infer.Predictive` and autoguides need.
+    :class:`~pyro_trees.guides.VaRTGuide` raises ``site_depth`` to its truncation depth
+    :math:`D`; under it every node of level :math:`D` is a leaf.
 
     **Weighting** (eqs. 4, 23-24). Each node's prior terms are weighted by its indicator
     (:math:`A_i` for ``split``, :math:`\psi_i` for ``beta``, :math:`\kappa_i` for the leaf
-    parameters, see :func:`~pyro_trees.models.vart.weighted`) and every latent site by ``lam``
-    through ``poutine.scale``, so plain :class:`pyro.infer.Trace_ELBO` estimates the
-    :math:`\lambda`-weighted ELBO :math:`E_q \log p(Y|X,T,\Theta) - \lambda\, KL(q\|p)`.
+    parameters, see :func:`weighted`) and every tree site by ``lam``: both happen inside
+    :meth:`sample_tree`, the piece to compose into one's own model, so plain
+    :class:`pyro.infer.Trace_ELBO` estimates the :math:`\lambda`-weighted ELBO
+    :math:`E_q \log p(Y|X,T,\Theta) - \lambda\, KL(q\|p)` of any model that draws its
+    tree with :meth:`sample_tree` (the guide scales its sites by the same ``lam``).
 
     Observations live in the plate ``data`` (``dim=-1``, ``subsample_size`` for
-    minibatches, rescaled by Pyro). The site ``mean`` records the conditional mean
-    :math:`\sum_i \kappa_i P(x \to i)\theta_i^\top x` of each point.
+    minibatches, rescaled by Pyro); the site ``obs`` follows :func:`tree_likelihood` and
+    the site ``mean`` records :func:`tree_mean`, the conditional mean
+    :math:`\sum_i \kappa_i P(x \to i)\theta_i^\top x` of each point. With ``name`` every
+    site and plate is prefixed ``"<name>."``.
 
     :param int in_features: number of inputs :math:`L`.
     :param float lam: :math:`\lambda` of eq. 4 (``1e-3`` in the paper's regression runs).
@@ -119,6 +139,9 @@ class VaRT(PyroModule):
     :param float leaf_scale: :math:`s_\theta`.
     :param float noise_loc: :math:`m_\sigma`.
     :param float noise_scale: :math:`v_\sigma`.
+    :param int site_depth: the deepest level recorded as sample sites (default 0;
+        :class:`~pyro_trees.guides.VaRTGuide` raises it to its depth).
+    :param str name: prefix of the sample sites (default none).
 
     **Per-node priors** (the general form of Sec. 2.3, :math:`s_i \sim
     \mathrm{Bernoulli}(\gamma_i)`, :math:`\beta_i \sim \mathcal N(\mu_i, S_i)`,
@@ -153,8 +176,10 @@ class VaRT(PyroModule):
         node_split_scale: torch.Tensor | None = None,
         node_leaf_loc: torch.Tensor | None = None,
         node_leaf_scale: torch.Tensor | None = None,
+        site_depth: int = 0,
+        name: str | None = None,
     ):
-        super().__init__()
+        super().__init__(name="" if name is None else str(name))
         if int(in_features) < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
         if not lam > 0:
@@ -170,6 +195,9 @@ class VaRT(PyroModule):
             raise ValueError(f"noise_scale must be > 0, got {noise_scale}")
         self.in_features = int(in_features)
         self.lam = float(lam)
+        if isinstance(site_depth, bool) or int(site_depth) != site_depth or site_depth < 0:
+            raise ValueError(f"site_depth must be an integer >= 0, got {site_depth!r}")
+        self.site_depth = int(site_depth)
         self.split_alpha = float(split_alpha)
         self.split_beta = float(split_beta)
         self.split_scale = float(split_scale)
@@ -235,59 +263,55 @@ class VaRT(PyroModule):
         if y is not None and y.shape != x.shape[:1]:
             raise ValueError(f"y must have shape ({x.shape[0]},) to match x; got {tuple(y.shape)}")
 
-    def sample_tree(self, num_points: int = 1, like: torch.Tensor | None = None) -> dict:
-        """Sample (or, under a guide, replay) a tree level by level; see the class docstring.
+    def site(self, name: str) -> str:
+        """The full name of the sample site or plate ``name`` (``"<name>." + name``
+        for a named model)."""
+        return f"{self._pyro_name}.{name}" if self._pyro_name else name
 
-        :returns: dict of per-node tensors in heap order: ``split``, ``log_exist``
-            (:math:`\\log A_i`), ``beta`` (internal positions ``2**D - 1``, ``L + 1``),
-            ``theta`` (all nodes, ``L + 1``), ``log_sigma``, with ``D`` the number of
-            levels sampled minus one.
+    def sample_tree(self, num_points: int = 1, like: torch.Tensor | None = None) -> dict:
+        r"""Draw a tree from the prior (or, under a guide, replay the guide's), with its
+        ELBO weighting: every site is scaled by ``lam`` and each node's terms by its
+        indicator (see the class docstring). This is the piece to use VaRT as a part of
+        one's own model, e.g. as a mean function::
+
+            tree = vart.sample_tree(like=x)
+            f = tree_mean(tree, x)  # (N,), or batch_shape + (N,)
+
+        :param int num_points: points the caller will route through the tree (only for
+            the memory check of deep prior draws).
+        :param like: a tensor whose dtype and device the tree takes (e.g. the inputs).
+        :returns: dict of per-node tensors in heap order, with batch shape ``B`` (empty,
+            or the outer plates' shape such as ``Predictive(parallel=True)``'s): ``split``
+            ``B + (M,)``, ``log_exist`` (:math:`\log A_i`) ``B + (M,)``, ``beta``
+            ``B + (2**D - 1, L + 1)`` (``None`` for a single leaf), ``theta``
+            ``B + (M, L + 1)`` and ``log_sigma`` ``B + (M,)``, with ``M = 2**(D + 1) - 1``
+            nodes and ``D`` the deepest level drawn.
         """
         like = torch.zeros(()) if like is None else like
         opts = {"dtype": like.dtype, "device": like.device}
-        width = self.in_features + 1
         exist = torch.ones(1, **opts)
         log_exist = torch.zeros(1, **opts)
         out = {"split": [], "log_exist": [], "beta": [], "theta": [], "log_sigma": []}
         depth = 0
-        while True:
-            n = 1 << depth
-            if depth > 0:
-                trees.check_depth(depth, num_points, dtype=like.dtype, device=like.device)
-            prior = self.node_prior(n - 1, 2 * n - 1, **opts)
-            with pyro.plate(f"nodes_{depth}", n, dim=-1):
-                if prior is None:
-                    gamma = torch.full((n,), self.split_prob(depth), **opts)
-                    beta_prior = dist.Normal(torch.zeros(n, width, **opts), self.split_scale)
-                    theta_prior = dist.Normal(torch.zeros(n, width, **opts), self.leaf_scale)
-                    beta_prior, theta_prior = beta_prior.to_event(1), theta_prior.to_event(1)
-                else:
-                    gamma = prior["split_prob"]
-                    beta_prior = gaussian(prior["split_loc"], prior["split_scale"])
-                    theta_prior = gaussian(prior["leaf_loc"], prior["leaf_scale"])
-                with weighted(exist):
-                    split = pyro.sample(f"split_{depth}", SplitIndicator(gamma))
-                psi, kappa, child_exist = node_weights(exist, split)
-                any_internal = bool((psi > 0).any())
-                if any_internal:
-                    with weighted(psi):
-                        beta = pyro.sample(f"beta_{depth}", beta_prior)
-                    out["beta"].append(beta)
-                with weighted(kappa):
-                    theta = pyro.sample(f"theta_{depth}", theta_prior)
-                    log_sigma = pyro.sample(
-                        f"log_sigma_{depth}",
-                        dist.Normal(torch.full((n,), self.noise_loc, **opts), self.noise_scale),
-                    )
-            out["split"].append(split)
-            out["log_exist"].append(log_exist.expand(split.shape))
-            out["theta"].append(theta)
-            out["log_sigma"].append(log_sigma)
-            if not any_internal:
-                break
-            log_exist = (log_exist + split.log()).repeat_interleave(2, dim=-1)
-            exist = child_exist
-            depth += 1
+        with poutine.scale(scale=self.lam):
+            while True:
+                if depth > 0:
+                    trees.check_depth(depth, num_points, dtype=like.dtype, device=like.device)
+                split, beta, theta, log_sigma = self._level(depth, exist, opts)
+                psi, _, child_exist = node_weights(exist, split)
+                out["split"].append(split)
+                out["log_exist"].append(log_exist.expand(split.shape))
+                out["theta"].append(theta)
+                out["log_sigma"].append(log_sigma)
+                internal = bool((psi > 0).any())
+                if depth >= self.site_depth and not internal:
+                    break
+                if beta is None:  # the last recorded level splits: a prior draw goes on
+                    beta = self._prior(depth, opts)[1].expand(psi.shape).sample()
+                out["beta"].append(beta)
+                log_exist = (log_exist + split.log()).repeat_interleave(2, dim=-1)
+                exist = child_exist
+                depth += 1
         return {
             "split": _bcat(out["split"]),
             "log_exist": _bcat(out["log_exist"]),
@@ -296,29 +320,89 @@ class VaRT(PyroModule):
             "log_sigma": _bcat(out["log_sigma"]),
         }
 
+    def _prior(self, depth: int, opts: dict):
+        """The priors of level ``depth``: split probabilities ``(n,)`` and the
+        distributions of ``beta``, ``theta`` (batch ``(n,)``, event ``(L + 1,)``) and
+        ``log_sigma`` (batch ``(n,)``)."""
+        n, width = 1 << depth, self.in_features + 1
+        prior = self.node_prior(n - 1, 2 * n - 1, **opts)
+        if prior is None:
+            gamma = torch.full((n,), self.split_prob(depth), **opts)
+            beta = dist.Normal(torch.zeros(n, width, **opts), self.split_scale).to_event(1)
+            theta = dist.Normal(torch.zeros(n, width, **opts), self.leaf_scale).to_event(1)
+        else:
+            gamma = prior["split_prob"]
+            beta = gaussian(prior["split_loc"], prior["split_scale"])
+            theta = gaussian(prior["leaf_loc"], prior["leaf_scale"])
+        log_sigma = dist.Normal(torch.full((n,), self.noise_loc, **opts), self.noise_scale)
+        return gamma, beta, theta, log_sigma
+
+    def _level(self, depth: int, exist: torch.Tensor, opts: dict):
+        """Draw level ``depth`` given its nodes' existence ``exist``: as weighted sample
+        sites up to ``site_depth`` (``beta`` below it only), without sites beyond.
+        Returns ``(split, beta or None, theta, log_sigma)``."""
+        gamma, beta_prior, theta_prior, ls_prior = self._prior(depth, opts)
+        if depth > self.site_depth:
+            shape = exist.shape
+            split = SplitIndicator(gamma).expand(shape).sample()
+            return split, None, theta_prior.expand(shape).sample(), ls_prior.expand(shape).sample()
+        beta = None
+        with pyro.plate(self.site(f"nodes_{depth}"), 1 << depth, dim=-1):
+            with weighted(exist):
+                split = pyro.sample(self.site(f"split_{depth}"), SplitIndicator(gamma))
+            psi, kappa, _ = node_weights(exist, split)
+            if depth < self.site_depth:
+                with weighted(psi):
+                    beta = pyro.sample(self.site(f"beta_{depth}"), beta_prior)
+            with weighted(kappa):
+                theta = pyro.sample(self.site(f"theta_{depth}"), theta_prior)
+                log_sigma = pyro.sample(self.site(f"log_sigma_{depth}"), ls_prior)
+        return split, beta, theta, log_sigma
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
-        """Sample a tree (scaled by ``lam``), then ``obs`` for each point in ``data``.
+        """Draw a tree (:meth:`sample_tree`), then ``obs`` for each point in ``data``.
 
         :param x: inputs ``(N, L)``.
         :param y: targets ``(N,)`` or ``None``.
-        :returns: the ``obs`` values of the (sub)sampled points, ``batch_shape + (B,)``.
+        :param int subsample_size: minibatch size of the plate ``data`` (default all).
+        :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.
         """
         self._check_x(x, y)
         batch = x.shape[0] if subsample_size is None else min(int(subsample_size), x.shape[0])
-        with poutine.scale(scale=self.lam):
-            tree = self.sample_tree(batch, like=x)
-        with pyro.plate("data", x.shape[0], subsample_size=subsample_size, dim=-1) as idx:
+        tree = self.sample_tree(batch, like=x)
+        with pyro.plate(
+            self.site("data"), x.shape[0], subsample_size=subsample_size, dim=-1
+        ) as idx:
             xb = x[idx]
             yb = None if y is None else y[idx]
-            mix_logits, means, sigma = mixture_params(tree, with_bias(xb))
-            pyro.deterministic("mean", (mix_logits.softmax(-1) * means).sum(-1))
-            return pyro.sample(
-                "obs",
-                dist.MixtureSameFamily(
-                    dist.Categorical(logits=mix_logits), dist.Normal(means, sigma)
-                ),
-                obs=yb,
-            )
+            pyro.deterministic(self.site("mean"), tree_mean(tree, xb))
+            return pyro.sample(self.site("obs"), tree_likelihood(tree, xb), obs=yb)
+
+
+def tree_likelihood(tree: dict, x: torch.Tensor) -> dist.MixtureSameFamily:
+    r"""The likelihood of eq. 27 under ``tree``: for each input row the Gaussian mixture
+    :math:`\sum_i \kappa_i P(x \to i)\, \mathcal N(\theta_i^\top x, \sigma_i^2)`.
+
+    :param tree: output of :meth:`VaRT.sample_tree` (batch shape ``B``).
+    :param x: inputs ``(N, L)`` (without the intercept column).
+    :returns: a ``MixtureSameFamily`` with batch shape ``B + (N,)``; put it inside a
+        plate over the ``N`` rows.
+    """
+    logits, means, sigma = mixture_params(tree, with_bias(x))
+    return dist.MixtureSameFamily(dist.Categorical(logits=logits), dist.Normal(means, sigma))
+
+
+def tree_mean(tree: dict, x: torch.Tensor) -> torch.Tensor:
+    r"""The regression function of ``tree`` at the rows of ``x``:
+    :math:`f(x) = \sum_i \kappa_i P(x \to i)\, \theta_i^\top x`, the mean of
+    :func:`tree_likelihood`.
+
+    :param tree: output of :meth:`VaRT.sample_tree` (batch shape ``B``).
+    :param x: inputs ``(N, L)`` (without the intercept column).
+    :returns: ``B + (N,)``.
+    """
+    logits, means, _ = mixture_params(tree, with_bias(x))
+    return (logits.softmax(-1) * means).sum(-1)
 
 
 def gaussian(loc: torch.Tensor, scale: torch.Tensor) -> dist.TorchDistribution:

@@ -27,7 +27,7 @@ def _data(n=7, L=2):
 
 def _setup(depth=2, lam=0.3, temperature=0.7):
     model = VaRT(2, lam=lam, split_alpha=0.8, split_beta=1.5, split_scale=1.3, leaf_scale=0.9)
-    guide = VaRTGuide(model, depth, temperature=temperature).double()
+    guide = VaRTGuide(model, depth, temperature=temperature, init="random").double()
     with torch.no_grad():
         for p in guide.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -132,8 +132,9 @@ def test_prior_draws_are_finite_trees():
     depths = []
     for _ in range(200):
         tr = poutine.trace(model).get_trace(x.float())
-        depths.append(max(int(k.split("_")[1]) for k in tr.nodes if k.startswith("split_")))
         assert tr.nodes["obs"]["value"].shape == (4,)
+        tree = model.sample_tree(like=x.float())
+        depths.append(tree["split"].shape[-1].bit_length() - 1)  # 2**(D + 1) - 1 nodes
     assert max(depths) <= 6 and min(depths) == 0 and max(depths) >= 1
 
 
@@ -303,6 +304,7 @@ def test_prior_draws_follow_per_node_priors():
         node_split_loc=mu,
         node_split_scale=torch.full((1, 3), 1e-4),
         node_leaf_loc=torch.tensor([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0]]),
+        site_depth=1,
     )
     x, _ = _data(4)
     for _ in range(20):

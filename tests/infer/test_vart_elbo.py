@@ -24,7 +24,7 @@ def _setup(depth, temperature, n=13, L=3):
     x = torch.randn(n, L, generator=g, dtype=torch.float64)
     y = torch.randn(n, generator=g, dtype=torch.float64)
     model = VaRT(L, lam=0.05, split_alpha=0.8, split_beta=1.5, split_scale=1.3, leaf_scale=0.9)
-    guide = VaRTGuide(model, depth, temperature=temperature).double()
+    guide = VaRTGuide(model, depth, temperature=temperature, init="random").double()
     with torch.no_grad():  # move every parameter away from its symmetric start
         for p in guide.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
@@ -123,6 +123,7 @@ def _with_prior(model, **node):
         split_beta=model.split_beta,
         split_scale=model.split_scale,
         leaf_scale=model.leaf_scale,
+        site_depth=model.site_depth,  # the depth of the guide built on ``model``
         **node,
     )
 
