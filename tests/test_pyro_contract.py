@@ -157,8 +157,6 @@ def _dgp_figure(model, guide, args, kwargs):
 
 
 def _dgp_cases():
-    from pyro.infer import TraceMeanField_ELBO
-
     from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 
     for cid, cls, inducing in (
@@ -179,7 +177,6 @@ def _dgp_cases():
             min_centred=0.8,
             steps=500,
             lr=0.01,
-            loss=TraceMeanField_ELBO,
         )
 
 

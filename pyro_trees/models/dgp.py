@@ -118,7 +118,8 @@ class DeepGP(PyroModule):
         deep GPs share one store.
 
     Train it with a guide of :mod:`pyro_trees.guides.dgp` and
-    :class:`~pyro.infer.TraceMeanField_ELBO`; :class:`~pyro.infer.Predictive` returns
+    :class:`~pyro.infer.Trace_ELBO` (or :class:`~pyro.infer.TraceMeanField_ELBO` for
+    closed-form KLs); :class:`~pyro.infer.Predictive` called with ``x`` alone returns
     draws of ``obs`` (``y``), of the inner layers' outputs ``f_1 ... f_{L-1}`` and of
     ``f_loc`` / ``f_var``.
     """
