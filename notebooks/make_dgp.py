@@ -42,7 +42,7 @@ import warnings
 import matplotlib.pyplot as plt
 import pyro
 import torch
-from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.infer import SVI, Predictive, TraceMeanField_ELBO
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -75,7 +75,8 @@ sites are the layer outputs `f_z_i` at it (eq. 3). The guides only describe thes
 sites: the map to the layer outputs at the data is the model's GP conditional
 (`pyro_trees.gp.conditional`), shared by all of them.
 
-Everything is plain Pyro: one SVI step with the factorised guide looks like this.
+Everything is plain Pyro: the shortest SVI loop with the factorised guide, then
+`Predictive`, which draws `y` (site `obs`) and the inner layer's outputs (`f_1`).
 """)
 
 code(r"""
@@ -90,10 +91,16 @@ def kernels(L, seed=0):
     return ks
 
 Z = torch.linspace(-1, 1, 15, dtype=torch.float64).unsqueeze(-1)
-model = DeepGP(kernels(2), [Z, Z])
+model = DeepGP(kernels(2), Z)
 guide = DGPFactorisedGuide(model)
 svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TraceMeanField_ELBO())
-print("negative ELBO after one step:", svi.step(x, y))
+for _ in range(STEPS // 3):
+    loss = svi.step(x, y)
+draws = Predictive(model, guide=guide, num_samples=100)(x)
+print("negative ELBO:", round(loss, 2), "| y draws", tuple(draws["obs"].shape),
+      "| f_1 draws", tuple(draws["f_1"].shape))
+plt.plot(x[:, 0], draws["obs"].mean(0), label="mean of the y draws")
+plt.scatter(x[:, 0], y, s=8, c="k"); plt.legend()
 pyro.clear_param_store()
 """)
 
@@ -111,7 +118,7 @@ both). The cell fits 24 models, about 25 minutes on one CPU core (from the bench
 times per fit).
 
 The intermediate-output guide comes in two forms. The paper's free-form
-$q(F_i^Z) = N(m_i, S_i)$ (eq. 4, `DGPIntermediateGuide(model)`) draws $F_i^Z$
+$q(F_i^Z) = N(m_i, S_i)$ (eq. 4, `DGPIntermediateGuide(model, whiten=False)`) draws $F_i^Z$
 independently of its inputs $F_{i-1}^Z$; it only trains with a large jitter (`1e-2`),
 which turns the inducing outputs into noisy observations and shrinks the fit (see the
 guide's docstring). The **whitened** form (`whiten=True`) draws
@@ -132,7 +139,7 @@ def build(kind, L, seed):
             return m, DGPIntermediateGuide(m, whiten=True), TraceMeanField_ELBO
         if kind == "intermediate eq. 4":  # free-form q(F_i^Z): needs the large jitter
             m = DeepGP(kernels(L, seed), Z, inducing="propagated", jitter=1e-2)
-            return m, DGPIntermediateGuide(m), TraceMeanField_ELBO
+            return m, DGPIntermediateGuide(m, whiten=False), TraceMeanField_ELBO
         m = DeepGP(kernels(L, seed), [Z] * L)
         if kind == "joint":
             # absolute cross entries: the couplings grow whatever the posterior scale

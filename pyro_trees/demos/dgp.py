@@ -50,9 +50,9 @@ def toy_model(kind: str = "factorised", num_layers: int = 2, num_inducing: int =
     Z = torch.linspace(-1, 1, num_inducing, dtype=torch.float64).unsqueeze(-1)
     with pyro.settings.context(module_local_params=True):
         if kind == "intermediate":
-            model = DeepGP(kernels, Z, inducing="propagated")
+            model = DeepGP(kernels, Z, inducing="propagated", noise=0.1)
             return model, DGPIntermediateGuide(model, whiten=True)
-        model = DeepGP(kernels, [Z] * num_layers)
+        model = DeepGP(kernels, [Z] * num_layers, noise=0.1)
         return model, DGPFactorisedGuide(model)
 
 

@@ -78,10 +78,12 @@ class DGPFactorisedGuide(_PerSiteGaussianGuide):
         prior's, i.e. ``init_scale * I`` when the model whitens and ``init_scale``
         times the Cholesky factor of :math:`K_{Z_i Z_i} + \\text{jitter}\\, I` at the
         initial inducing inputs otherwise.
+    :param str name: prefix of the guide's names in Pyro's parameter store
+        (``"<name>.u_1_loc"``), so that several guides share one store.
     """
 
-    def __init__(self, model, *, init_scale: float = 0.1):
-        super().__init__()
+    def __init__(self, model, *, init_scale: float = 0.1, name: str = ""):
+        super().__init__(name=name)
         _check_model(model, "layer", type(self).__name__)
         self.site_names = model.site_names()
         self.site_shapes = model.site_shapes()
@@ -118,6 +120,8 @@ class DGPJointGuide(PyroModule):
     :param bool cross_relative: full factor only: measure the cross entries of each row
         in units of the row's diagonal entry, :math:`L_{rc} = c L_{rr} \\theta_{rc}`
         (default ``True``; ``False`` gives :math:`L_{rc} = c \\theta_{rc}`).
+    :param str name: prefix of the guide's names in Pyro's parameter store
+        (``"<name>.loc"``), so that several guides share one store.
 
     **Why the cross entries are scaled.** Most of the ``T (T - 1) / 2`` off-diagonal
     entries get a Monte Carlo gradient that is nearly pure noise. Adam normalises each
@@ -162,8 +166,9 @@ class DGPJointGuide(PyroModule):
         init_scale: float = 0.1,
         cross_scale: float | None = None,
         cross_relative: bool = True,
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name=name)
         _check_model(model, "layer", type(self).__name__)
         self.cross_relative = bool(cross_relative)
         self.site_names = model.site_names()
@@ -217,9 +222,9 @@ class DGPJointGuide(PyroModule):
         self.scale_tril_param = value / mult
 
     @classmethod
-    def from_factorised(cls, model, guide: DGPFactorisedGuide) -> DGPJointGuide:
+    def from_factorised(cls, model, guide: DGPFactorisedGuide, *, name: str = "") -> DGPJointGuide:
         """A joint guide with the block-diagonal covariance of a factorised guide."""
-        joint = cls(model)
+        joint = cls(model, name=name)
         locs, blocks = [], []
         with torch.no_grad():
             for name in guide.site_names:
@@ -370,24 +375,27 @@ def _kl_joint_slice_prior(q, p):
 class DGPIntermediateGuide(_PerSiteGaussianGuide):
     """Gaussians over the layer outputs at the inducing inputs (eq. 4).
 
-    Default (``whiten=False``, the paper's family): :math:`q(F_i^Z) = N(m_i, S_i)`
-    independently per layer and output, with ``m_i`` of shape ``(P_i, M)`` and ``S_i``
-    full ``(M, M)`` per output.
+    Default (``whiten=True``): each layer is drawn relative to its prior at the
+    *sampled* previous layer, :math:`F_i^Z = \\mu_i(F_{i-1}^Z) + L_i (a_i + B_i \\epsilon_i)`
+    with :math:`L_i L_i^\\top = K_i(F_{i-1}^Z) + \\text{jitter}\\, I` and
+    :math:`\\epsilon_i \\sim N(0, I)`, learning ``a_i`` ``(P_i, M)`` and the lower
+    triangular ``B_i`` ``(P_i, M, M)``: the same parameters as eq. (4) (linear in the
+    depth), but :math:`q(F_i^Z \\mid F_{i-1}^Z)` is conditional, so the intermediate
+    outputs are not jointly Gaussian. Each KL term of eq. (7) is then
+    :math:`\\mathrm{KL}[N(a_i, B_i B_i^\\top) \\| N(0, I)]` whatever the sample (exact).
+    ``whiten=False`` is the paper's free-form family, :math:`q(F_i^Z) = N(m_i, S_i)`
+    independently per layer and output (``m_i`` ``(P_i, M)``, ``S_i`` full ``(M, M)``
+    per output); it needs a large model jitter (see below).
 
     :param model: a :class:`~pyro_trees.models.DeepGP` with ``inducing="propagated"``.
     :param float init_scale: initial standard deviation relative to the prior, in both
         forms (see the end of this docstring).
-    :param bool whiten: draw each layer relative to its prior at the *sampled* previous
-        layer, :math:`F_i^Z = \\mu_i(F_{i-1}^Z) + L_i (a_i + B_i \\epsilon_i)` with
-        :math:`L_i L_i^\\top = K_i(F_{i-1}^Z) + \\text{jitter}\\, I` and
-        :math:`\\epsilon_i \\sim N(0, I)`, learning ``a_i`` ``(P_i, M)`` and the lower
-        triangular ``B_i`` ``(P_i, M, M)``: the same parameters as eq. (4) (linear in
-        the depth), but :math:`q(F_i^Z \\mid F_{i-1}^Z)` is conditional, so the
-        intermediate outputs are no longer jointly Gaussian. Each KL term of eq. (7) is
-        then :math:`\\mathrm{KL}[N(a_i, B_i B_i^\\top) \\| N(0, I)]` whatever the sample
-        (exact, no Monte Carlo).
-        The whitened guide keeps a reference to ``model`` (its kernels and ``Z``):
-        pickle the two together, as :func:`~pyro_trees.infer.fit`'s checkpoints do.
+    :param bool whiten: the whitened form (default) or eq. (4)'s free form.
+    :param str name: prefix of the guide's names in Pyro's parameter store
+        (``"<name>.f_z_1_loc"``), so that several guides share one store.
+
+    The whitened guide keeps a reference to ``model`` (its kernels and ``Z``):
+    pickle the two together, as :func:`~pyro_trees.infer.fit`'s checkpoints do.
 
     **Why whiten.** With the free-form :math:`q(F_i^Z)`, a draw of :math:`F_i^Z` is
     independent of the draw of its inputs :math:`F_{i-1}^Z`, so it is rarely a smooth
@@ -401,7 +409,7 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
     data's 0.05). The jitter needed depends on the data: on the UCI sets of
     ``benchmarks/dgp_uci.py`` (64 inducing points) ``1e-4`` trains, and ``1e-3``
     already costs 0.03 nats of test NLL on kin40k. The whitened draw is always a
-    smooth function of its own inputs, so it works with the default jitter (``1e-6``).
+    smooth function of its own inputs, so it works with the default jitter.
 
     **Restarts.** On small problems the whitened guide's objective has poor local optima:
     on the 50-point composition problem one start of six stuck with the likelihood noise
@@ -416,8 +424,8 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
     whitened, ``a_i = 0`` and ``B_i = init_scale I``, the same start.
     """
 
-    def __init__(self, model, *, init_scale: float = 0.1, whiten: bool = False):
-        super().__init__()
+    def __init__(self, model, *, init_scale: float = 0.1, whiten: bool = True, name: str = ""):
+        super().__init__(name=name)
         _check_model(model, "propagated", type(self).__name__)
         self.site_names = model.site_names()
         self.site_shapes = model.site_shapes()
@@ -457,9 +465,10 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
         if not self.whiten:
             return super().forward(x, y, **kwargs)
         out, prev = {}, None
-        zs = self._model.inducing_inputs
-        for i, name in enumerate(self.site_names):
-            prev = out[name] = pyro.sample(name, self._whitened(i, prev, zs))
+        with self._model._store_params():
+            zs = self._model.inducing_inputs
+            for i, name in enumerate(self.site_names):
+                prev = out[name] = pyro.sample(name, self._whitened(i, prev, zs))
         return out
 
     def kl(self, model, num_samples: int = 1) -> torch.Tensor:

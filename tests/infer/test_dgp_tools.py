@@ -139,7 +139,7 @@ def test_layer_samples_compose_coherently(inducing):
             guide = DGPFactorisedGuide(model, init_scale=0.3)
         else:
             model = DeepGP(ks, Z, inducing="propagated", jitter=1e-4)
-            guide = DGPIntermediateGuide(model, init_scale=0.3)
+            guide = DGPIntermediateGuide(model, init_scale=0.3, whiten=False)
     x = torch.linspace(-1, 1, 15, dtype=torch.float64).unsqueeze(-1)
     S, G = 3, 300
     s = layer_samples(model, guide, x, num_samples=S, num_grid=G)

@@ -1,0 +1,96 @@
+"""Deep GP, the Pyro user's path: the README snippet on the paper's toy problem.
+
+Ustyuzhaninov et al. (Fig. 2) fit y = sin(7 exp(x)) on [-1, 1] with a two-layer deep GP
+(squared exponential, then periodic). Their figure is qualitative: with every guide the
+composition fits the data; with the factorised guide the inner layer collapses to a
+deterministic map, with the joint and intermediate-output guides it keeps some spread.
+The paper gives no step count; 1000 steps is the base of ``benchmarks/dgp_composition.py``.
+
+Each guide is built with its defaults (GPyTorch's default kernels, 15 inducing inputs on
+[-1, 1], torch's default float32, as the README prints it) and trained by the shortest
+plain loop, ``SVI(model, guide, Adam(lr=0.01), Trace_ELBO())``. ``ours`` is the worst of
+the three guides' RMSE between the predictive mean and the noiseless function (the data's
+noise sd is 0.05); per guide the record also holds that RMSE, the training log predictive
+density, the noise sd and the inner layer's spread
+(:func:`pyro_trees.infer.collapse_ratio`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pyro
+import torch
+from pyro.infer import SVI, Trace_ELBO
+
+from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
+from pyro_trees.infer import collapse_ratio, dgp_predict, layer_samples
+from pyro_trees.models import DeepGP
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import gpytorch
+
+STEPS = 1000
+LR = 0.01
+GUIDES = {
+    "factorised": (DGPFactorisedGuide, "layer"),
+    "joint": (DGPJointGuide, "layer"),
+    "intermediate": (DGPIntermediateGuide, "propagated"),
+}
+
+
+def toy_data(seed: int, n: int = 50):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.linspace(-1, 1, n).unsqueeze(-1)
+    f = torch.sin(7 * torch.exp(x[:, 0]))
+    return x, f + 0.05 * torch.randn(n, generator=g), f
+
+
+def snippet(guide_cls, inducing, x, y, steps=STEPS):
+    """The README's snippet, as written."""
+    kernels = [
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.PeriodicKernel()),
+    ]
+    Z = torch.linspace(-1, 1, 15, dtype=x.dtype).unsqueeze(-1)
+    model = DeepGP(kernels, Z, inducing=inducing)
+    guide = guide_cls(model)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": LR}), Trace_ELBO())
+    for _ in range(steps):
+        svi.step(x, y)
+    return model, guide
+
+
+def run(seed: int) -> dict:
+    torch.set_num_threads(1)
+    x, y, f = toy_data(seed)
+    out = {"system": "dgp", "figure": "Fig. 2 composition fit: worst RMSE of 3 guides"}
+    rmses, t0 = [], time.perf_counter()
+    for kind, (cls, inducing) in GUIDES.items():
+        pyro.clear_param_store()
+        pyro.set_rng_seed(seed)
+        model, guide = snippet(cls, inducing, x, y)
+        pred = dgp_predict(model, guide, x, y, num_samples=200)
+        rmse = float((pred["mean"] - f).pow(2).mean().sqrt())
+        grid = torch.linspace(-1, 1, 100, dtype=x.dtype).unsqueeze(-1)
+        samples = layer_samples(model, guide, grid, num_samples=30)
+        rmses.append(rmse)
+        out[f"rmse_{kind}"] = rmse
+        out[f"loglik_{kind}"] = pred["log_lik"]
+        out[f"noise_{kind}"] = float(model.noise.detach())
+        out[f"spread1_{kind}"] = collapse_ratio(model, samples, 1)
+    out.update(
+        ours=max(rmses),
+        paper="qualitative: every composition fits the data (noise sd 0.05); "
+        "factorised inner layer collapses, joint / intermediate keep spread",
+        steps=STEPS,
+        lr=LR,
+        seconds=time.perf_counter() - t0,
+    )
+    return out
+
+
+if __name__ == "__main__":
+    print(run(0))
