@@ -3,8 +3,9 @@ written (model and guide with their defaults, the shortest ``pyro.infer.SVI`` lo
 paper's toy problem, its figure printed beside the paper's.
 
 Run all systems: ``python -m benchmarks.pyro_path [--seeds 3] [--only hme,vart]``.
-Each system is one module here with a ``run(seed: int) -> dict`` returning at least
-``{"system", "figure", "ours", "paper", "steps", "seconds"}``; ``SYSTEMS`` lists them.
+Each system is one module here with a ``run(seed: int)`` returning a record (or a list
+of records, one per figure) with at least ``{"system", "figure", "ours", "paper", "steps",
+"seconds"}``; ``SYSTEMS`` lists them.
 """
 
 SYSTEMS = ["hme", "bayesian_hme", "vart", "dgp", "heteroscedastic_gp", "treevi"]

@@ -18,7 +18,10 @@ def main(argv=None) -> None:
     records, rows = [], []
     for system in args.only.split(","):
         module = importlib.import_module(f"benchmarks.pyro_path.{system}")
-        runs = [module.run(seed) for seed in range(args.seeds)]
+        runs = []
+        for seed in range(args.seeds):
+            out = module.run(seed)
+            runs.extend(out if isinstance(out, list) else [out])
         records.extend(runs)
         for key in sorted({r["figure"] for r in runs}):
             mine = [r for r in runs if r["figure"] == key]
