@@ -73,7 +73,7 @@ def test_guide_distribution_shapes_and_minibatch_forest():
     assert guide.median(x, idx).shape == (4, D)
     mix, _ = make_guide("exact", parents)
     assert isinstance(mix.distribution(x), MixtureOfTreeNormals)
-    assert mix(x).shape == (N, D)  # outside MixtureTreeELBO: a draw from the mixture
+    assert mix(x)["z"].shape == (N, D)  # outside MixtureTreeELBO: a draw from the mixture
 
 
 def test_stratified_log_prob_is_the_mixture_density():
@@ -440,7 +440,7 @@ def test_grouped_mixture_guide_samples_outside_the_mixture_elbo():
     z = q.sample((2,))
     assert z.shape == (2, 7, 4, 4) and q.log_prob(z).shape == (2, 7)
     assert q.rsample_components().shape == (7, 2, 4, 4)
-    assert guide(x).shape == (7, 4, 4)
+    assert guide(x)["z"].shape == (7, 4, 4)
     draws = pyro.infer.Predictive(model, guide=guide, num_samples=3)(x)
     assert draws["z"].shape == (3, 7, 4, 4) and draws["x"].shape == (3, 7, 4, 4)
 
