@@ -477,8 +477,10 @@ class TreeVIGuide(PyroModule):
         and ``idx`` a long tensor (or ``None``). Raises :class:`ValueError` if ``x`` does
         not have the tree's ``N`` rows on dim -2 (unless ``tree=False``: the encoder alone
         takes any number of instances), if ``idx`` is out of range, or if a row of the
-        batch is not finite. Only the batch's rows are scanned (``O(|B| F)``)."""
+        batch is not finite. Only the batch's rows are scanned (``O(|B| F)``). The guide
+        follows ``x``'s dtype and device."""
         x = as_tensor(x, "x")
+        prepare(self, x)
         if x.dim() < 2:
             raise ValueError(f"x must have shape (..., N, F), got {tuple(x.shape)}")
         if tree and self.parents is not None and x.shape[-2] != self.parents.shape[-1]:

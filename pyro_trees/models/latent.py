@@ -180,16 +180,16 @@ class SyntheticGraphVAE(PyroModule):
         density out): there ``"x"`` is drawn from ``p(x | z)`` with ``z`` from the
         guide, so ``Predictive(model, guide=guide, num_samples=S)(x)`` returns
         reconstructions ``(S, G, N, F)`` of the data and the guide's ``z``
-        ``(S, G, N, D)`` (leave ``subsample_size`` out there: the model's plate would
-        draw other groups than the guide's).
+        ``(S, G, N, D)`` (without ``subsample_size``: ``Predictive`` does not pass the
+        guide's subsample to the model; with it this raises).
 
         :param torch.Tensor x: observed data ``(G, N, F)``, or ``None`` to generate.
         :param int num_groups: ``G`` when generating (``x=None``).
         :param int subsample_size: minibatch size of the ``"groups"`` plate.
         :returns: ``x`` of the (subsampled) groups, ``(G', N, F)`` (with a leading batch
             shape under outer plates, e.g. ``Predictive(..., parallel=True)``).
-        :raises ValueError: if ``x`` is not ``(G, N, F)`` or the subsampled rows are not
-            finite.
+        :raises ValueError: if ``x`` is not ``(G, N, F)``, the subsampled rows are not
+            finite, or ``subsample_size`` is given under ``Predictive``.
         """
         if x is None and num_groups is None:
             raise ValueError("give the data x (G, N, F) or num_groups to generate")
@@ -202,6 +202,12 @@ class SyntheticGraphVAE(PyroModule):
                     f"got {tuple(x.shape)}"
                 )
         prepare(self, x)
+        if predicting() and subsample_size is not None and x is not None:
+            raise ValueError(
+                "Predictive does not pass the guide's subsample of groups to the model, so "
+                "with subsample_size the two would draw different groups: call Predictive "
+                "without subsample_size (or on x[subset])"
+            )
         g = x.shape[0] if x is not None else num_groups
         tril = self.prior_tril.to(self.weight.dtype)
         with pyro.plate("groups", g, subsample_size=subsample_size, dim=-1) as i:

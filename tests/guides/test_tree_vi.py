@@ -278,6 +278,7 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
     x, edges, parents = graph_data()
     ef = (torch.arange(N) % 3 == 0).float().unsqueeze(-1)  # every third edge "must-link"
     for inputs, width in (("data", F), ("codes", 2 * D)):
+        pyro.clear_param_store()  # a fresh guide takes up the store's values (same names)
         net = PairNet(width, D, hidden=(8,), edge_features=1)
         guide = TreeVIGuide(
             GaussianEncoder(F, D, (8,)), parents, pair_net=net, edge_features=ef, pair_inputs=inputs

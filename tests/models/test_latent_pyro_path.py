@@ -166,3 +166,9 @@ def test_guide_trace_replays_through_model(kind):
     model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(x)
     assert model_trace.nodes["z"]["value"] is guide_trace.nodes["z"]["value"]
     assert torch.isfinite(model_trace.log_prob_sum().detach())
+
+
+def test_synthetic_predictive_refuses_a_subsample():
+    model, guide, x, _ = _fit(MODELS["synthetic"], steps=2)
+    with pytest.raises(ValueError, match="without subsample_size"):
+        Predictive(model, guide=guide, num_samples=2)(x, subsample_size=5)
