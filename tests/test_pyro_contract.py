@@ -143,13 +143,12 @@ def _treevi_synthetic_data(dtype):
 
 
 def _treevi_build_synthetic(name=None, dtype=torch.float64):
-    from pyro_trees.guides import GroupEncoder, PairNet, TreeVIGuide
+    from pyro_trees.guides import GroupEncoder, TreeVIGuide
     from pyro_trees.models import SyntheticGraphVAE
 
     name = name or ""
     model = SyntheticGraphVAE(name=name)
-    net = PairNet(4, 4, num_nodes=4)
-    guide = TreeVIGuide(GroupEncoder(4, 4, 4), TREEVI_T2, pair_net=net, plate="groups", name=name)
+    guide = TreeVIGuide(GroupEncoder(4, 4, 4), TREEVI_T2, plate="groups", name=name)
     return model, guide
 
 
@@ -202,7 +201,7 @@ def _treevi_graph_data(dtype):
 
 
 def _treevi_build_graph(name=None, dtype=torch.float64):
-    from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
+    from pyro_trees.guides import GaussianEncoder, TreeVIGuide
     from pyro_trees.infer import maximum_spanning_tree
     from pyro_trees.models import SYNTHETIC_AFFINITY, GraphPriorVAE
 
@@ -211,9 +210,7 @@ def _treevi_build_graph(name=None, dtype=torch.float64):
     model = GraphPriorVAE(
         adjacency, 4, latent_dim=4, hidden=(), likelihood="normal", name=name or ""
     )
-    guide = TreeVIGuide(
-        GaussianEncoder(4, 4, hidden=()), tree, pair_net=PairNet(4, 4), name=name or ""
-    )
+    guide = TreeVIGuide(GaussianEncoder(4, 4, hidden=()), tree, name=name or "")
     return model, guide
 
 

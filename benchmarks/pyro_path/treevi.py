@@ -16,7 +16,7 @@ import pyro
 import torch
 from pyro.infer import SVI, Trace_ELBO
 
-from pyro_trees.guides import GroupEncoder, PairNet, TreeVIGuide
+from pyro_trees.guides import GroupEncoder, TreeVIGuide
 from pyro_trees.models import SyntheticGraphVAE
 
 STEPS, LR, GROUPS, BATCH = 3000, 0.005, 1500, 250
@@ -29,8 +29,7 @@ def _fit(x, tree, seed):
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     model = SyntheticGraphVAE()
-    net = None if tree is None else PairNet(4, 4, num_nodes=4)
-    guide = TreeVIGuide(GroupEncoder(4, 4, 4), tree, pair_net=net, plate="groups")
+    guide = TreeVIGuide(GroupEncoder(4, 4, 4), tree, plate="groups")
     svi = SVI(model, guide, pyro.optim.Adam({"lr": LR}), Trace_ELBO())
     t0 = time.perf_counter()
     for _ in range(STEPS):

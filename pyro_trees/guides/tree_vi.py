@@ -397,7 +397,10 @@ class TreeVIGuide(PyroModule):
     :param parents: parent array ``(N,)`` of the tree (``-1`` at roots); ``None`` for
         the mean-field guide (no correlation, ``Normal(loc, scale)``).
     :param pair_net: module ``(x_child, x_parent) -> rho`` (e.g. :class:`PairNet`), or
-        ``(x_child, x_parent, e) -> rho`` with ``edge_features``.
+        ``(x_child, x_parent, e) -> rho`` with ``edge_features``. Default (with a tree):
+        built at the first call, ``PairNet(F', D)`` on the pair inputs (``F' = F``, or
+        ``2 D`` for ``"codes"``), with a learnt offset per edge (``num_nodes=N``) when
+        ``x`` holds groups ``(G, N, F)``, whose members carry no clue to their edge.
     :param edge_features: optional ``(N, E)`` side information on each node's parent
         edge (row ``i``: the edge ``(i, parents[i])``; roots' rows are ignored), passed
         to ``pair_net`` as its third argument, e.g. a must-link indicator.
@@ -434,8 +437,6 @@ class TreeVIGuide(PyroModule):
         self.pair_inputs = pair_inputs
         self.encoder = encoder
         if parents is not None:
-            if pair_net is None:
-                raise ValueError("a tree-structured guide needs a pair_net for the correlations")
             parents = validate_parents(parents)
             table = getattr(pair_net, "pair_bias", None)
             if table is not None and table.shape[0] != parents.numel():
@@ -531,8 +532,20 @@ class TreeVIGuide(PyroModule):
         if plan is None:
             return dist.Normal(loc, scale).to_event(2)
         feats = self._pair_features(xb, loc, scale)
+        if self.pair_net is None:
+            self._default_pair_net(feats, loc.shape[-1])
         rho = self._rho(feats, plan.parents, self.pair_net, self.edge_features, idx)
         return TreeNormal(loc, scale, plan, rho)
+
+    def _default_pair_net(self, feats, latent_dim):
+        if self.edge_features is not None:
+            raise ValueError("a guide with edge_features needs its pair_net (edge_features=E)")
+        grouped = feats.dim() >= 3
+        num_nodes = self.parents.numel() if grouped else None
+        with torch.random.fork_rng(devices=[]):  # the draws after it do not move
+            net = PairNet(feats.shape[-1], latent_dim, num_nodes=num_nodes)
+        self.pair_net = net.to(device=feats.device, dtype=feats.dtype)
+        prepare(self, feats)  # a loaded store's values for it
 
     def _all_pair_rho(self, feats: torch.Tensor, latent_dim: int) -> torch.Tensor:
         """The pair network on every ordered pair of the ``N`` rows of ``feats``

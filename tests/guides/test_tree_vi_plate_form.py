@@ -104,3 +104,21 @@ def test_mixture_guide_refuses_a_plate_over_instances():
     )
     with pytest.raises(ValueError, match="plate over instances"):
         guide(x)
+
+
+def test_default_pair_net_is_built_at_the_first_call():
+    from pyro_trees.guides import GroupEncoder
+    from pyro_trees.models import SyntheticGraphVAE
+
+    x = _data()
+    guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), CHAIN)  # instance-level: no offsets
+    assert guide.pair_net is None
+    assert guide.distribution(x).rho.shape == (N, D)
+    assert isinstance(guide.pair_net, PairNet) and guide.pair_net.offsets is None
+    groups = SyntheticGraphVAE().generate(5).double()
+    guide = TreeVIGuide(GroupEncoder(4, 4, 4), [-1, 0, 1, 0], plate="groups")
+    guide(groups)
+    assert guide.pair_net.offsets == "child" and guide.pair_net.edge_bias.shape == (4, 4)
+    assert all(p.dtype == torch.float64 for p in guide.parameters())
+    with pytest.raises(ValueError, match="edge_features"):
+        TreeVIGuide(GaussianEncoder(F, D), CHAIN, edge_features=torch.ones(N, 1)).distribution(x)
