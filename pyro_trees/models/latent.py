@@ -500,7 +500,9 @@ class ConstrainedClusteringVAE(PyroModule):
         return dist.Normal(self.cluster_loc, self.cluster_log_scale.exp()).to_event(1)
 
     def responsibilities(self, z):
-        """``q(c | z) = p(c | z)`` under the mixture, ``(..., N, K)``."""
+        """``q(c | z) = p(c | z)`` under the mixture, ``(..., N, K)``; the model follows
+        ``z``'s dtype and device."""
+        prepare(self, z)
         lp = self._components().log_prob(z.unsqueeze(-2)) + self.cluster_logits.log_softmax(-1)
         return lp.softmax(-1)
 

@@ -172,3 +172,10 @@ def test_synthetic_predictive_refuses_a_subsample():
     model, guide, x, _ = _fit(MODELS["synthetic"], steps=2)
     with pytest.raises(ValueError, match="without subsample_size"):
         Predictive(model, guide=guide, num_samples=2)(x, subsample_size=5)
+
+
+def test_clustering_predict_follows_the_dtype_of_z():
+    model = ConstrainedClusteringVAE(F, 3, latent_dim=D, hidden=(8,))
+    z = torch.randn(N, D, dtype=torch.float64)
+    assert model.predict(z).shape == (N,)
+    assert model.cluster_loc.dtype == torch.float64
