@@ -144,8 +144,8 @@ def test_synthetic_model_with_grouped_guides():
 
 def test_bad_input():
     x, _, parents = graph_data()
-    with pytest.raises(ValueError, match="pair_net"):
-        TreeVIGuide(GaussianEncoder(F, D), parents)
+    with pytest.raises(ValueError, match="needs its pair_net"):  # no default with edge features
+        TreeVIGuide(GaussianEncoder(F, D), parents, edge_features=torch.ones(N, 1)).distribution(x)
     with pytest.raises(ValueError, match="cycle"):
         TreeVIGuide(GaussianEncoder(F, D), torch.tensor([1, 0]), pair_net=PairNet(F, D))
     with pytest.raises(ValueError, match="entropy"):
