@@ -225,6 +225,45 @@ def _treevi_graph_gap(model, guide, args, kwargs):
     return (exact - value) / x.shape[0]
 
 
+def _treevi_clusters():
+    """Three noisy binary prototypes (120 instances, 12 features) and 200 random pairs:
+    must-links inside a class, cannot-links across (weight +-10)."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(120) % 3
+    protos = (torch.rand(3, 12, generator=g) < 0.5).float()
+    x = (protos[labels] + (torch.rand(120, 12, generator=g) < 0.1).float()) % 2
+    pairs = torch.randint(0, 120, (200, 2), generator=g)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    same = labels[pairs[:, 0]] == labels[pairs[:, 1]]
+    return x, labels, pairs, torch.where(same, 10.0, -10.0)
+
+
+def _treevi_build_clustering(name=None, dtype=torch.float64):
+    from pyro_trees.guides import GaussianEncoder, TreeVIGuide
+    from pyro_trees.infer import maximum_spanning_tree
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    _, _, pairs, w = _treevi_clusters()
+    must = pairs[w > 0]
+    forest = maximum_spanning_tree(torch.ones(len(must)), edges=must, num_nodes=120)
+    model = ConstrainedClusteringVAE(
+        12, 3, latent_dim=2, hidden=(32,), constraints=pairs, weights=w, name=name or ""
+    )
+    return model, TreeVIGuide(GaussianEncoder(12, 2, (32,)), forest, name=name or "")
+
+
+def _treevi_clustering_accuracy(model, guide, args, kwargs):
+    """Accuracy of the hard assignments under the best matching of clusters to classes."""
+    from scipy.optimize import linear_sum_assignment
+
+    _, labels, _, _ = _treevi_clusters()
+    pred = model.predict(guide.median(args[0]))
+    counts = torch.zeros(3, 3)
+    counts.index_put_((pred, labels), torch.ones(len(labels)), accumulate=True)
+    rows, cols = linear_sum_assignment(-counts.numpy())
+    return float(counts[rows, cols].sum()) / len(labels)
+
+
 CASES += [
     Case(
         id="treevi-synthetic-T2",
@@ -267,6 +306,19 @@ CASES += [
         min_centred=0.3,
         steps=300,
         lr=0.05,
+    ),
+    Case(
+        id="treevi-constrained-clustering",
+        build=_treevi_build_clustering,
+        data=lambda dtype: ((_treevi_clusters()[0].to(dtype),), {}),
+        predict_args=lambda args, kwargs: (args, kwargs),
+        observed=("x",),
+        figure=_treevi_clustering_accuracy,
+        passes=lambda acc: acc >= 0.8,
+        paper="Sec. 4.2, MNIST with constraints: TreeVI ACC 97.4 % (toy here: 3 prototypes)",
+        centred=_treevi_reconstructions,
+        steps=300,
+        lr=0.01,
     ),
 ]
 
