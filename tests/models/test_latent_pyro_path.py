@@ -179,3 +179,15 @@ def test_clustering_predict_follows_the_dtype_of_z():
     z = torch.randn(N, D, dtype=torch.float64)
     assert model.predict(z).shape == (N,)
     assert model.cluster_loc.dtype == torch.float64
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", MODELS)
+def test_model_and_guide_follow_data_to_cuda(kind):
+    model, guide, x, loss = MODELS[kind]()
+    x = x.cuda()
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.03}), loss())
+    assert torch.isfinite(torch.tensor(svi.step(x)))
+    assert all(p.is_cuda for p in guide.parameters())
+    out = Predictive(model, guide=guide, num_samples=3, parallel=True)(x)
+    assert out["x"].is_cuda and out["z"].is_cuda
