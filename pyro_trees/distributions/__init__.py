@@ -25,6 +25,7 @@ from pyro_trees.distributions.tree_mixture import (
 )
 from pyro_trees.distributions.tree_normal import (
     TreeNormal,
+    TreeNormalInstances,
     validate_parents,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "SplitIndicator",
     "TreeBalance",
     "TreeNormal",
+    "TreeNormalInstances",
     "TreeRouting",
     "expected_log_coupling",
     "gaussian_mixture_quantiles",

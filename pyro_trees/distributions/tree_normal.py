@@ -9,7 +9,7 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-__all__ = ["TreeNormal", "open_interval", "tree_depths", "validate_parents"]
+__all__ = ["TreeNormal", "TreeNormalInstances", "open_interval", "tree_depths", "validate_parents"]
 
 
 class _OpenInterval(constraints.Constraint):
@@ -692,9 +692,76 @@ class TreeNormal(TorchDistribution):
         full = cov.unsqueeze(-1) * eye_d.reshape(1, d, 1, d)  # (..., i, d, j, e)
         return full.reshape(self.batch_shape + (n * d, n * d))
 
+    def per_instance(self) -> TreeNormalInstances:
+        """The same distribution in the plate form of a latent: batch shape
+        ``batch_shape + (N,)``, event shape ``(D,)`` (see :class:`TreeNormalInstances`)."""
+        return TreeNormalInstances(self)
+
     def __repr__(self):
         return (
             f"TreeNormal(batch_shape: {tuple(self.batch_shape)}, event_shape: "
             f"{tuple(self.event_shape)}, height: {self.height}, "
             f"roots: {int(self._plan.is_root.sum())})"
         )
+
+
+class TreeNormalInstances(TorchDistribution):
+    r"""A :class:`TreeNormal` in the plate form of a latent: the instances on the last
+    batch dim, each with event shape ``(D,)``, as a model samples ``z_i`` inside
+    ``pyro.plate("data", N)`` with ``.to_event(1)``.
+
+    Draws are the tree's (correlated across the instances). ``log_prob`` returns the
+    tree's factorisation along its edges, one term per instance,
+
+    .. math::
+
+        \log q(z) = \sum_i \log q(z_i \mid z_{\mathrm{pa}(i)})
+
+    (the marginal at roots), shape ``batch_shape + (N,)``, whose sum over the instances
+    is :meth:`TreeNormal.log_prob`; :meth:`entropy` splits the same way. A plate then
+    sums (and, when it subsamples, scales) them as it does any per-instance density.
+
+    :param TreeNormal tree: batch shape ``B``, event shape ``(N, D)``.
+    """
+
+    arg_constraints = {}
+    support = constraints.independent(constraints.real, 1)
+    has_rsample = True
+
+    def __init__(self, tree: TreeNormal, *, validate_args=None):
+        if not isinstance(tree, TreeNormal):
+            raise ValueError(f"tree must be a TreeNormal, got {type(tree).__name__}")
+        self.tree = tree
+        n, d = tree.event_shape
+        super().__init__(tree.batch_shape + (n,), torch.Size([d]), validate_args=False)
+
+    @property
+    def mean(self):
+        return self.tree.mean
+
+    @property
+    def variance(self):
+        return self.tree.variance
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        if not batch_shape or batch_shape[-1] != self.batch_shape[-1]:
+            raise ValueError(
+                f"a tree over {self.batch_shape[-1]} instances cannot expand to batch shape "
+                f"{tuple(batch_shape)}: the last dim is the instances'"
+            )
+        return TreeNormalInstances(self.tree.expand(batch_shape[:-1]))
+
+    def rsample(self, sample_shape=()):
+        return self.tree.rsample(sample_shape)
+
+    def log_prob(self, value):
+        q = self.tree
+        e = q.whiten(value)
+        log_det = q.scale.log() + q._edge_sd.log()
+        return (-0.5 * e.pow(2) - 0.5 * math.log(2 * math.pi) - log_det).sum(-1)
+
+    def entropy(self):
+        rho, scale = self.tree._edge_rho, self.tree.scale
+        h = 0.5 * (1 + math.log(2 * math.pi)) + scale.log() + 0.5 * torch.log1p(-rho.pow(2))
+        return h.expand(self.batch_shape + self.event_shape).sum(-1)

@@ -59,6 +59,9 @@ from pyro import poutine
 from pyro.distributions import TorchDistribution
 from pyro.infer import Trace_ELBO
 from pyro.nn import PyroModule, PyroParam
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.trace_messenger import TraceMessenger
 from torch import nn
 from torch.distributions import constraints
 
@@ -69,6 +72,7 @@ from pyro_trees.distributions.tree_normal import (
     validate_parents,
 )
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
+from pyro_trees.models._store import prepare
 from pyro_trees.validation import as_tensor, check_finite, check_index
 
 # Per guide: the validated parent array and sampling plan of the forest each batch
@@ -340,6 +344,20 @@ def tree_batches(parents, batch_size: int, *, generator: torch.Generator | None 
     return list(order.split(batch_size))
 
 
+def _plate(name, size, subsample_size=None, subsample=None, dim=-1):
+    """``pyro.plate(name, ...)``, or, when the trace being recorded already holds that
+    plate's subsample site, a plate over the same indices that records no second one:
+    ``AutoGuideList`` creates every plate of the model before it calls its parts."""
+    for m in reversed(_PYRO_STACK):
+        if isinstance(m, TraceMessenger):
+            node = m.trace.nodes.get(name)
+            if node is not None and isinstance(node.get("fn"), _Subsample):
+                with poutine.block(hide=[name]):
+                    return pyro.plate(name, size, subsample=node["value"], dim=dim)
+            break
+    return pyro.plate(name, size, subsample_size=subsample_size, subsample=subsample, dim=dim)
+
+
 @contextlib.contextmanager
 def _stratified(guide):
     guide._stratify = True
@@ -357,12 +375,32 @@ class TreeVIGuide(PyroModule):
     of ``G`` independent groups on dim -1 (``plate="groups"``), each with the same tree
     over its ``N`` members (the synthetic model of Sec. 4.1).
 
+    The site's form follows the model's:
+
+    * no ``plate``: one event ``(N, D)`` (``(B, D)`` with ``idx``), as
+      :class:`~pyro_trees.models.GraphPriorVAE` samples it;
+    * ``plate`` with ``x`` of shape ``(G, N, F)``: the groups plate (dim -1), each
+      group's event ``(N, D)`` (:class:`~pyro_trees.models.SyntheticGraphVAE`);
+    * ``plate`` with ``x`` of shape ``(N, F)``: the usual plate form of a VAE's latent,
+      ``z_i`` inside ``pyro.plate(plate, N)`` (dim -1) with event ``(D,)``; the plate's
+      subsample (its ``subsample_size``, or ``idx``) picks the instances, and the draw is
+      a :class:`~pyro_trees.distributions.TreeNormalInstances` of the forest the tree
+      induces on them (correlated; per-instance conditional densities).
+
+    Called, it returns ``{site: draw}`` like Pyro's autoguides, so it composes in
+    ``AutoGuideList``. Dtype and device follow ``x``; parameters already in Pyro's
+    store under its ``name`` (e.g. after ``pyro.get_param_store().load``) are taken up
+    at the first call.
+
     :param encoder: module ``x -> (loc, scale)``, ``(..., N, F) -> (..., N, D)``
         (e.g. :class:`GaussianEncoder`).
     :param parents: parent array ``(N,)`` of the tree (``-1`` at roots); ``None`` for
         the mean-field guide (no correlation, ``Normal(loc, scale)``).
     :param pair_net: module ``(x_child, x_parent) -> rho`` (e.g. :class:`PairNet`), or
-        ``(x_child, x_parent, e) -> rho`` with ``edge_features``.
+        ``(x_child, x_parent, e) -> rho`` with ``edge_features``. Default (with a tree):
+        built at the first call, ``PairNet(F', D)`` on the pair inputs (``F' = F``, or
+        ``2 D`` for ``"codes"``), with a learnt offset per edge (``num_nodes=N``) when
+        ``x`` holds groups ``(G, N, F)``, whose members carry no clue to their edge.
     :param edge_features: optional ``(N, E)`` side information on each node's parent
         edge (row ``i``: the edge ``(i, parents[i])``; roots' rows are ignored), passed
         to ``pair_net`` as its third argument, e.g. a must-link indicator.
@@ -372,11 +410,12 @@ class TreeVIGuide(PyroModule):
         steer the encoder): where the two posteriors sit in latent space, which decides
         how much the model's pairwise terms couple them.
     :param str site: name of the latent site of the model.
-    :param str plate: name of the model's group plate (dim -1), if any.
-    :param subsample_size: minibatch size of the group plate.
+    :param str plate: name of the model's plate (dim -1) over groups or instances, if any.
+    :param subsample_size: minibatch size of that plate.
     :param str name: prefix of the guide's names in Pyro's parameter store (default
-        none: ``encoder$$$...``); give two guides that share the store different names
-        (e.g. a mean-field and a tree guide trained side by side).
+        none: ``encoder$$$...``; with a name, ``<name>.encoder$$$...``); give two guides
+        that share the store different names (e.g. a mean-field and a tree guide trained
+        side by side).
     """
 
     def __init__(
@@ -398,8 +437,6 @@ class TreeVIGuide(PyroModule):
         self.pair_inputs = pair_inputs
         self.encoder = encoder
         if parents is not None:
-            if pair_net is None:
-                raise ValueError("a tree-structured guide needs a pair_net for the correlations")
             parents = validate_parents(parents)
             table = getattr(pair_net, "pair_bias", None)
             if table is not None and table.shape[0] != parents.numel():
@@ -441,8 +478,10 @@ class TreeVIGuide(PyroModule):
         and ``idx`` a long tensor (or ``None``). Raises :class:`ValueError` if ``x`` does
         not have the tree's ``N`` rows on dim -2 (unless ``tree=False``: the encoder alone
         takes any number of instances), if ``idx`` is out of range, or if a row of the
-        batch is not finite. Only the batch's rows are scanned (``O(|B| F)``)."""
+        batch is not finite. Only the batch's rows are scanned (``O(|B| F)``). The guide
+        follows ``x``'s dtype and device."""
         x = as_tensor(x, "x")
+        prepare(self, x)
         if x.dim() < 2:
             raise ValueError(f"x must have shape (..., N, F), got {tuple(x.shape)}")
         if tree and self.parents is not None and x.shape[-2] != self.parents.shape[-1]:
@@ -493,8 +532,20 @@ class TreeVIGuide(PyroModule):
         if plan is None:
             return dist.Normal(loc, scale).to_event(2)
         feats = self._pair_features(xb, loc, scale)
+        if self.pair_net is None:
+            self._default_pair_net(feats, loc.shape[-1])
         rho = self._rho(feats, plan.parents, self.pair_net, self.edge_features, idx)
         return TreeNormal(loc, scale, plan, rho)
+
+    def _default_pair_net(self, feats, latent_dim):
+        if self.edge_features is not None:
+            raise ValueError("a guide with edge_features needs its pair_net (edge_features=E)")
+        grouped = feats.dim() >= 3
+        num_nodes = self.parents.numel() if grouped else None
+        with torch.random.fork_rng(devices=[]):  # the draws after it do not move
+            net = PairNet(feats.shape[-1], latent_dim, num_nodes=num_nodes)
+        self.pair_net = net.to(device=feats.device, dtype=feats.dtype)
+        prepare(self, feats)  # a loaded store's values for it
 
     def _all_pair_rho(self, feats: torch.Tensor, latent_dim: int) -> torch.Tensor:
         """The pair network on every ordered pair of the ``N`` rows of ``feats``
@@ -847,24 +898,46 @@ class TreeVIGuide(PyroModule):
             yield x
             return
         size = subsample_size if subsample_size is not None else self.subsample_size
-        with pyro.plate(self.plate, x.shape[0], subsample_size=size, dim=-1) as i:
+        with _plate(self.plate, x.shape[0], subsample_size=size, dim=-1) as i:
             yield x[i]
+
+    def _start(self, x):
+        x = as_tensor(x, "x")
+        prepare(self, x)
+        return x
+
+    def _instance_plate(self, x, idx, subsample_size):
+        """The draw in the plate form: ``z_B`` inside the plate over the ``N`` rows."""
+        size = subsample_size if subsample_size is not None else self.subsample_size
+        n = x.shape[-2]
+        if idx is not None:
+            idx, size = check_index(idx, n, device=x.device), None
+        with _plate(self.plate, n, subsample_size=size, subsample=idx, dim=-1) as i:
+            whole = i.numel() == n and bool((i == torch.arange(n, device=i.device)).all())
+            sub = None if whole else i
+            q = self.distribution(x, sub)
+            q = q.per_instance() if isinstance(q, TreeNormal) else q.base_dist.to_event(1)
+            return pyro.sample(self.site, q)
 
     def forward(self, x, *args, idx=None, subsample_size=None, **kwargs):
         """Sample the model's latent site from :meth:`distribution` (the guide has the
         model's signature; extra arguments, such as ``y``, are ignored).
 
-        :param torch.Tensor x: ``(N, F)``; with ``plate``, ``(G, N, F)`` with the groups
-            on dim 0 (the plate subsamples them).
-        :param idx: ``(B,)`` integer indices of the instances of a minibatch, or ``None``.
-        :param int subsample_size: the group plate's minibatch size (overrides the one
-            given at construction).
-        :returns: the draw of the site ``site``, ``(B, D)``, or ``(G', N, D)`` with a group
-            plate (``G'`` the subsample size); under :class:`MixtureTreeELBO` with a
+        :param torch.Tensor x: ``(N, F)``; with a group ``plate``, ``(G, N, F)`` with the
+            groups on dim 0 (the plate subsamples them).
+        :param idx: ``(B,)`` integer indices of the instances of a minibatch, or ``None``
+            (with a plate over instances, the plate's subsample).
+        :param int subsample_size: the plate's minibatch size (overrides the one given at
+            construction).
+        :returns: ``{site: z}`` with ``z`` of shape ``(B, D)``, or ``(G', N, D)`` with a
+            group plate (``G'`` the subsample size); under :class:`MixtureTreeELBO` with a
             leading component axis ``M``.
         """
+        x = self._start(x)
+        if self.plate is not None and x.dim() == 2:
+            return {self.site: self._instance_plate(x, idx, subsample_size)}
         with self._plate(x, subsample_size) as xb:
-            return pyro.sample(self.site, self.distribution(xb, idx))
+            return {self.site: pyro.sample(self.site, self.distribution(xb, idx))}
 
     @torch.no_grad()
     def median(self, x, idx=None):
@@ -1011,13 +1084,26 @@ class TreeVIMixtureGuide(TreeVIGuide):
         )
 
     def forward(self, x, *args, idx=None, subsample_size=None, **kwargs):
+        """As :meth:`TreeVIGuide.forward`; under :class:`MixtureTreeELBO` one draw per
+        tree. Returns ``{site: z}``.
+
+        :raises ValueError: for a plate over instances (``x`` of shape ``(N, F)`` with
+            ``plate``): a mixture has no per-instance factorisation; use a group plate or
+            none."""
+        x = self._start(x)
+        if self.plate is not None and x.dim() == 2:
+            raise ValueError(
+                "TreeVIMixtureGuide takes a plate over groups (x of shape (G, N, F)) or no "
+                "plate; a plate over instances needs per-instance densities, which a "
+                "mixture of trees has not (use TreeVIGuide)"
+            )
         with self._plate(x, subsample_size) as xb:
             if self._stratify:
                 q = _StratifiedTreeMixture(
                     self._components(xb, idx), self.tree_logits, self.entropy == "exact"
                 )
-                return pyro.sample(self.site, q)
-            return pyro.sample(self.site, self.distribution(xb, idx))
+                return {self.site: pyro.sample(self.site, q)}
+            return {self.site: pyro.sample(self.site, self.distribution(xb, idx))}
 
 
 class MixtureTreeELBO(Trace_ELBO):
@@ -1027,9 +1113,25 @@ class MixtureTreeELBO(Trace_ELBO):
     q(z^{(m)}))` with one reparameterised draw :math:`z^{(m)}` per tree.
 
     The model must broadcast over that extra batch dim (models whose likelihood is a
-    single site without plates, or a site inside a plate at dim -1, do)."""
+    single site without plates, or a site inside a plate at dim -1, do). The guide may
+    be an ``AutoGuideList`` holding the mixture guide: its other parts then draw once
+    per component as well (an unbiased, stratified estimate of the same ELBO)."""
+
+    @staticmethod
+    def _mixture(guide):
+        if isinstance(guide, TreeVIMixtureGuide):
+            return guide
+        for part in guide if isinstance(guide, nn.ModuleList) else ():
+            inner = getattr(part, "_guide", part)
+            if isinstance(inner, TreeVIMixtureGuide):
+                return inner
+        raise ValueError(
+            "MixtureTreeELBO needs a TreeVIMixtureGuide (alone or in an AutoGuideList)"
+        )
 
     def _wrap(self, fn, guide):
+        guide = self._mixture(guide)
+
         def wrapped(*args, **kwargs):
             m = guide.num_trees
             shape = (m,) + (1,) * (-guide.component_dim - 1)
@@ -1043,8 +1145,7 @@ class MixtureTreeELBO(Trace_ELBO):
         return wrapped
 
     def _check(self, guide):
-        if not isinstance(guide, TreeVIMixtureGuide):
-            raise ValueError("MixtureTreeELBO needs a TreeVIMixtureGuide")
+        self._mixture(guide)
 
     def loss(self, model, guide, *args, **kwargs):
         self._check(guide)

@@ -19,6 +19,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from pyro_trees.distributions.kronecker_normal import KroneckerNormal
+from pyro_trees.models._store import predicting, prepare
 from pyro_trees.validation import as_tensor, check_finite, check_index
 
 __all__ = ["ConstrainedClusteringVAE", "GraphPriorVAE", "SYNTHETIC_AFFINITY", "SyntheticGraphVAE"]
@@ -128,6 +129,13 @@ class SyntheticGraphVAE(PyroModule):
     :param int latent_dim: ``D``.
     :param int obs_dim: ``F`` (4 and 4 in the paper).
     :param float noise_var: :math:`\\sigma^2` (0.5 in the paper).
+    :param bool learn_decoder: learn ``W, b`` (parameters ``"<name>.weight"``,
+        ``"<name>.bias"``).
+    :param str name: prefix of its names in Pyro's parameter store.
+
+    Dtype and device follow the data (the buffers move to those of ``x`` at a call).
+    Under ``Predictive`` the site ``"x"`` is drawn from the likelihood given the guide's
+    ``z``: the posterior predictive of the groups (see :meth:`forward`).
     """
 
     def __init__(
@@ -138,8 +146,10 @@ class SyntheticGraphVAE(PyroModule):
         obs_dim: int = 4,
         noise_var: float = 0.5,
         learn_decoder: bool = False,
+        *,
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name)
         adjacency = SYNTHETIC_AFFINITY if adjacency is None else torch.as_tensor(adjacency)
         prior = KroneckerNormal.from_affinity(adjacency.double(), strength, latent_dim)
         self.register_buffer("prior_tril", prior.scale_tril.float())
@@ -166,12 +176,20 @@ class SyntheticGraphVAE(PyroModule):
     def forward(self, x=None, *, num_groups: int | None = None, subsample_size=None, **kwargs):
         """Run the generative story.
 
+        ``x`` is observed, except under ``pyro.infer.Predictive`` (which masks every
+        density out): there ``"x"`` is drawn from ``p(x | z)`` with ``z`` from the
+        guide, so ``Predictive(model, guide=guide, num_samples=S)(x)`` returns
+        reconstructions ``(S, G, N, F)`` of the data and the guide's ``z``
+        ``(S, G, N, D)`` (without ``subsample_size``: ``Predictive`` does not pass the
+        guide's subsample to the model; with it this raises).
+
         :param torch.Tensor x: observed data ``(G, N, F)``, or ``None`` to generate.
         :param int num_groups: ``G`` when generating (``x=None``).
         :param int subsample_size: minibatch size of the ``"groups"`` plate.
-        :returns: ``x`` of the (subsampled) groups, ``(G', N, F)``.
-        :raises ValueError: if ``x`` is not ``(G, N, F)`` or the subsampled rows are not
-            finite.
+        :returns: ``x`` of the (subsampled) groups, ``(G', N, F)`` (with a leading batch
+            shape under outer plates, e.g. ``Predictive(..., parallel=True)``).
+        :raises ValueError: if ``x`` is not ``(G, N, F)``, the subsampled rows are not
+            finite, or ``subsample_size`` is given under ``Predictive``.
         """
         if x is None and num_groups is None:
             raise ValueError("give the data x (G, N, F) or num_groups to generate")
@@ -183,29 +201,39 @@ class SyntheticGraphVAE(PyroModule):
                     f"x must have shape (G, N, F) = (G, {shape[0]}, {shape[1]}), "
                     f"got {tuple(x.shape)}"
                 )
+        prepare(self, x)
+        if predicting() and subsample_size is not None and x is not None:
+            raise ValueError(
+                "Predictive does not pass the guide's subsample of groups to the model, so "
+                "with subsample_size the two would draw different groups: call Predictive "
+                "without subsample_size (or on x[subset])"
+            )
         g = x.shape[0] if x is not None else num_groups
         tril = self.prior_tril.to(self.weight.dtype)
         with pyro.plate("groups", g, subsample_size=subsample_size, dim=-1) as i:
             z = pyro.sample("z", KroneckerNormal(tril, self.latent_dim))
             obs = None if x is None else check_finite(x[i], "x")
+            if predicting():
+                obs = None
             scale = torch.tensor(self.noise_var, dtype=tril.dtype, device=tril.device).sqrt()
             return pyro.sample("x", dist.Normal(self.decoder(z), scale).to_event(2), obs=obs)
 
     @torch.no_grad()
     def marginal(self) -> torch.distributions.MultivariateNormal:
         """The exact marginal of one group, ``vec(X_g)`` of size ``N F``."""
-        w = self.weight.double()
-        c = (self.prior_tril @ self.prior_tril.T).double()
+        w = self.weight.double().cpu()
+        tril = self.prior_tril.double().cpu()
+        c = tril @ tril.T
         cov = torch.kron(c, w @ w.T) + self.noise_var * torch.eye(
             c.shape[0] * self.obs_dim, dtype=torch.float64
         )
-        loc = self.bias.double().repeat(c.shape[0])
+        loc = self.bias.double().cpu().repeat(c.shape[0])
         return torch.distributions.MultivariateNormal(loc, cov)
 
     @torch.no_grad()
     def exact_log_likelihood(self, x) -> torch.Tensor:
         """:math:`\\log p(X_g)` per group, shape ``(G,)`` (float64)."""
-        return self.marginal().log_prob(x.double().reshape(x.shape[0], -1))
+        return self.marginal().log_prob(x.double().cpu().reshape(x.shape[0], -1))
 
     @torch.no_grad()
     def generate(self, num_groups: int, generator: torch.Generator | None = None):
@@ -213,7 +241,8 @@ class SyntheticGraphVAE(PyroModule):
         m = self.marginal()
         eps = torch.randn(num_groups, m.loc.numel(), generator=generator, dtype=torch.float64)
         x = m.loc + eps @ m.scale_tril.T
-        return x.reshape(num_groups, self.num_instances, self.obs_dim).to(self.weight.dtype)
+        shape = (num_groups, self.num_instances, self.obs_dim)
+        return x.reshape(shape).to(self.weight.dtype).to(self.weight.device)
 
 
 class GraphPriorVAE(PyroModule):
@@ -245,6 +274,11 @@ class GraphPriorVAE(PyroModule):
     :param int obs_dim: ``F``.
     :param hidden: hidden sizes of the decoder MLP.
     :param str likelihood: ``"bernoulli"`` (bag-of-words) or ``"normal"``.
+    :param str name: prefix of its names in Pyro's parameter store
+        (``"<name>.decoder$$$0.weight"``, ...).
+
+    Dtype and device follow the data. Under ``Predictive`` the site ``"x"`` is drawn
+    from the likelihood (see :meth:`forward`).
     """
 
     def __init__(
@@ -257,8 +291,9 @@ class GraphPriorVAE(PyroModule):
         latent_dim: int = 16,
         hidden=(128,),
         likelihood: str = "bernoulli",
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name)
         adjacency = torch.as_tensor(adjacency)
         is_edge_list = adjacency.dim() == 2 and adjacency.shape[1] == 2
         if is_edge_list and num_nodes is None and adjacency.shape[0] != 2:
@@ -346,24 +381,31 @@ class GraphPriorVAE(PyroModule):
         return self.adj_ptr.numel() - 1
 
     def forward(self, x, *args, idx=None, **kwargs):
-        """Score (or, in ``Predictive``, sample) the instances of a step.
+        """Score the instances of a step; under ``Predictive``, draw them.
+
+        ``x`` is observed, except under ``pyro.infer.Predictive`` (which masks every
+        density out): there ``"x"`` is drawn from ``p(x | z)`` with ``z`` from the
+        guide, so ``Predictive(model, guide=guide, num_samples=S)(x)`` returns
+        posterior predictive draws ``(S, B, F)`` of the batch and ``z`` ``(S, B, D)``.
 
         :param torch.Tensor x: ``(N, F)``, one row per node of the graph.
         :param idx: ``(B,)`` integer indices of the batch's instances, or ``None`` for all
             (``B = N``); the prior of site ``"z"`` is then the exact marginal over ``B``.
-        :returns: the observations of the batch, site ``"x"``, ``(B, F)``; the latent site
-            ``"z"`` has event shape ``(B, D)``.
+        :returns: the observations (or draws) of the batch, site ``"x"``, ``(B, F)``
+            (with a leading batch shape under outer plates); the latent site ``"z"``
+            has event shape ``(B, D)``.
         :raises ValueError: if ``x`` is not ``(N, F)``, ``idx`` is out of range, or a row
             of the batch is not finite (only the batch's rows are scanned).
         """
         xb, idx = _instance_rows(x, idx, self.num_nodes, self.obs_dim)
+        prepare(self, xb)
         z = pyro.sample("z", self.prior(idx))
         out = self.decoder(z)
         if self.likelihood == "bernoulli":
             likelihood = dist.Bernoulli(logits=out)
         else:
             likelihood = dist.Normal(out, self.log_noise.exp())
-        return pyro.sample("x", likelihood.to_event(2), obs=xb)
+        return pyro.sample("x", likelihood.to_event(2), obs=None if predicting() else xb)
 
 
 class ConstrainedClusteringVAE(PyroModule):
@@ -391,6 +433,13 @@ class ConstrainedClusteringVAE(PyroModule):
     :param constraints: ``(C, 2)`` integer pairs.
     :param weights: ``(C,)`` values
         ``W_ij`` (positive must-link, negative cannot-link; the paper uses ``±1e4``).
+    :param int num_nodes: ``N``, the number of instances (checked against the
+        constraints); default: the rows of ``x``.
+    :param str name: prefix of its names in Pyro's parameter store
+        (``"<name>.cluster_loc"``, ...).
+
+    Dtype and device follow the data. Under ``Predictive`` the site ``"x"`` is drawn
+    from the likelihood (see :meth:`forward`).
     """
 
     def __init__(
@@ -403,8 +452,9 @@ class ConstrainedClusteringVAE(PyroModule):
         constraints=None,
         weights=None,
         num_nodes: int | None = None,
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name)
         if num_clusters < 2:
             raise ValueError(f"num_clusters must be >= 2, got {num_clusters}")
         pairs = torch.zeros(0, 2, dtype=torch.long) if constraints is None else constraints
@@ -450,7 +500,9 @@ class ConstrainedClusteringVAE(PyroModule):
         return dist.Normal(self.cluster_loc, self.cluster_log_scale.exp()).to_event(1)
 
     def responsibilities(self, z):
-        """``q(c | z) = p(c | z)`` under the mixture, ``(..., N, K)``."""
+        """``q(c | z) = p(c | z)`` under the mixture, ``(..., N, K)``; the model follows
+        ``z``'s dtype and device."""
+        prepare(self, z)
         lp = self._components().log_prob(z.unsqueeze(-2)) + self.cluster_logits.log_softmax(-1)
         return lp.softmax(-1)
 
@@ -502,7 +554,12 @@ class ConstrainedClusteringVAE(PyroModule):
             )
 
     def forward(self, x, *args, idx=None, **kwargs):
-        """Score (or, in ``Predictive``, sample) the instances of a step.
+        """Score the instances of a step; under ``Predictive``, draw them.
+
+        ``x`` is observed, except under ``pyro.infer.Predictive`` (which masks every
+        density out): there ``"x"`` is drawn from ``p(x | z)`` with ``z`` from the
+        guide, so ``Predictive(model, guide=guide, num_samples=S)(x)`` returns
+        posterior predictive draws ``(S, B, F)`` of the batch and ``z`` ``(S, B, D)``.
 
         :param torch.Tensor x: ``(N, F)``, one row per instance (``N`` as ``num_nodes``
             when given).
@@ -519,6 +576,7 @@ class ConstrainedClusteringVAE(PyroModule):
         n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
         xb, idx = _instance_rows(x, idx, n_all, self.obs_dim)
         self._check_constraints(n_all, "x")
+        prepare(self, xb)
         n = xb.shape[-2]
         mix = dist.MixtureSameFamily(
             dist.Categorical(logits=self.cluster_logits), self._components()
@@ -527,4 +585,5 @@ class ConstrainedClusteringVAE(PyroModule):
         if self.pairs.numel():
             pyro.factor("constraints", self.pairwise_log_factor(z, idx=idx))
         logits = self.decoder(z)
-        return pyro.sample("x", dist.Bernoulli(logits=logits).to_event(2), obs=xb)
+        obs = None if predicting() else xb
+        return pyro.sample("x", dist.Bernoulli(logits=logits).to_event(2), obs=obs)

@@ -73,7 +73,7 @@ def test_guide_distribution_shapes_and_minibatch_forest():
     assert guide.median(x, idx).shape == (4, D)
     mix, _ = make_guide("exact", parents)
     assert isinstance(mix.distribution(x), MixtureOfTreeNormals)
-    assert mix(x).shape == (N, D)  # outside MixtureTreeELBO: a draw from the mixture
+    assert mix(x)["z"].shape == (N, D)  # outside MixtureTreeELBO: a draw from the mixture
 
 
 def test_stratified_log_prob_is_the_mixture_density():
@@ -144,8 +144,8 @@ def test_synthetic_model_with_grouped_guides():
 
 def test_bad_input():
     x, _, parents = graph_data()
-    with pytest.raises(ValueError, match="pair_net"):
-        TreeVIGuide(GaussianEncoder(F, D), parents)
+    with pytest.raises(ValueError, match="needs its pair_net"):  # no default with edge features
+        TreeVIGuide(GaussianEncoder(F, D), parents, edge_features=torch.ones(N, 1)).distribution(x)
     with pytest.raises(ValueError, match="cycle"):
         TreeVIGuide(GaussianEncoder(F, D), torch.tensor([1, 0]), pair_net=PairNet(F, D))
     with pytest.raises(ValueError, match="entropy"):
@@ -278,6 +278,7 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
     x, edges, parents = graph_data()
     ef = (torch.arange(N) % 3 == 0).float().unsqueeze(-1)  # every third edge "must-link"
     for inputs, width in (("data", F), ("codes", 2 * D)):
+        pyro.clear_param_store()  # a fresh guide takes up the store's values (same names)
         net = PairNet(width, D, hidden=(8,), edge_features=1)
         guide = TreeVIGuide(
             GaussianEncoder(F, D, (8,)), parents, pair_net=net, edge_features=ef, pair_inputs=inputs
@@ -440,7 +441,7 @@ def test_grouped_mixture_guide_samples_outside_the_mixture_elbo():
     z = q.sample((2,))
     assert z.shape == (2, 7, 4, 4) and q.log_prob(z).shape == (2, 7)
     assert q.rsample_components().shape == (7, 2, 4, 4)
-    assert guide(x).shape == (7, 4, 4)
+    assert guide(x)["z"].shape == (7, 4, 4)
     draws = pyro.infer.Predictive(model, guide=guide, num_samples=3)(x)
     assert draws["z"].shape == (3, 7, 4, 4) and draws["x"].shape == (3, 7, 4, 4)
 
