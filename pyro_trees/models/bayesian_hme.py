@@ -55,6 +55,8 @@ class BayesianHME(PyroModule):
         default: two experts under one gate.
     :param float prior_a: Gamma shape ``a0`` of every precision's prior.
     :param float prior_b: Gamma rate ``b0`` of every precision's prior.
+    :param str name: parameter-store prefix (the model has no parameters; its guide,
+        :class:`~pyro_trees.guides.BayesianHMEGuide`, takes it as its default name).
     """
 
     def __init__(
@@ -65,8 +67,9 @@ class BayesianHME(PyroModule):
         *,
         prior_a: float = 1e-3,
         prior_b: float = 1e-3,
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name=name)
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -93,7 +93,7 @@ def test_every_guide_parameter_gets_a_gradient_and_subsampling():
         loss = elbo(x, y, subsample_size=16)
         loss.backward()
     params = dict(guide.named_parameters())
-    assert len(params) == 10
+    assert len(params) == 12
     for name, p in params.items():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
