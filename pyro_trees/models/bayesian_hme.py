@@ -121,6 +121,10 @@ class BayesianHME(PyroModule):
         """The conditional ``p(y | x, v, W, tau)`` with the assignment summed out.
 
         Leading batch dims of the globals (restarts, vectorised particles) broadcast.
+        Noise precisions below ``finfo.tiny ** 0.25`` (``6e-10`` in float32) are raised to
+        it: an unused expert's broad ``q(tau)`` draws values that underflow, whose
+        ``tau ** -0.5`` and its gradient would overflow (the component's density is
+        negligible either way).
 
         :param x: inputs ``(N, L)``; ``v``: ``batch + (G, P)``; ``W``: ``batch + (E, D, P)``;
             ``tau``: ``batch + (E,)``.
@@ -133,6 +137,7 @@ class BayesianHME(PyroModule):
         else:
             log_pi = xb.new_zeros(xb.shape[:-1] + (1,))
         means = torch.einsum("np,...jdp->...njd", xb, W)
+        tau = tau.clamp_min(torch.finfo(tau.dtype).tiny ** 0.25)
         scale = tau.rsqrt()[..., None, :, None].expand(means.shape)
         comp = dist.Normal(means, scale).to_event(1)
         return dist.MixtureSameFamily(dist.Categorical(logits=log_pi), comp)
