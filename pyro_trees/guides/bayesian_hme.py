@@ -100,9 +100,9 @@ class BayesianHMEGuide(AutoGuide):
         :mod:`~pyro_trees.infer.bayesian_hme_vb` from ``init_restarts`` random starts
         for at most ``init_iters`` cycles and takes the best bound (per copy of ``q``);
         ``"data"`` is one data-driven random start (:meth:`init_from_data`);
-        ``"random"`` draws the gate and expert means from ``N(0, init_scale**2)``. A first
-        call without ``y`` (e.g. ``Predictive`` before training) falls back to
-        ``"random"``.
+        ``"random"`` draws the gate and expert means from ``N(0, init_scale**2)``. A call
+        without ``y`` (e.g. ``Predictive`` before training) uses ``"random"`` values
+        until the first call with ``y``.
     :param int init_restarts: random starts of ``init="vb"``.
     :param int init_iters: most coordinate-ascent cycles of ``init="vb"``.
     :param float init_scale: with ``init="random"``, the standard deviation of the
@@ -177,6 +177,7 @@ class BayesianHMEGuide(AutoGuide):
         self.init_iters = init_iters
         self.init_scale = float(init_scale)
         self.init_precision = float(init_precision)
+        self._awaiting_data = False
 
     def _names(self):
         return [n for n in self._PARAMS if self.num_gates or not n.startswith(("v_", "beta_"))]
@@ -187,6 +188,7 @@ class BayesianHMEGuide(AutoGuide):
         return "W_loc" in self._pyro_params
 
     def _set(self, values: dict) -> BayesianHMEGuide:
+        self._awaiting_data = False
         for key in self._names():
             value = values[key].detach().clone()
             setattr(
@@ -204,7 +206,7 @@ class BayesianHMEGuide(AutoGuide):
         :param y: targets ``(N, D)`` or ``(N,)``, or ``None``.
         :returns: the sampled sites, ``{"beta", "v", "alpha", "tau", "W"}``.
         """
-        if not self.initialised:
+        if not self.initialised or (self._awaiting_data and y is not None):
             self._initialise(x, y)
         if self.num_restarts is None:
             return self._sample()
@@ -236,10 +238,12 @@ class BayesianHMEGuide(AutoGuide):
         stored = False
         if self._pyro_context.active and not pyro.settings.get("module_local_params"):
             stored = self._pyro_get_fullname("W_loc") in pyro.get_param_store()
+            stored = stored and not self._awaiting_data
         if stored or y is None or self.init == "random":
             # parameters already in the store win over these values (pyro.param semantics);
             # placeholders draw no random numbers, so a loaded store predicts as it was saved
             self._set(self._random_values(x, draw=not stored))
+            self._awaiting_data = not stored and y is None and self.init != "random"
         elif self.init == "data":
             self.init_from_data(x, y)
         else:

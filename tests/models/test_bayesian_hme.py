@@ -223,6 +223,11 @@ def test_vb_start_lands_in_the_best_basin_and_beats_one_data_start():
     vb_elbo = _mc_elbo(model, vb_guide, x, y)
     assert vb_elbo > 120.0
     assert vb_elbo > _mc_elbo(model, data_guide, x, y) + 20.0
+    # Predictive before training (no y) does not spoil the start of the later fit
+    early = BayesianHMEGuide(model, name="early")
+    assert Predictive(model, guide=early, num_samples=2)(x)["obs"].shape == (2, 200, 1)
+    early(x, y)
+    assert _mc_elbo(model, early, x, y) > 120.0
 
 
 def test_lazy_init_never_overwrites_a_loaded_param_store(tmp_path):
