@@ -158,7 +158,7 @@ class BayesianHMEGuide(AutoGuide):
     ):
         super().__init__(model)
         if name is None:
-            name = getattr(model, "_pyro_name", "") or type(self).__name__
+            name = getattr(model, "name", "") or type(self).__name__
         self._pyro_name = name
         if init not in _INITS:
             raise ValueError(f"init must be one of {_INITS}, got {init!r}")

@@ -70,6 +70,7 @@ class BayesianHME(PyroModule):
         name: str = "",
     ):
         super().__init__(name=name)
+        self.name = name
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

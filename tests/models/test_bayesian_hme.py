@@ -316,10 +316,15 @@ def test_guide_in_autoguidelist_and_restart_plate_with_predictive():
 
 
 def test_guide_arguments_are_checked():
+    from pyro_trees.guides import RestartPlate
+
     model = BayesianHME(1, 1)
     with pytest.raises(ValueError, match="init must be one of"):
         BayesianHMEGuide(model, init="kmeans")
     with pytest.raises(ValueError, match="init_restarts"):
         BayesianHMEGuide(model, init_restarts=0)
     assert BayesianHMEGuide(model)._pyro_name == "BayesianHMEGuide"
-    assert BayesianHMEGuide(BayesianHME(1, name="m"))._pyro_name == "m"
+    named = BayesianHME(1, name="m")
+    assert BayesianHMEGuide(named)._pyro_name == "m"
+    RestartPlate(named, 2)  # renames the wrapped module's prefix, not the user's name
+    assert BayesianHMEGuide(named, num_restarts=2)._pyro_name == "m"
