@@ -37,13 +37,14 @@ def svi_to_state(guide, data: vb.VBData) -> vb.VBState:
     that the closed-form bound of the SVI solution can be evaluated."""
     m = guide
     n, e = data.x.shape[0], m.num_experts
+    v_tril, w_tril = m.scale_trils()
     state = vb.VBState(
         v_mean=m.v_loc.detach().double(),
-        v_cov=(m.v_scale_tril @ m.v_scale_tril.mT).detach().double(),
+        v_cov=(v_tril @ v_tril.mT).double(),
         beta_a=m.beta_conc.detach().double(),
         beta_b=m.beta_rate.detach().double(),
         w_mean=m.W_loc.detach().double(),
-        w_cov=(m.W_scale_tril @ m.W_scale_tril.mT).detach().double(),
+        w_cov=(w_tril @ w_tril.mT).double(),
         alpha_a=m.alpha_conc.detach().double(),
         alpha_b=m.alpha_rate.detach().double(),
         tau_a=m.tau_conc.detach().double(),

@@ -55,6 +55,8 @@ class BayesianHME(PyroModule):
         default: two experts under one gate.
     :param float prior_a: Gamma shape ``a0`` of every precision's prior.
     :param float prior_b: Gamma rate ``b0`` of every precision's prior.
+    :param str name: parameter-store prefix (the model has no parameters; its guide,
+        :class:`~pyro_trees.guides.BayesianHMEGuide`, takes it as its default name).
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class BayesianHME(PyroModule):
         *,
         prior_a: float = 1e-3,
         prior_b: float = 1e-3,
+        name: str = "",
     ):
-        super().__init__()
+        super().__init__(name=name)
+        self.name = name
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -118,6 +122,10 @@ class BayesianHME(PyroModule):
         """The conditional ``p(y | x, v, W, tau)`` with the assignment summed out.
 
         Leading batch dims of the globals (restarts, vectorised particles) broadcast.
+        Noise precisions below ``finfo.tiny ** 0.25`` (``6e-10`` in float32) are raised to
+        it: an unused expert's broad ``q(tau)`` draws values that underflow, whose
+        ``tau ** -0.5`` and its gradient would overflow (the component's density is
+        negligible either way).
 
         :param x: inputs ``(N, L)``; ``v``: ``batch + (G, P)``; ``W``: ``batch + (E, D, P)``;
             ``tau``: ``batch + (E,)``.
@@ -130,6 +138,7 @@ class BayesianHME(PyroModule):
         else:
             log_pi = xb.new_zeros(xb.shape[:-1] + (1,))
         means = torch.einsum("np,...jdp->...njd", xb, W)
+        tau = tau.clamp_min(torch.finfo(tau.dtype).tiny ** 0.25)
         scale = tau.rsqrt()[..., None, :, None].expand(means.shape)
         comp = dist.Normal(means, scale).to_event(1)
         return dist.MixtureSameFamily(dist.Categorical(logits=log_pi), comp)

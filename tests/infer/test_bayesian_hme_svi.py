@@ -73,7 +73,7 @@ def test_mixture_broadcasts_leading_batch_dims():
 def test_each_restart_gets_only_its_own_gradient():
     x, y = toy(n=20)
     model = BayesianHME(1, 1, Topology([1, 3]))
-    guide = BayesianHMEGuide(model, num_restarts=2)
+    guide = BayesianHMEGuide(model, num_restarts=2).init_from_data(x, y)
     wrapped = RestartPlate(model, 2)
 
     def grads():
@@ -88,7 +88,7 @@ def test_each_restart_gets_only_its_own_gradient():
         guide.W_loc_unconstrained[1] += 1.0
         guide.v_loc_unconstrained[1] -= 0.5
     after = grads()
-    assert before.keys() == after.keys() and len(before) == 10
+    assert before.keys() == after.keys() and len(before) == 12
     for name in before:
         assert torch.equal(before[name], after[name]), name
 
@@ -101,7 +101,7 @@ def test_restart_elbos_match_trace_elbo_of_each_restart():
         data = vb.VBData.build(x, y, top)
         res = vb.run_vb(data, vb.init_state(data, (2,)), num_iters=60, tol=None)
         model = BayesianHME(1, 1, top)
-        guide = BayesianHMEGuide(model, num_restarts=2)
+        guide = BayesianHMEGuide(model, num_restarts=2).init_from_data(x, y)
         plain = [BayesianHMEGuide(model).load_vb_state(res.state.index(r)) for r in range(2)]
         with torch.no_grad():
             for name in BayesianHMEGuide._PARAMS:
@@ -195,9 +195,11 @@ def test_bad_input():
         BayesianHMEGuide(model, num_restarts=2).restart(2, model)
     with pytest.raises(ValueError, match="indices"):
         BayesianHMEGuide(model, num_restarts=2).subset([0, 2], model)
-    sub = BayesianHMEGuide(model, num_restarts=3).subset([2, 0], model)
-    assert sub.num_restarts == 2 and sub.W_loc.shape[0] == 2
     x, y = toy(n=10)
+    with pytest.raises(ValueError, match="call the guide"):
+        BayesianHMEGuide(model, num_restarts=3).subset([2, 0], model)
+    sub = BayesianHMEGuide(model, num_restarts=3).init_from_data(x, y).subset([2, 0], model)
+    assert sub.num_restarts == 2 and sub.W_loc.shape[0] == 2
     with pytest.raises(ValueError, match="num_steps"):
         fit_svi_restarts(x, y, Topology([1, 2]), num_steps=0)
     with pytest.raises(ValueError, match="polish_steps"):
