@@ -118,6 +118,7 @@ import gpytorch
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.nn import PyroModule, PyroParam
 from pyro.nn.module import pyro_method
 
@@ -174,7 +175,14 @@ class HeteroscedasticGP(PyroModule):
     :param inducing_points: ``(M, L)`` inducing inputs (learnt) for the sparse,
         uncollapsed model; ``None`` for the exact GP trained with the collapsed bound.
     :param float init_log_scale: initial :math:`s_\\ell` of every leaf.
-    :param float jitter: added to kernel diagonals before Cholesky factorisations.
+    :param float jitter: added to kernel diagonals before Cholesky factorisations
+        (retried with 10x as much up to three times).
+    :param str name: parameter-store prefix (``"<name>.leaf_log_scale"``,
+        ``"<name>.kernel$$$..."``); the guide built from the model takes it too.
+
+    With its guide, ``HeteroscedasticGPGuide(model)``, it trains by the plain SVI loop
+    (module docs); at the first call on data it moves to the data's dtype and device
+    and starts with :meth:`init_from_data`.
     """
 
     def __init__(
@@ -186,8 +194,9 @@ class HeteroscedasticGP(PyroModule):
         inducing_points: torch.Tensor | None = None,
         init_log_scale: float = 0.0,
         jitter: float = 1e-6,
+        name: str | None = None,
     ):
-        super().__init__()
+        super().__init__(name=name or "")
         if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
             raise ValueError(f"in_features must be an integer >= 1, got {in_features!r}")
         self.in_features = in_features
@@ -225,6 +234,8 @@ class HeteroscedasticGP(PyroModule):
             self.sparse = True
         else:
             self.sparse = False
+        self.__dict__["_guide"] = None
+        self._started = False
 
     @property
     def num_leaves(self) -> int:
@@ -260,6 +271,60 @@ class HeteroscedasticGP(PyroModule):
             )
         return leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
 
+    # -- names, the guide and the lazy start --------------------------------------------
+    def _fullname(self, name: str) -> str:
+        prefix = self.__dict__["_pyro_name"]
+        return f"{prefix}.{name}" if prefix else name
+
+    def _kernel(self):
+        """The kernel, registered as ``"<name>.kernel"`` with its values from the param store."""
+        return pyro.module(self._fullname("kernel"), self.kernel, update_module_params=True)
+
+    @property
+    def guide(self):
+        """The :class:`~pyro_trees.guides.HeteroscedasticGPGuide` built from this model, or
+        ``None``."""
+        return self.__dict__["_guide"]
+
+    def _bind(self, guide) -> None:
+        if self.__dict__["_guide"] is not None and self.__dict__["_guide"] is not guide:
+            raise ValueError(
+                "this HeteroscedasticGP already has a guide; build one guide per model"
+            )
+        self.__dict__["_guide"] = guide
+
+    def _adopt(self, guide) -> None:
+        """Model, kernel and guide use the param store's tensors (a loaded store)."""
+        from pyro_trees.guides.heteroscedastic_gp import adopt_param_store
+
+        adopt_param_store(self)
+        adopt_param_store(guide)
+        self._kernel()
+
+    def _require_guide(self):
+        guide = self.__dict__["_guide"]
+        if guide is None:
+            raise ValueError(
+                "the exact HeteroscedasticGP conditioned on y scores the collapsed bound at "
+                "its guide's routing: build the guide as HeteroscedasticGPGuide(model), or "
+                "train with CollapsedELBO"
+            )
+        return guide
+
+    def _maybe_start(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """:meth:`init_from_data` at the first call on data, when the model has a guide and
+        the param store does not hold its parameters yet (trained or loaded ones stay)."""
+        guide = self.__dict__["_guide"]
+        if guide is None or self._started:
+            return
+        self._started = True
+        if self._fullname("leaf_log_scale") in pyro.get_param_store():
+            return
+        self.to(device=x.device, dtype=x.dtype)
+        guide.to(device=x.device, dtype=x.dtype)
+        with poutine.block():
+            self.init_from_data(x, y, guide)
+
     # -- the collapsed bound (App. E) ----------------------------------------------------
     @pyro_method
     def collapsed_bound(
@@ -285,7 +350,11 @@ class HeteroscedasticGP(PyroModule):
         """
         self._check(x, y)
         log_q = self._check_logits(x, leaf_logits)
-        pyro.module("kernel", self.kernel)
+        self._kernel()
+        return self._bound(x, y, log_q, float(balance_weight), float(entropy_weight))
+
+    def _bound(self, x, y, log_q, balance_weight: float, entropy_weight: float) -> torch.Tensor:
+        """:meth:`collapsed_bound` at normalised leaf log-probabilities ``log_q`` ``(N, 2**D)``."""
         s = self.leaf_log_scale.to(x.dtype)
         q = log_q.exp()
         log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
@@ -302,12 +371,7 @@ class HeteroscedasticGP(PyroModule):
             )
         per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
         coupling = expected_log_coupling(log_q, self.depth)
-        return (
-            log_evidence
-            + C
-            - float(entropy_weight) * per_point_kl
-            + float(balance_weight) * coupling
-        )
+        return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling
 
     def _sparse_evidence(self, x, resid, log_prec):
         r"""Titsias' collapsed bound on :math:`\log \mathcal{N}(r \mid 0, K + R)` with the
@@ -371,40 +435,67 @@ class HeteroscedasticGP(PyroModule):
 
     # -- the Pyro model -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
-        """Sample (or condition on) ``y`` ``(N,)`` for inputs ``x`` ``(N, L)``.
+        """The Pyro model: condition on ``y`` ``(N,)`` at inputs ``x`` ``(N, L)``, or sample it.
 
-        Sparse model: sites ``"u"`` (whitened inducing outputs), then in the plate
-        ``"data"`` ``"leaf"``, ``"f_var"`` (a factor, when ``y`` is given) or ``"f"``
-        (when it is not) and ``"obs"``. Exact model: ``"f"`` ``(N,)`` jointly from the GP
-        prior, then ``"leaf"`` and ``"obs"``; it is the generative story (for prior
-        sampling and ``Predictive``), training uses the collapsed bound.
+        *Exact model, ``y`` given* (training): the function and the routing are integrated
+        out exactly, so the model scores the collapsed bound of App. E at the routing of
+        its guide's RNN-Tree (``pyro.factor("collapsed_bound")``); the site ``"leaf"`` is
+        recorded, masked (its expectation is inside the bound). Needs the guide built as
+        ``HeteroscedasticGPGuide(model)``; plain ``Trace_ELBO`` then maximises the bound.
+
+        *Exact model, ``y=None``*: ``"f"`` ``(N,)`` jointly from the GP prior (the guide
+        replaces it by its posterior given the training data, so ``Predictive`` with the
+        guide is the posterior predictive), then ``"leaf"`` and ``"obs"`` in the plate
+        ``"data"``.
+
+        *Sparse model*: ``"u"`` (whitened inducing outputs), then in ``"data"`` ``"leaf"``,
+        ``"f_var"`` (a factor, when ``y`` is given) or ``"f"`` (when it is not) and
+        ``"obs"``; trained with :class:`~pyro_trees.infer.TreeELBO`.
+
+        A guide built from the model starts the fit at the first call on data
+        (:meth:`init_from_data`, unless the param store already holds the model's
+        parameters). Sites broadcast over batch dimensions on the left of the plate
+        (``Predictive(..., parallel=True)``).
         """
         self._check(x, y)
         if subsample_size is not None and not self.sparse:
             raise ValueError("subsample_size needs the sparse model (inducing_points)")
-        pyro.module("kernel", self.kernel)
+        if y is not None:
+            self._maybe_start(x, y)
+        kernel = self._kernel()
         n = x.shape[0]
         mean = self.mean_constant.to(x.dtype)
         s_all = self.leaf_log_scale.to(x.dtype)
+        leaf_prior = BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device)
+        if not self.sparse and y is not None:
+            log_q = self._check_logits(x, self._require_guide().tree(x))
+            with pyro.plate("data", n, dim=-1):
+                pyro.sample("leaf", leaf_prior.mask(False))
+            pyro.factor("collapsed_bound", self._bound(x, y, log_q, 1.0, 1.0))
+            return y
         if self.sparse:
             z = self.inducing_points.to(x.dtype)
             u = pyro.sample(
                 "u", dist.Normal(torch.zeros_like(z[:, 0]), torch.ones_like(z[:, 0])).to_event(1)
             )
+            u = _drop_data_dim(u)
+            if y is not None and self.guide is not None:
+                return self._expected_log_lik(kernel, x, y, z, u, mean, s_all, subsample_size)
         else:
-            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+            K = kernel_matrix(kernel, x)[..., 0, :, :]
             f_all = pyro.sample(
                 "f",
                 dist.MultivariateNormal(
                     mean.expand(n), scale_tril=cholesky(K, max(self.jitter, 1e-6))
                 ),
             )
+            f_all = _drop_data_dim(f_all)
         with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device))
+            leaf = pyro.sample("leaf", leaf_prior)
             s = s_all[leaf]
             if self.sparse:
                 loc, var = conditional(
-                    self.kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
+                    kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
                 )
                 loc, var = loc[..., 0, :] + mean, var[..., 0, :]
                 if y is None:
@@ -417,6 +508,53 @@ class HeteroscedasticGP(PyroModule):
             return pyro.sample(
                 "obs", dist.Normal(f, torch.exp(s)), obs=None if y is None else y[idx]
             )
+
+    def _expected_log_lik(self, kernel, x, y, z, u, mean, s, subsample_size):
+        r"""The sparse model's ELBO terms given ``u``, with the routing summed out at the
+        guide's leaf probabilities: per point
+        :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n, e^{2 s_\ell})
+        - \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})`
+        (factor ``"expected_log_lik"``), plus the tree-balance coupling (``"balance"``)."""
+        n = x.shape[0]
+        tree = self.guide.tree
+        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
+            log_q = self._check_logits(x[idx], tree(x[idx]))
+            pyro.sample(
+                "leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device).mask(False)
+            )
+            loc, var = conditional(
+                kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
+            )
+            loc, var = loc[..., 0, :, None] + mean, var[..., 0, :, None]
+            comp = dist.Normal(loc, torch.exp(s)).log_prob(y[idx, None]) - 0.5 * var * torch.exp(
+                -2 * s
+            )
+            q = log_q.exp()
+            kl = (q * log_q).sum(-1) + self.depth * math.log(2.0)
+            pyro.factor("expected_log_lik", (q * comp).sum(-1) - kl)
+        pyro.factor("balance", expected_log_coupling(log_q, self.depth, scale=n / log_q.shape[-2]))
+        return y
+
+    @pyro_method
+    def posterior_f(self, x_new: torch.Tensor, x: torch.Tensor, y: torch.Tensor, guide):
+        """The exact model's posterior of ``f`` at ``x_new`` ``(N*, L)`` given the training
+        data ``x`` ``(N, L)``, ``y`` ``(N,)``: :math:`q^*(f)` of the collapsed bound (noise
+        :math:`R` from the guide's routing at ``x``), a joint
+        :class:`~pyro.distributions.MultivariateNormal` over ``(N*,)``.
+        """
+        dtype = x_new.dtype
+        kernel = self._kernel()
+        s = self.leaf_log_scale.to(dtype)
+        mean_c = self.mean_constant.to(dtype)
+        q = guide.tree.leaf_probs(x).to(dtype)
+        r = 1.0 / (q @ torch.exp(-2 * s))
+        L = cholesky(kernel_matrix(kernel, x)[..., 0, :, :] + torch.diag_embed(r), self.jitter)
+        Ksx = kernel_matrix(kernel, x_new, x)[..., 0, :, :]
+        alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
+        loc = (Ksx @ alpha).squeeze(-1) + mean_c
+        W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
+        cov = kernel_matrix(kernel, x_new)[..., 0, :, :] - W.mT @ W
+        return dist.MultivariateNormal(loc, scale_tril=cholesky(cov, max(self.jitter, 1e-6)))
 
     # -- initialisation -------------------------------------------------------------------
     def fit_homoscedastic(
@@ -490,8 +628,10 @@ class HeteroscedasticGP(PyroModule):
 
         Use it: from random network weights the noise tree of the F.3 benchmark
         collapsed to one or two noise levels in every restart
-        (``benchmarks/results/hgp_noise_random_start*.md``).
+        (``benchmarks/results/hgp_noise_random_start*.md``). A guide built from the model
+        (``HeteroscedasticGPGuide(model)``) runs this at the first call on data.
         """
+        self._started = True
         with torch.enable_grad():
             resid = self.fit_homoscedastic(x, y, **kwargs)
         r2 = resid.pow(2).clamp_min(1e-12)
@@ -536,8 +676,9 @@ class HeteroscedasticGP(PyroModule):
         """Predictive distribution at ``x_new`` ``(N*, L)``.
 
         :param guide: the trained :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
-        :param x: training inputs ``(N, L)`` (exact model only).
-        :param y: training targets ``(N,)`` (exact model only).
+        :param x: training inputs ``(N, L)`` (exact model only; default the data the
+            guide built from this model trained on).
+        :param y: training targets ``(N,)`` (exact model only; same default).
         :param str routing: ``"hard"``: the noise of each new input is its leaf's in the
             most likely tree (App. E); ``"posterior"``: the full routing posterior
             (a mixture over leaves, averaged over ``num_samples`` noisy roll-outs with
@@ -551,6 +692,7 @@ class HeteroscedasticGP(PyroModule):
         if routing not in ("hard", "posterior"):
             raise ValueError(f"routing must be 'hard' or 'posterior', got {routing!r}")
         self._check(x_new)
+        self._adopt(guide)
         dtype = x_new.dtype
         s = self.leaf_log_scale.to(dtype)
         mean_c = self.mean_constant.to(dtype)
@@ -568,7 +710,11 @@ class HeteroscedasticGP(PyroModule):
             mean, f_var = loc[0] + mean_c, var[0]
         else:
             if x is None or y is None:
-                raise ValueError("the exact model predicts from the training data: pass x and y")
+                if getattr(guide, "model", None) is not self:
+                    raise ValueError(
+                        "the exact model predicts from the training data: pass x and y"
+                    )
+                x, y = guide.training_data()
             self._check(x, y)
             q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
             r = 1.0 / (q @ torch.exp(-2 * s))
@@ -594,8 +740,15 @@ class HeteroscedasticGP(PyroModule):
         Leaf labels read ``"log sigma = s (sigma = e^s)"``; use
         ``.export_text(feature_names=...)`` to print and ``.route(x)`` to apply.
         """
+        self._adopt(guide)
         labels = [
             f"log sigma = {v:.{decimals}f} (sigma = {math.exp(v):.{decimals}g})"
             for v in self.leaf_log_scale.tolist()
         ]
         return guide.tree.rules(leaf_values=labels)
+
+
+def _drop_data_dim(value: torch.Tensor) -> torch.Tensor:
+    """A global site's value ``batch + (1, E)`` without the size-1 slot of the data plate
+    (``dim=-1``), so that it lines up with per-point values ``batch + (N,)``; ``(E,)`` as is."""
+    return value.squeeze(-2) if value.dim() > 1 else value
