@@ -182,12 +182,6 @@ def _hgp_case(case_id, n, inducing, steps, loss, kwargs):
     )
 
 
-def _tree_elbo():
-    from pyro_trees.infer import TreeELBO
-
-    return TreeELBO()
-
-
 CASES += [
     _hgp_case("hgp-exact", 300, 0, 150, Trace_ELBO, {}),
     _hgp_case("hgp-sparse", 960, 20, 300, Trace_ELBO, {"subsample_size": 128}),

@@ -14,10 +14,10 @@ from pyro.poutine.trace_messenger import TraceMessenger
 
 from pyro_trees.guides.rnn_tree import RNNTree
 
-__all__ = ["HeteroscedasticGPGuide", "adopt_param_store"]
+__all__ = ["HeteroscedasticGPGuide"]
 
 
-def adopt_param_store(module: PyroModule) -> bool:
+def _adopt_param_store(module: PyroModule) -> bool:
     """Make ``module`` (and its sub-``PyroModule`` s) use the tensors the param store holds
     under their names, as Pyro does for ``PyroParam`` s inside a model or guide but not for
     plain ``nn.Parameter`` s (such as the RNN-Tree's GRU weights), nor outside one.
@@ -201,7 +201,7 @@ class HeteroscedasticGPGuide(PyroModule):
         model = self.model
         if model is not None and y is not None:
             model._maybe_start(x, y)
-        adopt_param_store(self)
+        _adopt_param_store(self)
         collapsed = model is not None and not model.sparse
         summed = model is not None and y is not None
         out = {}

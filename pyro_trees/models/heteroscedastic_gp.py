@@ -295,10 +295,10 @@ class HeteroscedasticGP(PyroModule):
 
     def _adopt(self, guide) -> None:
         """Model, kernel and guide use the param store's tensors (a loaded store)."""
-        from pyro_trees.guides.heteroscedastic_gp import adopt_param_store
+        from pyro_trees.guides.heteroscedastic_gp import _adopt_param_store
 
-        adopt_param_store(self)
-        adopt_param_store(guide)
+        _adopt_param_store(self)
+        _adopt_param_store(guide)
         self._kernel()
 
     def _require_guide(self):
