@@ -15,56 +15,66 @@ with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
 :class:`~pyro_trees.guides.RNNTree` (amortised over :math:`x`), held by
 :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
 
-**Two objectives.**
+**The plain SVI loop.** Build the guide from the model and train with
+``Trace_ELBO``; at the first step on data the pair moves to the data's dtype and device
+and starts balanced (:meth:`HeteroscedasticGP.init_from_data`)::
 
-* *Collapsed, exact GP* (App. E; moderate :math:`N`): with
-  :math:`q(f, M) = q(f)\,q(M)` and :math:`q(f)` at its optimum for the given routing,
+    model = HeteroscedasticGP(in_features=1, depth=2)
+    guide = HeteroscedasticGPGuide(model)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
+    for _ in range(150):
+        svi.step(x, y)
+    Predictive(model, guide=guide, num_samples=100)(x_new)  # "f", "leaf", "obs"
+
+The routing expectation is exact in both forms, never sampled: the Gaussian
+log-likelihood is linear in the leaf probabilities :math:`q_{n\ell}` of the guide's
+RNN-Tree, so the model scores it at those probabilities (``pyro.factor``) and the
+``"leaf"`` site it shares with the guide is recorded masked (score 0) during training.
+
+* *Exact GP* (App. E; moderate :math:`N`): with :math:`q(f, M) = q(f)\,q(M)` and
+  :math:`q(f)` at its optimum for the given routing, the model's factor
+  ``"collapsed_bound"`` is
 
   .. math::
 
       \mathcal{L}_2(q(M)) = \log \mathcal{N}(y \mid c, K + R) + C
           - \mathrm{KL}(q(M) \,\|\, p(M)), \qquad
       R_{nn}^{-1} = \sum_\ell q_{n\ell}\, e^{-2 s_\ell}, \quad
-      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell .
+      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell ,
 
-  The expectation over the routing is exact here, not sampled: the Gaussian
-  log-likelihood is linear in :math:`q_{n\ell}`, so
-  :math:`\mathbb{E}_{q(M)}[\log p(y \mid f, M)]` is the weighted sum above, and the
-  integral over :math:`f` is the Gaussian one. :math:`q_{n\ell}` are the leaf
-  probabilities the guide's ``"leaf"`` site gives (with ``feedback="soft"`` one noisy
-  roll-out per evaluation, as the paper; with ``feedback="hard"`` the exact soft tree).
-  The only approximation is the KL to the tree-balance prior, whose coupling term is
-  Stirling's (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`).
-  Train with :class:`~pyro_trees.infer.CollapsedELBO`; :meth:`HeteroscedasticGP.collapsed_bound`
-  is the same number as a plain function. Cost :math:`O(N^3)` per step.
-* *Collapsed, sparse* (``inducing_points=Z``, full batch): the same bound with
-  :math:`\log \mathcal{N}(y \mid c, K + R)` replaced by Titsias' collapsed bound
-  :math:`\log \mathcal{N}(y \mid c, Q + R) - \tfrac12 \operatorname{tr}(R^{-1}(K - Q))`,
-  :math:`Q = K_{xz} K_{zz}^{-1} K_{zx}` (the optimal :math:`q(u)` for the given routing,
-  set in the guide afterwards by :meth:`HeteroscedasticGP.set_optimal_inducing_posterior`).
-  Also :class:`~pyro_trees.infer.CollapsedELBO`; cost :math:`O(N M^2)` per step.
-* *Uncollapsed, sparse* (``inducing_points=Z``, any :math:`N`, minibatches): whitened
-  inducing outputs :math:`u \sim \mathcal{N}(0, I)` with :math:`f(Z) = L_{ZZ} u`
-  (site ``"u"``); given :math:`u`, the likelihood term is the SVGP one,
-  :math:`\mathbb{E}_{p(f_n \mid u)}[\log \mathcal{N}(y_n \mid f_n, e^{2 s_\ell})] =
-  \log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) - \tfrac12 v_n e^{-2 s_\ell}`
-  (an ``"obs"`` site plus the factor ``"f_var"``), and the leaf is summed out exactly
-  by enumeration. Train with plain ``SVI(model, guide, optim, loss=TreeELBO())``,
-  subsampling through ``subsample_size``. ``u`` is one reparameterised sample per step
-  (its KL is Monte Carlo as in any Pyro ELBO).
+  so ``Trace_ELBO`` is exactly minus this bound (no Monte Carlo). The only
+  approximation is the KL to the tree-balance prior, whose coupling term is Stirling's
+  (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`). The same number:
+  :meth:`HeteroscedasticGP.collapsed_bound`, and
+  :class:`~pyro_trees.infer.CollapsedELBO` (which also serves a guide built without
+  the model). Cost :math:`O(N^3)` per step.
+* *Sparse* (``inducing_points=Z``, any :math:`N`, minibatches through
+  ``subsample_size``): whitened inducing outputs :math:`u \sim \mathcal{N}(0, I)` with
+  :math:`f(Z) = L_{ZZ} u` (site ``"u"``, a reparameterised draw from the guide's
+  :math:`q(u)`); given :math:`u`, each point's factor ``"expected_log_lik"`` is
+  :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) -
+  \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})` (the SVGP
+  term), and ``"balance"`` is the coupling. With a guide built without the model the
+  same terms come from :class:`~pyro_trees.infer.TreeELBO` enumerating ``"leaf"``.
+  :class:`~pyro_trees.infer.CollapsedELBO` instead trains this model by Titsias'
+  collapsed bound, full batch (:meth:`HeteroscedasticGP.set_optimal_inducing_posterior`
+  then sets :math:`q(u)`).
 
-**Prediction** (:meth:`HeteroscedasticGP.predict`): the function's Gaussian at new
-inputs, from :math:`q^*(f)` (exact mode, needs the training data) or :math:`q(u)`
-(sparse mode); the noise either from the single most likely tree
-(``routing="hard"``, the paper's App. E: each input gets its hard leaf's
-:math:`e^{2 s_\ell}`) or from the full routing posterior (``routing="posterior"``: the
-predictive density is the mixture :math:`\sum_\ell q(\ell \mid x)\,
-\mathcal{N}(y \mid \mu, v + e^{2 s_\ell})`). :meth:`HeteroscedasticGP.noise_rules`
-exports the noise function as rules: regions and their :math:`\log\sigma`.
+**Prediction.** ``Predictive(model, guide=guide, ...)`` (sequential or
+``parallel=True``) draws from the posterior predictive: the guide samples ``"u"`` from
+:math:`q(u)` (sparse), or ``"f"`` jointly from :math:`q^*(f)` given the training data
+(exact: :meth:`HeteroscedasticGP.posterior_f`; the guide keeps those data in the param
+store, so that a loaded store predicts too), each point's ``"leaf"`` from the routing
+posterior, and the model ``"obs"``. Without the guide, ``Predictive(model)`` draws from
+the prior. :meth:`HeteroscedasticGP.predict` gives the Gaussian of the function at new
+inputs with the noise of the single most likely tree (``routing="hard"``, the paper's
+App. E) or of the routing posterior (``routing="posterior"``: a mixture over leaves);
+:meth:`HeteroscedasticGP.noise_rules` exports the noise function as rules.
 
 **Shapes.** ``x``: ``(N, L)``; ``y``: ``(N,)``. The plate ``"data"`` (``dim=-1``) is
-owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long (enumerated by the
-guide), ``"u"`` is ``(M,)`` and ``"f"`` is ``(N,)`` (only sampled when ``y`` is None).
+owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long, ``"u"`` is
+``(M,)`` and ``"f"`` is ``(N,)`` (sampled when ``y`` is None); sites broadcast over
+batch dimensions on the left of the plate.
 
 .. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
 
