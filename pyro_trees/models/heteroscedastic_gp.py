@@ -131,6 +131,7 @@ import torch
 from pyro import poutine
 from pyro.nn import PyroModule, PyroParam
 from pyro.nn.module import pyro_method
+from pyro.params.param_store import param_with_module_name
 
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
@@ -304,12 +305,19 @@ class HeteroscedasticGP(PyroModule):
         self.__dict__["_guide"] = guide
 
     def _adopt(self, guide) -> None:
-        """Model, kernel and guide use the param store's tensors (a loaded store)."""
+        """Model, kernel and guide use the tensors the param store holds under their names
+        (a loaded store), registering nothing new."""
         from pyro_trees.guides.heteroscedastic_gp import _adopt_param_store
 
         _adopt_param_store(self)
         _adopt_param_store(guide)
-        self._kernel()
+        store = pyro.get_param_store()
+        prefix = self._fullname("kernel")
+        for name, own in list(self.kernel.named_parameters()):
+            stored = store._params.get(param_with_module_name(prefix, name))
+            if stored is not None and stored is not own and stored.shape == own.shape:
+                owner, _, leaf = name.rpartition(".")
+                self.kernel.get_submodule(owner)._parameters[leaf] = stored
 
     def _require_guide(self):
         guide = self.__dict__["_guide"]
@@ -702,7 +710,8 @@ class HeteroscedasticGP(PyroModule):
         if routing not in ("hard", "posterior"):
             raise ValueError(f"routing must be 'hard' or 'posterior', got {routing!r}")
         self._check(x_new)
-        self._adopt(guide)
+        if not self._started:  # fresh objects over a loaded store
+            self._adopt(guide)
         dtype = x_new.dtype
         s = self.leaf_log_scale.to(dtype)
         mean_c = self.mean_constant.to(dtype)
@@ -750,7 +759,8 @@ class HeteroscedasticGP(PyroModule):
         Leaf labels read ``"log sigma = s (sigma = e^s)"``; use
         ``.export_text(feature_names=...)`` to print and ``.route(x)`` to apply.
         """
-        self._adopt(guide)
+        if not self._started:  # fresh objects over a loaded store
+            self._adopt(guide)
         labels = [
             f"log sigma = {v:.{decimals}f} (sigma = {math.exp(v):.{decimals}g})"
             for v in self.leaf_log_scale.tolist()

@@ -172,10 +172,10 @@ def test_param_store_save_load_reproduces_predictions(sparse, tmp_path):
     x, y = _data()
     _train(model, guide, x, y, 5)
 
-    def predictions(m, g):
+    def predictions(m, g):  # predict first: fresh objects adopt the store there too
+        pred, rules = m.predict(x, g), m.noise_rules(g).export_text(["x"])
         pyro.set_rng_seed(3)
-        samples = Predictive(m, guide=g, num_samples=3)(x)
-        return samples, m.predict(x, g), m.noise_rules(g).export_text(["x"])
+        return Predictive(m, guide=g, num_samples=3)(x), pred, rules
 
     before = predictions(model, guide)
     pyro.get_param_store().save(tmp_path / "params.pt")
@@ -212,3 +212,16 @@ def test_guide_trace_replays_through_the_model(sparse):
         == 0
     )
     assert math.isfinite(float(model_trace.log_prob_sum().detach()))
+
+
+def test_predict_keeps_its_own_parameters_outside_their_store():
+    x, y = _data()
+    with pyro.get_param_store().scope():
+        a, guide_a = _pair()
+        _train(a, guide_a, x, y, 2)
+        inside = a.predict(x, guide_a)
+    b, guide_b = _pair()  # another unnamed pair, trained in the global store
+    _train(b, guide_b, x, y, 4, lr=0.05)
+    outside = a.predict(x, guide_a, x, y)
+    for u, v in zip(inside, outside, strict=True):
+        torch.testing.assert_close(u, v)
