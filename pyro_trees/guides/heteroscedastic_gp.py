@@ -65,9 +65,9 @@ class HeteroscedasticGPGuide(PyroModule):
 
     Build it from the model, ``HeteroscedasticGPGuide(model)``: depth, inputs and
     inducing points follow the model, the parameter-store prefix is the model's
-    ``name``, and the pair trains with the plain SVI loop (``Trace_ELBO`` for the exact
-    model, :class:`~pyro_trees.infer.TreeELBO` for the sparse one). At the first call on
-    data the guide starts the fit with :meth:`HeteroscedasticGP.init_from_data
+    ``name``, and the pair trains with the plain SVI loop and ``Trace_ELBO``. At the
+    first call on data the guide starts the fit with
+    :meth:`HeteroscedasticGP.init_from_data
     <pyro_trees.models.HeteroscedasticGP.init_from_data>`, unless the param store
     already holds the model's parameters (a trained or loaded model).
 
@@ -75,11 +75,13 @@ class HeteroscedasticGPGuide(PyroModule):
     ``num_inducing=M > 0`` it samples ``"u"`` from
     ``MultivariateNormal(u_loc, scale_tril=u_scale_tril)`` (whitened, ``(M,)``); then,
     inside the plate ``"data"``, the per-point site ``"leaf"`` from
-    ``Categorical(logits=RNNTree(x))``, marked for parallel enumeration.
+    ``Categorical(logits=RNNTree(x))``: with ``y``, masked (the model's factor holds the
+    routing's expectation at these logits); without, a draw from the routing posterior.
+    A guide built without the model marks ``"leaf"`` for parallel enumeration instead
+    (:class:`~pyro_trees.infer.TreeELBO`, :class:`~pyro_trees.infer.CollapsedELBO`).
 
     For the exact model built with it, the guide is the collapsed posterior: with ``y``
-    it records ``"leaf"`` masked (the model's collapsed bound holds the routing's
-    expectation) and keeps the training data, as the param-store entries
+    it keeps the training data, as the param-store entries
     ``"<name>.data_x"`` ``(N, L)`` and ``"<name>.data_y"`` ``(N,)`` (never optimised);
     without ``y`` it samples ``"f"`` ``(N*,)`` from the function's posterior given those
     data (:meth:`HeteroscedasticGP.posterior_f
