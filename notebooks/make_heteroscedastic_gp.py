@@ -20,11 +20,11 @@ regions of $x$ and their noise levels.
 Pieces, all plain Pyro:
 
 * `HeteroscedasticGP`: the model (a `PyroModule`, `forward(x, y=None)`).
-* `HeteroscedasticGPGuide`: the RNN-Tree routing posterior $q(\\ell \\mid x)$ (and $q(u)$ for the
-  sparse version).
-* `CollapsedELBO`: the exact-GP bound of App. E, $\\log\\mathcal{N}(y\\mid c, K + R) + C -
-  \\mathrm{KL}(q(M)\\,\\|\\,p(M))$, with the function integrated out and the routing expectation in
-  closed form.
+* `HeteroscedasticGPGuide(model)`: the RNN-Tree routing posterior $q(\\ell \\mid x)$ (and $q(u)$
+  for the sparse version).
+* `Trace_ELBO`: for the exact GP it is minus the bound of App. E,
+  $\\log\\mathcal{N}(y\\mid c, K + R) + C - \\mathrm{KL}(q(M)\\,\\|\\,p(M))$, with the function
+  integrated out and the routing expectation in closed form.
 
 Set `PYRO_TREES_SMOKE=1` to run this notebook in seconds (the tests do)."""),
     code("""import os
@@ -36,12 +36,11 @@ import torch
 
 from pyro_trees.datasets import make_noise_task, noise_log_sigma, noise_task_mean
 from pyro_trees.guides import HeteroscedasticGPGuide
-from pyro_trees.infer import CollapsedELBO, TreeELBO
 from pyro_trees.models import HeteroscedasticGP
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"
 N = 120 if SMOKE else 600
-STEPS = 8 if SMOKE else 200
+STEPS = 8 if SMOKE else 150
 torch.set_default_dtype(torch.float64)
 pyro.set_rng_seed(0)"""),
     md("""## 1. The F.3 noise task
@@ -56,33 +55,29 @@ plt.scatter(X[:, 0], Y, s=3, color="0.5"); plt.plot(X[:, 0], noise_task_mean(X[:
 plt.xlabel("x"); plt.ylabel("y");"""),
     md("""## 2. Model, guide and plain SVI
 
-`init_from_data` is the balanced start: a homoscedastic GP fit, a tree whose nodes cut at the
-median of the points reaching them (the tree-balance prior's mode), and each leaf's noise set
-from the residuals it receives. The tree gets a smaller learning rate than the GP (the paper
-trains the mean and the noise with different rates)."""),
+The guide is built from the model. At the first step the pair starts balanced: a homoscedastic
+GP fit, a tree whose nodes cut at the median of the points reaching them (the tree-balance
+prior's mode), and each leaf's noise set from the residuals it receives."""),
     code("""model = HeteroscedasticGP(in_features=1, depth=2)
-guide = HeteroscedasticGPGuide(in_features=1, depth=2)
-model.init_from_data(x, y, guide, num_steps=10 if SMOKE else 60)
-
-def lrs(name, param):
-    return {"lr": 0.005 if name.startswith("tree") else 0.02}
-
-svi = pyro.infer.SVI(model, guide, pyro.optim.Adam(lrs), loss=CollapsedELBO())
+guide = HeteroscedasticGPGuide(model)
+svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), pyro.infer.Trace_ELBO())
 losses = [svi.step(x, y) for _ in range(STEPS)]
 plt.plot(losses); plt.xlabel("step"); plt.ylabel("-bound");"""),
-    md("""## 3. Prediction: the most likely tree, or the full routing posterior
+    md("""## 3. Prediction: the posterior predictive, the most likely tree, the routing posterior
 
-`routing="hard"` gives each new input its leaf in the single most likely tree (the paper's
-App. E). `routing="posterior"` keeps the routing uncertainty: the predictive density is a
-mixture over leaves."""),
+`Predictive` with the guide draws the function from its posterior given the training data, each
+point's leaf from the routing posterior and `y`. `model.predict` gives the same in closed form:
+with `routing="hard"` each new input gets its leaf in the single most likely tree (the paper's
+App. E); `routing="posterior"` keeps the routing uncertainty (a mixture over leaves)."""),
     code("""grid = np.linspace(-2, 1, 301)
 xg = torch.tensor(grid[:, None])
-tree = model.predict(xg, guide, x, y, routing="hard")
-post = model.predict(xg, guide, x, y, routing="posterior")
+draws = pyro.infer.Predictive(model, guide=guide, num_samples=200)(xg)["obs"] * y_std + y_mean
+tree = model.predict(xg, guide, routing="hard")
+post = model.predict(xg, guide, routing="posterior")
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
-mean, sd = tree.mean * y_std + y_mean, tree.variance.sqrt() * y_std
+lo, hi = np.quantile(draws.numpy(), [0.05, 0.95], axis=0)
 axes[0].scatter(X[:, 0], Y, s=3, color="0.6")
-axes[0].plot(grid, mean, "C0"); axes[0].fill_between(grid, mean - 2 * sd, mean + 2 * sd, alpha=0.2)
+axes[0].plot(grid, tree.mean * y_std + y_mean, "C0"); axes[0].fill_between(grid, lo, hi, alpha=0.2)
 axes[1].plot(grid, noise_log_sigma(grid), "k--", label="truth")
 axes[1].plot(grid, tree.log_sigma + np.log(y_std), label="most likely tree")
 axes[1].plot(grid, post.log_sigma + np.log(y_std), label="routing posterior")
@@ -91,18 +86,17 @@ axes[1].set_ylabel("log sigma(x)"); axes[1].legend();"""),
 original units):"""),
     code("""print(model.noise_rules(guide).export_text(feature_names=["x"]))
 print("log(y_std) =", round(float(np.log(y_std)), 3))"""),
-    md("""## 4. Large N: the sparse, uncollapsed model with minibatches
+    md("""## 4. Large N: the sparse model with minibatches
 
-With `inducing_points`, the model samples whitened inducing outputs `u` and the likelihood is
-the SVGP one; the leaf is summed out exactly by enumeration. It trains with `TreeELBO` and
-minibatches (`subsample_size`), at a cost independent of N per step."""),
+With `inducing_points`, the model samples whitened inducing outputs `u` (the guide holds
+$q(u)$) and the likelihood is the SVGP one, with the leaf summed out at the routing
+probabilities. The same loop trains it on minibatches (`subsample_size`), at a cost
+independent of N per step. Each model gets its own `name`, so both live in one param store."""),
     code("""z = torch.linspace(-2, 1, 20).unsqueeze(-1)
-sparse = HeteroscedasticGP(1, 2, inducing_points=z)
-sguide = HeteroscedasticGPGuide(1, 2, num_inducing=20)
-sparse.init_from_data(x, y, sguide, num_steps=10 if SMOKE else 60)
-with pyro.get_param_store().scope():
-    svi = pyro.infer.SVI(sparse, sguide, pyro.optim.Adam(lrs), loss=TreeELBO())
-    losses = [svi.step(x, y, 64) for _ in range(STEPS * 2)]
+sparse = HeteroscedasticGP(1, 2, inducing_points=z, name="sparse")
+sguide = HeteroscedasticGPGuide(sparse)
+svi = pyro.infer.SVI(sparse, sguide, pyro.optim.Adam({"lr": 0.02}), pyro.infer.Trace_ELBO())
+losses = [svi.step(x, y, subsample_size=64) for _ in range(STEPS * 2)]
 pred = sparse.predict(xg, sguide)
 plt.plot(grid, noise_log_sigma(grid), "k--", label="truth")
 plt.plot(grid, pred.log_sigma + np.log(y_std), label="sparse model, most likely tree")

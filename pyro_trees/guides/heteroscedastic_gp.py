@@ -5,43 +5,136 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.trace_messenger import TraceMessenger
 
 from pyro_trees.guides.rnn_tree import RNNTree
 
 __all__ = ["HeteroscedasticGPGuide"]
 
 
+def _adopt_param_store(module: PyroModule) -> bool:
+    """Make ``module`` (and its sub-``PyroModule`` s) use the tensors the param store holds
+    under their names, as Pyro does for ``PyroParam`` s inside a model or guide but not for
+    plain ``nn.Parameter`` s (such as the RNN-Tree's GRU weights), nor outside one.
+
+    After ``pyro.get_param_store().load(...)``, fresh objects of the same ``name`` then
+    predict as the saved ones.
+
+    :returns: whether the store held any of the module's parameters.
+    :raises ValueError: if a stored tensor's shape differs from the module's.
+    """
+    store = pyro.get_param_store()
+    found = False
+    for sub in module.modules():
+        if not isinstance(sub, PyroModule):
+            continue
+        prefix = sub.__dict__["_pyro_name"]
+        for key in list(sub._parameters):
+            attr = key
+            if key.endswith("_unconstrained") and key[: -len("_unconstrained")] in sub._pyro_params:
+                attr = key[: -len("_unconstrained")]
+            name = f"{prefix}.{attr}" if prefix else attr
+            if name not in store:
+                continue
+            found = True
+            stored, own = store._params[name], sub._parameters[key]
+            if stored is own:
+                continue
+            if stored.shape != own.shape:
+                raise ValueError(
+                    f"the param store holds {name!r} of shape {tuple(stored.shape)}, but this "
+                    f"{type(module).__name__} needs {tuple(own.shape)}: another instance of "
+                    "the same name was trained in this store. Give each instance its own "
+                    "name=..., or call pyro.clear_param_store() first."
+                )
+            if not isinstance(stored, torch.nn.Parameter):
+                stored = torch.nn.Parameter(stored.detach())
+                store._params[name] = stored
+                store._param_to_name[stored] = name
+            sub._parameters[key] = stored
+    return found
+
+
 class HeteroscedasticGPGuide(PyroModule):
     """The routing posterior of the noise tree, plus :math:`q(u)` for the sparse model.
+
+    Build it from the model, ``HeteroscedasticGPGuide(model)``: depth, inputs and
+    inducing points follow the model, the parameter-store prefix is the model's
+    ``name``, and the pair trains with the plain SVI loop and ``Trace_ELBO``. At the
+    first call on data the guide starts the fit with
+    :meth:`HeteroscedasticGP.init_from_data
+    <pyro_trees.models.HeteroscedasticGP.init_from_data>`, unless the param store
+    already holds the model's parameters (a trained or loaded model).
 
     ``forward(x, y=None, subsample_size=None)`` has the model's signature. With
     ``num_inducing=M > 0`` it samples ``"u"`` from
     ``MultivariateNormal(u_loc, scale_tril=u_scale_tril)`` (whitened, ``(M,)``); then,
     inside the plate ``"data"``, the per-point site ``"leaf"`` from
-    ``Categorical(logits=RNNTree(x))``, marked for parallel enumeration.
+    ``Categorical(logits=RNNTree(x))``: with ``y``, masked (the model's factor holds the
+    routing's expectation at these logits); without, a draw from the routing posterior.
+    A guide built without the model marks ``"leaf"`` for parallel enumeration instead
+    (:class:`~pyro_trees.infer.TreeELBO`, :class:`~pyro_trees.infer.CollapsedELBO`).
 
-    :param int in_features: input dimension.
-    :param int depth: tree depth; must match the model's.
-    :param int num_inducing: ``M`` of the sparse model (0 for the exact model).
+    For the exact model built with it, the guide is the collapsed posterior: with ``y``
+    it keeps the training data, as the param-store entries
+    ``"<name>.data_x"`` ``(N, L)`` and ``"<name>.data_y"`` ``(N,)`` (never optimised);
+    without ``y`` it samples ``"f"`` ``(N*,)`` from the function's posterior given those
+    data (:meth:`HeteroscedasticGP.posterior_f
+    <pyro_trees.models.HeteroscedasticGP.posterior_f>`), so that
+    ``Predictive(model, guide=guide, ...)`` is the posterior predictive. It returns the
+    dict of its samples.
+
+    :param model: the :class:`~pyro_trees.models.HeteroscedasticGP` to serve, or (an
+        unbound guide, for :class:`~pyro_trees.infer.CollapsedELBO` and explicit
+        :meth:`~pyro_trees.models.HeteroscedasticGP.init_from_data`) the input
+        dimension ``L``.
+    :param int depth: tree depth (default the model's, or 2); must match the model's.
+    :param int num_inducing: ``M`` of the sparse model (default the model's, or 0).
     :param str feedback: RNN-Tree feedback, ``"hard"`` (default: an exact soft tree,
         no sampling of the routing) or ``"soft"`` (the paper's noisy roll-out).
+    :param float init_scale: initial scale of :math:`q(u)`.
+    :param str name: parameter-store prefix (default the model's ``name``).
     :param kwargs: passed to :class:`~pyro_trees.guides.RNNTree` (``hidden_size``,
         ``noise``).
     """
 
     def __init__(
         self,
-        in_features: int,
-        depth: int = 2,
+        model,
+        depth: int | None = None,
         *,
-        num_inducing: int = 0,
+        num_inducing: int | None = None,
         feedback: str = "hard",
         init_scale: float = 0.1,
+        name: str | None = None,
         **kwargs,
     ):
-        super().__init__()
+        bound = not isinstance(model, int)
+        if bound:
+            from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
+
+            if not isinstance(model, HeteroscedasticGP):
+                raise ValueError(
+                    f"model must be a HeteroscedasticGP or an input dimension, got {type(model)}"
+                )
+            for what, given, own in (
+                ("depth", depth, model.depth),
+                ("num_inducing", num_inducing, model.num_inducing),
+            ):
+                if given is not None and given != own:
+                    raise ValueError(f"{what}={given} differs from the model's {own}")
+            in_features, depth, num_inducing = model.in_features, model.depth, model.num_inducing
+            name = model.__dict__["_pyro_name"] if name is None else name
+        else:
+            in_features = model
+            depth = 2 if depth is None else depth
+            num_inducing = 0 if num_inducing is None else num_inducing
+        super().__init__(name="" if name is None else name)
         if isinstance(num_inducing, bool) or not isinstance(num_inducing, int) or num_inducing < 0:
             raise ValueError(f"num_inducing must be an integer >= 0, got {num_inducing!r}")
         if not init_scale > 0:
@@ -54,24 +147,104 @@ class HeteroscedasticGPGuide(PyroModule):
             self.u_scale_tril = PyroParam(
                 init_scale * torch.eye(num_inducing), constraint=constraints.lower_cholesky
             )
+        self.__dict__["_model"] = model if bound else None
+        if bound:
+            model._bind(self)
 
     @property
     def depth(self) -> int:
         """Depth of the routing tree."""
         return self.tree.depth
 
-    def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
-        """Sample ``"u"`` (sparse model only), then each point's ``"leaf"`` in ``"data"``.
+    @property
+    def model(self):
+        """The model this guide was built from, or ``None`` (an unbound guide)."""
+        return self.__dict__["_model"]
+
+    def _fullname(self, name: str) -> str:
+        prefix = self.__dict__["_pyro_name"]
+        return f"{prefix}.{name}" if prefix else name
+
+    def training_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training inputs ``(N, L)`` and targets ``(N,)`` kept for the exact model's
+        posterior (from the param store).
+
+        :raises ValueError: before the guide has seen data.
+        """
+        store = pyro.get_param_store()
+        names = [self._fullname(k) for k in ("data_x", "data_y")]
+        if not all(k in store for k in names):
+            raise ValueError(
+                "the guide of the exact HeteroscedasticGP has not seen training data: train "
+                "it (svi.step(x, y)) or load its param store first; Predictive(model) "
+                "without the guide gives prior draws"
+            )
+        return tuple(store[k].detach() for k in names)
+
+    def _keep(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        store = pyro.get_param_store()
+        for key, value in (("data_x", x), ("data_y", y)):
+            fullname = self._fullname(key)
+            old = store._params.get(fullname)
+            if old is None or old.shape != value.shape or not torch.equal(old.detach(), value):
+                store[fullname] = value.detach().clone()
+
+    def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None) -> dict:
+        """Sample ``"u"`` (sparse model only), ``"f"`` (exact model, ``y=None``), then each
+        point's ``"leaf"`` in ``"data"``.
 
         :param torch.Tensor x: inputs ``(N, L)``.
-        :param y: ignored (the model's signature).
+        :param y: targets ``(N,)`` or ``None`` (used by the lazy start and kept for the
+            exact model's posterior).
         :param int subsample_size: minibatch size of the ``"data"`` plate; must match the
             model's.
+        :returns: the dict of sampled values.
         """
+        model = self.model
+        if model is not None and y is not None:
+            model._maybe_start(x, y)
+        _adopt_param_store(self)
+        collapsed = model is not None and not model.sparse
+        summed = model is not None and y is not None
+        out = {}
         if self.num_inducing:
             loc = self.u_loc.to(x.dtype)
-            pyro.sample("u", dist.MultivariateNormal(loc, scale_tril=self.u_scale_tril.to(x.dtype)))
+            out["u"] = pyro.sample(
+                "u", dist.MultivariateNormal(loc, scale_tril=self.u_scale_tril.to(x.dtype))
+            )
+        if collapsed:
+            if y is not None:
+                self._keep(x, y)
+            else:
+                x_train, y_train = self.training_data()
+                out["f"] = pyro.sample("f", model.posterior_f(x, x_train, y_train, self))
         n = x.shape[0]
-        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            logits = self.tree(x[idx])
-            pyro.sample("leaf", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
+        with _data_plate(n, subsample_size) as idx:
+            routing = dist.Categorical(logits=self.tree(x[idx]))
+            if summed:
+                out["leaf"] = pyro.sample("leaf", routing.mask(False))
+            elif model is not None:
+                out["leaf"] = pyro.sample("leaf", routing)
+            else:
+                out["leaf"] = pyro.sample("leaf", routing, infer={"enumerate": "parallel"})
+        return out
+
+
+def _data_plate(n: int, subsample_size: int | None):
+    """The plate ``"data"``. Inside a trace that already recorded it (as
+    :class:`~pyro.infer.autoguide.AutoGuideList` does for every plate of its model before
+    running its parts) it is not recorded a second time: it runs over the recorded
+    indices, or over its own when those are of another size (an ``AutoGuideList`` set up
+    on minibatches, predicting on all points)."""
+    for messenger in _PYRO_STACK:
+        if isinstance(messenger, TraceMessenger):
+            site = messenger.trace.nodes.get("data")
+            if site is not None and isinstance(site.get("fn"), _Subsample):
+                recorded = site["value"]
+                if subsample_size is None and recorded.shape[0] != n:
+                    recorded = torch.arange(n, device=recorded.device)
+                elif subsample_size is not None and recorded.shape[0] != subsample_size:
+                    recorded = torch.randperm(n, device=recorded.device)[:subsample_size]
+                with poutine.block(hide=["data"]):
+                    return pyro.plate("data", n, subsample=recorded, dim=-1)
+    return pyro.plate("data", n, subsample_size=subsample_size, dim=-1)

@@ -55,11 +55,14 @@ class CollapsedELBO(DifferentiableLossELBO):
             )
         guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
         site = guide_trace.nodes.get(self.site)
-        if site is None or not hasattr(site["fn"], "logits"):
+        fn = None if site is None else site["fn"]
+        while fn is not None and not hasattr(fn, "logits") and hasattr(fn, "base_dist"):
+            fn = fn.base_dist  # a masked or reshaped Categorical
+        if fn is None or not hasattr(fn, "logits"):
             raise ValueError(
                 f"the guide has no site {self.site!r} with leaf logits (dist.Categorical)"
             )
-        logits = site["fn"].logits
+        logits = fn.logits
         bound = collapsed(
             *args,
             leaf_logits=logits,

@@ -15,56 +15,66 @@ with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
 :class:`~pyro_trees.guides.RNNTree` (amortised over :math:`x`), held by
 :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
 
-**Two objectives.**
+**The plain SVI loop.** Build the guide from the model and train with
+``Trace_ELBO``; at the first step on data the pair moves to the data's dtype and device
+and starts balanced (:meth:`HeteroscedasticGP.init_from_data`)::
 
-* *Collapsed, exact GP* (App. E; moderate :math:`N`): with
-  :math:`q(f, M) = q(f)\,q(M)` and :math:`q(f)` at its optimum for the given routing,
+    model = HeteroscedasticGP(in_features=1, depth=2)
+    guide = HeteroscedasticGPGuide(model)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
+    for _ in range(150):
+        svi.step(x, y)
+    Predictive(model, guide=guide, num_samples=100)(x_new)  # "f", "leaf", "obs"
+
+The routing expectation is exact in both forms, never sampled: the Gaussian
+log-likelihood is linear in the leaf probabilities :math:`q_{n\ell}` of the guide's
+RNN-Tree, so the model scores it at those probabilities (``pyro.factor``) and the
+``"leaf"`` site it shares with the guide is recorded masked (score 0) during training.
+
+* *Exact GP* (App. E; moderate :math:`N`): with :math:`q(f, M) = q(f)\,q(M)` and
+  :math:`q(f)` at its optimum for the given routing, the model's factor
+  ``"collapsed_bound"`` is
 
   .. math::
 
       \mathcal{L}_2(q(M)) = \log \mathcal{N}(y \mid c, K + R) + C
           - \mathrm{KL}(q(M) \,\|\, p(M)), \qquad
       R_{nn}^{-1} = \sum_\ell q_{n\ell}\, e^{-2 s_\ell}, \quad
-      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell .
+      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell ,
 
-  The expectation over the routing is exact here, not sampled: the Gaussian
-  log-likelihood is linear in :math:`q_{n\ell}`, so
-  :math:`\mathbb{E}_{q(M)}[\log p(y \mid f, M)]` is the weighted sum above, and the
-  integral over :math:`f` is the Gaussian one. :math:`q_{n\ell}` are the leaf
-  probabilities the guide's ``"leaf"`` site gives (with ``feedback="soft"`` one noisy
-  roll-out per evaluation, as the paper; with ``feedback="hard"`` the exact soft tree).
-  The only approximation is the KL to the tree-balance prior, whose coupling term is
-  Stirling's (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`).
-  Train with :class:`~pyro_trees.infer.CollapsedELBO`; :meth:`HeteroscedasticGP.collapsed_bound`
-  is the same number as a plain function. Cost :math:`O(N^3)` per step.
-* *Collapsed, sparse* (``inducing_points=Z``, full batch): the same bound with
-  :math:`\log \mathcal{N}(y \mid c, K + R)` replaced by Titsias' collapsed bound
-  :math:`\log \mathcal{N}(y \mid c, Q + R) - \tfrac12 \operatorname{tr}(R^{-1}(K - Q))`,
-  :math:`Q = K_{xz} K_{zz}^{-1} K_{zx}` (the optimal :math:`q(u)` for the given routing,
-  set in the guide afterwards by :meth:`HeteroscedasticGP.set_optimal_inducing_posterior`).
-  Also :class:`~pyro_trees.infer.CollapsedELBO`; cost :math:`O(N M^2)` per step.
-* *Uncollapsed, sparse* (``inducing_points=Z``, any :math:`N`, minibatches): whitened
-  inducing outputs :math:`u \sim \mathcal{N}(0, I)` with :math:`f(Z) = L_{ZZ} u`
-  (site ``"u"``); given :math:`u`, the likelihood term is the SVGP one,
-  :math:`\mathbb{E}_{p(f_n \mid u)}[\log \mathcal{N}(y_n \mid f_n, e^{2 s_\ell})] =
-  \log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) - \tfrac12 v_n e^{-2 s_\ell}`
-  (an ``"obs"`` site plus the factor ``"f_var"``), and the leaf is summed out exactly
-  by enumeration. Train with plain ``SVI(model, guide, optim, loss=TreeELBO())``,
-  subsampling through ``subsample_size``. ``u`` is one reparameterised sample per step
-  (its KL is Monte Carlo as in any Pyro ELBO).
+  so ``Trace_ELBO`` is exactly minus this bound (no Monte Carlo). The only
+  approximation is the KL to the tree-balance prior, whose coupling term is Stirling's
+  (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`). The same number:
+  :meth:`HeteroscedasticGP.collapsed_bound`, and
+  :class:`~pyro_trees.infer.CollapsedELBO` (which also serves a guide built without
+  the model). Cost :math:`O(N^3)` per step.
+* *Sparse* (``inducing_points=Z``, any :math:`N`, minibatches through
+  ``subsample_size``): whitened inducing outputs :math:`u \sim \mathcal{N}(0, I)` with
+  :math:`f(Z) = L_{ZZ} u` (site ``"u"``, a reparameterised draw from the guide's
+  :math:`q(u)`); given :math:`u`, each point's factor ``"expected_log_lik"`` is
+  :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) -
+  \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})` (the SVGP
+  term), and ``"balance"`` is the coupling. With a guide built without the model the
+  same terms come from :class:`~pyro_trees.infer.TreeELBO` enumerating ``"leaf"``.
+  :class:`~pyro_trees.infer.CollapsedELBO` instead trains this model by Titsias'
+  collapsed bound, full batch (:meth:`HeteroscedasticGP.set_optimal_inducing_posterior`
+  then sets :math:`q(u)`).
 
-**Prediction** (:meth:`HeteroscedasticGP.predict`): the function's Gaussian at new
-inputs, from :math:`q^*(f)` (exact mode, needs the training data) or :math:`q(u)`
-(sparse mode); the noise either from the single most likely tree
-(``routing="hard"``, the paper's App. E: each input gets its hard leaf's
-:math:`e^{2 s_\ell}`) or from the full routing posterior (``routing="posterior"``: the
-predictive density is the mixture :math:`\sum_\ell q(\ell \mid x)\,
-\mathcal{N}(y \mid \mu, v + e^{2 s_\ell})`). :meth:`HeteroscedasticGP.noise_rules`
-exports the noise function as rules: regions and their :math:`\log\sigma`.
+**Prediction.** ``Predictive(model, guide=guide, ...)`` (sequential or
+``parallel=True``) draws from the posterior predictive: the guide samples ``"u"`` from
+:math:`q(u)` (sparse), or ``"f"`` jointly from :math:`q^*(f)` given the training data
+(exact: :meth:`HeteroscedasticGP.posterior_f`; the guide keeps those data in the param
+store, so that a loaded store predicts too), each point's ``"leaf"`` from the routing
+posterior, and the model ``"obs"``. Without the guide, ``Predictive(model)`` draws from
+the prior. :meth:`HeteroscedasticGP.predict` gives the Gaussian of the function at new
+inputs with the noise of the single most likely tree (``routing="hard"``, the paper's
+App. E) or of the routing posterior (``routing="posterior"``: a mixture over leaves);
+:meth:`HeteroscedasticGP.noise_rules` exports the noise function as rules.
 
 **Shapes.** ``x``: ``(N, L)``; ``y``: ``(N,)``. The plate ``"data"`` (``dim=-1``) is
-owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long (enumerated by the
-guide), ``"u"`` is ``(M,)`` and ``"f"`` is ``(N,)`` (only sampled when ``y`` is None).
+owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long, ``"u"`` is
+``(M,)`` and ``"f"`` is ``(N,)`` (sampled when ``y`` is None); sites broadcast over
+batch dimensions on the left of the plate.
 
 .. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
 
@@ -118,8 +128,10 @@ import gpytorch
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.nn import PyroModule, PyroParam
 from pyro.nn.module import pyro_method
+from pyro.params.param_store import param_with_module_name
 
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
@@ -174,7 +186,14 @@ class HeteroscedasticGP(PyroModule):
     :param inducing_points: ``(M, L)`` inducing inputs (learnt) for the sparse,
         uncollapsed model; ``None`` for the exact GP trained with the collapsed bound.
     :param float init_log_scale: initial :math:`s_\\ell` of every leaf.
-    :param float jitter: added to kernel diagonals before Cholesky factorisations.
+    :param float jitter: added to kernel diagonals before Cholesky factorisations
+        (retried with 10x as much up to three times).
+    :param str name: parameter-store prefix (``"<name>.leaf_log_scale"``,
+        ``"<name>.kernel$$$..."``); the guide built from the model takes it too.
+
+    With its guide, ``HeteroscedasticGPGuide(model)``, it trains by the plain SVI loop
+    (module docs); at the first call on data it moves to the data's dtype and device
+    and starts with :meth:`init_from_data`.
     """
 
     def __init__(
@@ -186,8 +205,9 @@ class HeteroscedasticGP(PyroModule):
         inducing_points: torch.Tensor | None = None,
         init_log_scale: float = 0.0,
         jitter: float = 1e-6,
+        name: str | None = None,
     ):
-        super().__init__()
+        super().__init__(name=name or "")
         if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
             raise ValueError(f"in_features must be an integer >= 1, got {in_features!r}")
         self.in_features = in_features
@@ -225,6 +245,8 @@ class HeteroscedasticGP(PyroModule):
             self.sparse = True
         else:
             self.sparse = False
+        self.__dict__["_guide"] = None
+        self._started = False
 
     @property
     def num_leaves(self) -> int:
@@ -260,6 +282,67 @@ class HeteroscedasticGP(PyroModule):
             )
         return leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
 
+    # -- names, the guide and the lazy start --------------------------------------------
+    def _fullname(self, name: str) -> str:
+        prefix = self.__dict__["_pyro_name"]
+        return f"{prefix}.{name}" if prefix else name
+
+    def _kernel(self):
+        """The kernel, registered as ``"<name>.kernel"`` with its values from the param store."""
+        return pyro.module(self._fullname("kernel"), self.kernel, update_module_params=True)
+
+    @property
+    def guide(self):
+        """The :class:`~pyro_trees.guides.HeteroscedasticGPGuide` built from this model, or
+        ``None``."""
+        return self.__dict__["_guide"]
+
+    def _bind(self, guide) -> None:
+        if self.__dict__["_guide"] is not None and self.__dict__["_guide"] is not guide:
+            raise ValueError(
+                "this HeteroscedasticGP already has a guide; build one guide per model"
+            )
+        self.__dict__["_guide"] = guide
+
+    def _adopt(self, guide) -> None:
+        """Model, kernel and guide use the tensors the param store holds under their names
+        (a loaded store), registering nothing new."""
+        from pyro_trees.guides.heteroscedastic_gp import _adopt_param_store
+
+        _adopt_param_store(self)
+        _adopt_param_store(guide)
+        store = pyro.get_param_store()
+        prefix = self._fullname("kernel")
+        for name, own in list(self.kernel.named_parameters()):
+            stored = store._params.get(param_with_module_name(prefix, name))
+            if stored is not None and stored is not own and stored.shape == own.shape:
+                owner, _, leaf = name.rpartition(".")
+                self.kernel.get_submodule(owner)._parameters[leaf] = stored
+
+    def _require_guide(self):
+        guide = self.__dict__["_guide"]
+        if guide is None:
+            raise ValueError(
+                "the exact HeteroscedasticGP conditioned on y scores the collapsed bound at "
+                "its guide's routing: build the guide as HeteroscedasticGPGuide(model), or "
+                "train with CollapsedELBO"
+            )
+        return guide
+
+    def _maybe_start(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """:meth:`init_from_data` at the first call on data, when the model has a guide and
+        the param store does not hold its parameters yet (trained or loaded ones stay)."""
+        guide = self.__dict__["_guide"]
+        if guide is None or self._started:
+            return
+        self._started = True
+        if self._fullname("leaf_log_scale") in pyro.get_param_store():
+            return
+        self.to(device=x.device, dtype=x.dtype)
+        guide.to(device=x.device, dtype=x.dtype)
+        with poutine.block():
+            self.init_from_data(x, y, guide)
+
     # -- the collapsed bound (App. E) ----------------------------------------------------
     @pyro_method
     def collapsed_bound(
@@ -285,7 +368,11 @@ class HeteroscedasticGP(PyroModule):
         """
         self._check(x, y)
         log_q = self._check_logits(x, leaf_logits)
-        pyro.module("kernel", self.kernel)
+        self._kernel()
+        return self._bound(x, y, log_q, float(balance_weight), float(entropy_weight))
+
+    def _bound(self, x, y, log_q, balance_weight: float, entropy_weight: float) -> torch.Tensor:
+        """:meth:`collapsed_bound` at normalised leaf log-probabilities ``log_q`` ``(N, 2**D)``."""
         s = self.leaf_log_scale.to(x.dtype)
         q = log_q.exp()
         log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
@@ -302,12 +389,7 @@ class HeteroscedasticGP(PyroModule):
             )
         per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
         coupling = expected_log_coupling(log_q, self.depth)
-        return (
-            log_evidence
-            + C
-            - float(entropy_weight) * per_point_kl
-            + float(balance_weight) * coupling
-        )
+        return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling
 
     def _sparse_evidence(self, x, resid, log_prec):
         r"""Titsias' collapsed bound on :math:`\log \mathcal{N}(r \mid 0, K + R)` with the
@@ -371,40 +453,67 @@ class HeteroscedasticGP(PyroModule):
 
     # -- the Pyro model -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
-        """Sample (or condition on) ``y`` ``(N,)`` for inputs ``x`` ``(N, L)``.
+        """The Pyro model: condition on ``y`` ``(N,)`` at inputs ``x`` ``(N, L)``, or sample it.
 
-        Sparse model: sites ``"u"`` (whitened inducing outputs), then in the plate
-        ``"data"`` ``"leaf"``, ``"f_var"`` (a factor, when ``y`` is given) or ``"f"``
-        (when it is not) and ``"obs"``. Exact model: ``"f"`` ``(N,)`` jointly from the GP
-        prior, then ``"leaf"`` and ``"obs"``; it is the generative story (for prior
-        sampling and ``Predictive``), training uses the collapsed bound.
+        *Exact model, ``y`` given* (training): the function and the routing are integrated
+        out exactly, so the model scores the collapsed bound of App. E at the routing of
+        its guide's RNN-Tree (``pyro.factor("collapsed_bound")``); the site ``"leaf"`` is
+        recorded, masked (its expectation is inside the bound). Needs the guide built as
+        ``HeteroscedasticGPGuide(model)``; plain ``Trace_ELBO`` then maximises the bound.
+
+        *Exact model, ``y=None``*: ``"f"`` ``(N,)`` jointly from the GP prior (the guide
+        replaces it by its posterior given the training data, so ``Predictive`` with the
+        guide is the posterior predictive), then ``"leaf"`` and ``"obs"`` in the plate
+        ``"data"``.
+
+        *Sparse model*: ``"u"`` (whitened inducing outputs), then in ``"data"`` ``"leaf"``,
+        ``"f_var"`` (a factor, when ``y`` is given) or ``"f"`` (when it is not) and
+        ``"obs"``; trained with :class:`~pyro_trees.infer.TreeELBO`.
+
+        A guide built from the model starts the fit at the first call on data
+        (:meth:`init_from_data`, unless the param store already holds the model's
+        parameters). Sites broadcast over batch dimensions on the left of the plate
+        (``Predictive(..., parallel=True)``).
         """
         self._check(x, y)
         if subsample_size is not None and not self.sparse:
             raise ValueError("subsample_size needs the sparse model (inducing_points)")
-        pyro.module("kernel", self.kernel)
+        if y is not None:
+            self._maybe_start(x, y)
+        kernel = self._kernel()
         n = x.shape[0]
         mean = self.mean_constant.to(x.dtype)
         s_all = self.leaf_log_scale.to(x.dtype)
+        leaf_prior = BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device)
+        if not self.sparse and y is not None:
+            log_q = self._check_logits(x, self._require_guide().tree(x))
+            with pyro.plate("data", n, dim=-1):
+                pyro.sample("leaf", leaf_prior.mask(False))
+            pyro.factor("collapsed_bound", self._bound(x, y, log_q, 1.0, 1.0))
+            return y
         if self.sparse:
             z = self.inducing_points.to(x.dtype)
             u = pyro.sample(
                 "u", dist.Normal(torch.zeros_like(z[:, 0]), torch.ones_like(z[:, 0])).to_event(1)
             )
+            u = _drop_data_dim(u)
+            if y is not None and self.guide is not None:
+                return self._expected_log_lik(kernel, x, y, z, u, mean, s_all, subsample_size)
         else:
-            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
+            K = kernel_matrix(kernel, x)[..., 0, :, :]
             f_all = pyro.sample(
                 "f",
                 dist.MultivariateNormal(
                     mean.expand(n), scale_tril=cholesky(K, max(self.jitter, 1e-6))
                 ),
             )
+            f_all = _drop_data_dim(f_all)
         with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            leaf = pyro.sample("leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device))
+            leaf = pyro.sample("leaf", leaf_prior)
             s = s_all[leaf]
             if self.sparse:
                 loc, var = conditional(
-                    self.kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
+                    kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
                 )
                 loc, var = loc[..., 0, :] + mean, var[..., 0, :]
                 if y is None:
@@ -417,6 +526,53 @@ class HeteroscedasticGP(PyroModule):
             return pyro.sample(
                 "obs", dist.Normal(f, torch.exp(s)), obs=None if y is None else y[idx]
             )
+
+    def _expected_log_lik(self, kernel, x, y, z, u, mean, s, subsample_size):
+        r"""The sparse model's ELBO terms given ``u``, with the routing summed out at the
+        guide's leaf probabilities: per point
+        :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n, e^{2 s_\ell})
+        - \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})`
+        (factor ``"expected_log_lik"``), plus the tree-balance coupling (``"balance"``)."""
+        n = x.shape[0]
+        tree = self.guide.tree
+        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
+            log_q = self._check_logits(x[idx], tree(x[idx]))
+            pyro.sample(
+                "leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device).mask(False)
+            )
+            loc, var = conditional(
+                kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
+            )
+            loc, var = loc[..., 0, :, None] + mean, var[..., 0, :, None]
+            comp = dist.Normal(loc, torch.exp(s)).log_prob(y[idx, None]) - 0.5 * var * torch.exp(
+                -2 * s
+            )
+            q = log_q.exp()
+            kl = (q * log_q).sum(-1) + self.depth * math.log(2.0)
+            pyro.factor("expected_log_lik", (q * comp).sum(-1) - kl)
+        pyro.factor("balance", expected_log_coupling(log_q, self.depth, scale=n / log_q.shape[-2]))
+        return y
+
+    @pyro_method
+    def posterior_f(self, x_new: torch.Tensor, x: torch.Tensor, y: torch.Tensor, guide):
+        """The exact model's posterior of ``f`` at ``x_new`` ``(N*, L)`` given the training
+        data ``x`` ``(N, L)``, ``y`` ``(N,)``: :math:`q^*(f)` of the collapsed bound (noise
+        :math:`R` from the guide's routing at ``x``), a joint
+        :class:`~pyro.distributions.MultivariateNormal` over ``(N*,)``.
+        """
+        dtype = x_new.dtype
+        kernel = self._kernel()
+        s = self.leaf_log_scale.to(dtype)
+        mean_c = self.mean_constant.to(dtype)
+        q = guide.tree.leaf_probs(x).to(dtype)
+        r = 1.0 / (q @ torch.exp(-2 * s))
+        L = cholesky(kernel_matrix(kernel, x)[..., 0, :, :] + torch.diag_embed(r), self.jitter)
+        Ksx = kernel_matrix(kernel, x_new, x)[..., 0, :, :]
+        alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
+        loc = (Ksx @ alpha).squeeze(-1) + mean_c
+        W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
+        cov = kernel_matrix(kernel, x_new)[..., 0, :, :] - W.mT @ W
+        return dist.MultivariateNormal(loc, scale_tril=cholesky(cov, max(self.jitter, 1e-6)))
 
     # -- initialisation -------------------------------------------------------------------
     def fit_homoscedastic(
@@ -490,8 +646,10 @@ class HeteroscedasticGP(PyroModule):
 
         Use it: from random network weights the noise tree of the F.3 benchmark
         collapsed to one or two noise levels in every restart
-        (``benchmarks/results/hgp_noise_random_start*.md``).
+        (``benchmarks/results/hgp_noise_random_start*.md``). A guide built from the model
+        (``HeteroscedasticGPGuide(model)``) runs this at the first call on data.
         """
+        self._started = True
         with torch.enable_grad():
             resid = self.fit_homoscedastic(x, y, **kwargs)
         r2 = resid.pow(2).clamp_min(1e-12)
@@ -536,8 +694,9 @@ class HeteroscedasticGP(PyroModule):
         """Predictive distribution at ``x_new`` ``(N*, L)``.
 
         :param guide: the trained :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
-        :param x: training inputs ``(N, L)`` (exact model only).
-        :param y: training targets ``(N,)`` (exact model only).
+        :param x: training inputs ``(N, L)`` (exact model only; default the data the
+            guide built from this model trained on).
+        :param y: training targets ``(N,)`` (exact model only; same default).
         :param str routing: ``"hard"``: the noise of each new input is its leaf's in the
             most likely tree (App. E); ``"posterior"``: the full routing posterior
             (a mixture over leaves, averaged over ``num_samples`` noisy roll-outs with
@@ -551,6 +710,8 @@ class HeteroscedasticGP(PyroModule):
         if routing not in ("hard", "posterior"):
             raise ValueError(f"routing must be 'hard' or 'posterior', got {routing!r}")
         self._check(x_new)
+        if not self._started:  # fresh objects over a loaded store
+            self._adopt(guide)
         dtype = x_new.dtype
         s = self.leaf_log_scale.to(dtype)
         mean_c = self.mean_constant.to(dtype)
@@ -568,7 +729,11 @@ class HeteroscedasticGP(PyroModule):
             mean, f_var = loc[0] + mean_c, var[0]
         else:
             if x is None or y is None:
-                raise ValueError("the exact model predicts from the training data: pass x and y")
+                if getattr(guide, "model", None) is not self:
+                    raise ValueError(
+                        "the exact model predicts from the training data: pass x and y"
+                    )
+                x, y = guide.training_data()
             self._check(x, y)
             q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
             r = 1.0 / (q @ torch.exp(-2 * s))
@@ -594,8 +759,16 @@ class HeteroscedasticGP(PyroModule):
         Leaf labels read ``"log sigma = s (sigma = e^s)"``; use
         ``.export_text(feature_names=...)`` to print and ``.route(x)`` to apply.
         """
+        if not self._started:  # fresh objects over a loaded store
+            self._adopt(guide)
         labels = [
             f"log sigma = {v:.{decimals}f} (sigma = {math.exp(v):.{decimals}g})"
             for v in self.leaf_log_scale.tolist()
         ]
         return guide.tree.rules(leaf_values=labels)
+
+
+def _drop_data_dim(value: torch.Tensor) -> torch.Tensor:
+    """A global site's value ``batch + (1, E)`` without the size-1 slot of the data plate
+    (``dim=-1``), so that it lines up with per-point values ``batch + (N,)``; ``(E,)`` as is."""
+    return value.squeeze(-2) if value.dim() > 1 else value
