@@ -5,59 +5,13 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
-from pyro.poutine.runtime import _PYRO_STACK
-from pyro.poutine.subsample_messenger import _Subsample
-from pyro.poutine.trace_messenger import TraceMessenger
 
+from pyro_trees._param_store import adopt_param_store, shared_plate
 from pyro_trees.guides.rnn_tree import RNNTree
 
 __all__ = ["HeteroscedasticGPGuide"]
-
-
-def _adopt_param_store(module: PyroModule) -> bool:
-    """Make ``module`` (and its sub-``PyroModule`` s) use the tensors the param store holds
-    under their names, as Pyro does for ``PyroParam`` s inside a model or guide but not for
-    plain ``nn.Parameter`` s (such as the RNN-Tree's GRU weights), nor outside one.
-
-    After ``pyro.get_param_store().load(...)``, fresh objects of the same ``name`` then
-    predict as the saved ones.
-
-    :returns: whether the store held any of the module's parameters.
-    :raises ValueError: if a stored tensor's shape differs from the module's.
-    """
-    store = pyro.get_param_store()
-    found = False
-    for sub in module.modules():
-        if not isinstance(sub, PyroModule):
-            continue
-        prefix = sub.__dict__["_pyro_name"]
-        for key in list(sub._parameters):
-            attr = key
-            if key.endswith("_unconstrained") and key[: -len("_unconstrained")] in sub._pyro_params:
-                attr = key[: -len("_unconstrained")]
-            name = f"{prefix}.{attr}" if prefix else attr
-            if name not in store:
-                continue
-            found = True
-            stored, own = store._params[name], sub._parameters[key]
-            if stored is own:
-                continue
-            if stored.shape != own.shape:
-                raise ValueError(
-                    f"the param store holds {name!r} of shape {tuple(stored.shape)}, but this "
-                    f"{type(module).__name__} needs {tuple(own.shape)}: another instance of "
-                    "the same name was trained in this store. Give each instance its own "
-                    "name=..., or call pyro.clear_param_store() first."
-                )
-            if not isinstance(stored, torch.nn.Parameter):
-                stored = torch.nn.Parameter(stored.detach())
-                store._params[name] = stored
-                store._param_to_name[stored] = name
-            sub._parameters[key] = stored
-    return found
 
 
 class HeteroscedasticGPGuide(PyroModule):
@@ -203,7 +157,7 @@ class HeteroscedasticGPGuide(PyroModule):
         model = self.model
         if model is not None and y is not None:
             model._maybe_start(x, y)
-        _adopt_param_store(self)
+        adopt_param_store(self)
         collapsed = model is not None and not model.sparse
         summed = model is not None and y is not None
         out = {}
@@ -219,7 +173,7 @@ class HeteroscedasticGPGuide(PyroModule):
                 x_train, y_train = self.training_data()
                 out["f"] = pyro.sample("f", model.posterior_f(x, x_train, y_train, self))
         n = x.shape[0]
-        with _data_plate(n, subsample_size) as idx:
+        with shared_plate("data", n, subsample_size=subsample_size) as idx:
             routing = dist.Categorical(logits=self.tree(x[idx]))
             if summed:
                 out["leaf"] = pyro.sample("leaf", routing.mask(False))
@@ -228,23 +182,3 @@ class HeteroscedasticGPGuide(PyroModule):
             else:
                 out["leaf"] = pyro.sample("leaf", routing, infer={"enumerate": "parallel"})
         return out
-
-
-def _data_plate(n: int, subsample_size: int | None):
-    """The plate ``"data"``. Inside a trace that already recorded it (as
-    :class:`~pyro.infer.autoguide.AutoGuideList` does for every plate of its model before
-    running its parts) it is not recorded a second time: it runs over the recorded
-    indices, or over its own when those are of another size (an ``AutoGuideList`` set up
-    on minibatches, predicting on all points)."""
-    for messenger in _PYRO_STACK:
-        if isinstance(messenger, TraceMessenger):
-            site = messenger.trace.nodes.get("data")
-            if site is not None and isinstance(site.get("fn"), _Subsample):
-                recorded = site["value"]
-                if subsample_size is None and recorded.shape[0] != n:
-                    recorded = torch.arange(n, device=recorded.device)
-                elif subsample_size is not None and recorded.shape[0] != subsample_size:
-                    recorded = torch.randperm(n, device=recorded.device)[:subsample_size]
-                with poutine.block(hide=["data"]):
-                    return pyro.plate("data", n, subsample=recorded, dim=-1)
-    return pyro.plate("data", n, subsample_size=subsample_size, dim=-1)

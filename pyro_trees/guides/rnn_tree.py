@@ -33,16 +33,13 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro import poutine
 from pyro.nn import PyroModule
 from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
-from pyro.poutine.subsample_messenger import _Subsample
-from pyro.poutine.trace_messenger import TraceMessenger
 from torch import nn
 
 from pyro_trees import trees
-from pyro_trees._param_store import adopt_param_store, follow_data, store_name
+from pyro_trees._param_store import adopt_param_store, follow_data, shared_plate, store_name
 
 __all__ = ["RNNTree", "RNNTreeGuide"]
 
@@ -770,7 +767,7 @@ class RNNTreeGuide(PyroModule):
             )
         if self._init_state != "done":
             self._lazy_init(x, y)
-        with _data_plate(x.shape[0], subsample_size) as idx:
+        with shared_plate("data", x.shape[0], subsample_size=subsample_size) as idx:
             logits = self._leaf_logits(x[idx])
             pyro.sample("leaf", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
 
@@ -787,25 +784,3 @@ def _outer_plate_shape() -> tuple:
     if not sizes:
         return ()
     return tuple(sizes.get(d, 1) for d in range(min(sizes), -1))
-
-
-def _recorded_subsample(name: str):
-    """The indices of a plate ``name`` that an enclosing trace already recorded (as
-    :class:`~pyro.infer.autoguide.AutoGuideList` does for every plate of its model
-    before running its parts), or ``None``."""
-    for messenger in _PYRO_STACK:
-        if isinstance(messenger, TraceMessenger):
-            site = messenger.trace.nodes.get(name)
-            if site is not None and isinstance(site.get("fn"), _Subsample):
-                return site["value"]
-    return None
-
-
-def _data_plate(n: int, subsample_size: int | None):
-    """The plate ``"data"`` of size ``n``: a new one, or, inside a trace that has already
-    recorded it, one over the recorded indices (not recorded a second time)."""
-    recorded = _recorded_subsample("data")
-    if recorded is None:
-        return pyro.plate("data", n, subsample_size=subsample_size, dim=-1)
-    with poutine.block(hide=["data"]):
-        return pyro.plate("data", n, subsample=recorded, dim=-1)

@@ -59,12 +59,10 @@ from pyro import poutine
 from pyro.distributions import TorchDistribution
 from pyro.infer import Trace_ELBO
 from pyro.nn import PyroModule, PyroParam
-from pyro.poutine.runtime import _PYRO_STACK
-from pyro.poutine.subsample_messenger import _Subsample
-from pyro.poutine.trace_messenger import TraceMessenger
 from torch import nn
 from torch.distributions import constraints
 
+from pyro_trees._param_store import prepare, shared_plate
 from pyro_trees.distributions.tree_normal import (
     TreeNormal,
     _TreePlan,
@@ -72,7 +70,6 @@ from pyro_trees.distributions.tree_normal import (
     validate_parents,
 )
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.models._store import prepare
 from pyro_trees.validation import as_tensor, check_finite, check_index
 
 # Per guide: the validated parent array and sampling plan of the forest each batch
@@ -342,20 +339,6 @@ def tree_batches(parents, batch_size: int, *, generator: torch.Generator | None 
             stack.extend(reversed(children[v]))
     order = torch.tensor(order)
     return list(order.split(batch_size))
-
-
-def _plate(name, size, subsample_size=None, subsample=None, dim=-1):
-    """``pyro.plate(name, ...)``, or, when the trace being recorded already holds that
-    plate's subsample site, a plate over the same indices that records no second one:
-    ``AutoGuideList`` creates every plate of the model before it calls its parts."""
-    for m in reversed(_PYRO_STACK):
-        if isinstance(m, TraceMessenger):
-            node = m.trace.nodes.get(name)
-            if node is not None and isinstance(node.get("fn"), _Subsample):
-                with poutine.block(hide=[name]):
-                    return pyro.plate(name, size, subsample=node["value"], dim=dim)
-            break
-    return pyro.plate(name, size, subsample_size=subsample_size, subsample=subsample, dim=dim)
 
 
 @contextlib.contextmanager
@@ -898,7 +881,7 @@ class TreeVIGuide(PyroModule):
             yield x
             return
         size = subsample_size if subsample_size is not None else self.subsample_size
-        with _plate(self.plate, x.shape[0], subsample_size=size, dim=-1) as i:
+        with shared_plate(self.plate, x.shape[0], subsample_size=size, dim=-1) as i:
             yield x[i]
 
     def _start(self, x):
@@ -912,7 +895,7 @@ class TreeVIGuide(PyroModule):
         n = x.shape[-2]
         if idx is not None:
             idx, size = check_index(idx, n, device=x.device), None
-        with _plate(self.plate, n, subsample_size=size, subsample=idx, dim=-1) as i:
+        with shared_plate(self.plate, n, subsample_size=size, subsample=idx, dim=-1) as i:
             whole = i.numel() == n and bool((i == torch.arange(n, device=i.device)).all())
             sub = None if whole else i
             q = self.distribution(x, sub)

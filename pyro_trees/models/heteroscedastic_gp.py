@@ -134,6 +134,7 @@ from pyro.nn.module import pyro_method
 from pyro.params.param_store import param_with_module_name
 
 from pyro_trees import trees
+from pyro_trees._param_store import adopt_param_store
 from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
 from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
 
@@ -307,10 +308,8 @@ class HeteroscedasticGP(PyroModule):
     def _adopt(self, guide) -> None:
         """Model, kernel and guide use the tensors the param store holds under their names
         (a loaded store), registering nothing new."""
-        from pyro_trees.guides.heteroscedastic_gp import _adopt_param_store
-
-        _adopt_param_store(self)
-        _adopt_param_store(guide)
+        adopt_param_store(self)
+        adopt_param_store(guide)
         store = pyro.get_param_store()
         prefix = self._fullname("kernel")
         for name, own in list(self.kernel.named_parameters()):

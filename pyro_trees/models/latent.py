@@ -18,8 +18,8 @@ import torch
 from pyro.nn import PyroModule
 from torch import nn
 
+from pyro_trees._param_store import predicting, prepare
 from pyro_trees.distributions.kronecker_normal import KroneckerNormal
-from pyro_trees.models._store import predicting, prepare
 from pyro_trees.validation import as_tensor, check_finite, check_index
 
 __all__ = ["ConstrainedClusteringVAE", "GraphPriorVAE", "SYNTHETIC_AFFINITY", "SyntheticGraphVAE"]
