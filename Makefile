@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine with only Python:
 #   make demo   creates .venv, installs, fits the models on their papers' toy problems
 #   make test   same install, runs the whole test suite
-#   make docs   same install plus Sphinx, builds the API reference into docs/_build/html
+#   make docs   same install plus Sphinx, builds the user guide and API reference into docs/_build/html
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -29,7 +29,7 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
-# The API reference; -W: a docstring Sphinx warns about fails the build.
+# The user guide and API reference; -W: any Sphinx warning fails the build.
 docs: $(VENV)/.docs-installed
 	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
 

@@ -50,3 +50,15 @@ autodoc_inherit_docstrings = True
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
 html_theme_options = {"description": "Tree-structured models and guides for Pyro"}
+
+
+def _skip_sklearn_request_methods(app, what, name, obj, skip, options):
+    """scikit-learn generates ``set_fit_request``-style methods on every estimator; their
+    docstrings link into scikit-learn's own glossary, which this build cannot resolve."""
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_sklearn_request_methods)
