@@ -1,4 +1,4 @@
-"""Generate notebooks/bayesian_hme.ipynb (run: python notebooks/build_bayesian_hme.py)."""
+"""Generate notebooks/bayesian_hme.ipynb (run: python notebooks/make_bayesian_hme.py)."""
 
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import numpy as np
 import pyro
 import torch
 
-from pyro_trees.datasets.bayesian_hme import robot_arm, robot_arm_forward, toy_inverse
+from pyro_trees.datasets import robot_arm, robot_arm_forward, toy_inverse
 from pyro_trees.estimators import BayesianHMERegressor
 from pyro_trees.guides import BayesianHMEGuide
 from pyro_trees.infer import bayesian_hme_vb as vb

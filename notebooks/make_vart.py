@@ -1,4 +1,4 @@
-"""Generate notebooks/vart.ipynb (run: python notebooks/_make_vart.py)."""
+"""Generate notebooks/vart.ipynb (run: python notebooks/make_vart.py)."""
 
 from pathlib import Path
 
