@@ -373,8 +373,7 @@ def _hgp_case(case_id, n, inducing, steps, loss, kwargs):
         observed=("obs",),
         figure=figure,
         passes=lambda v: v < 0.5,
-        paper="Fig. 2c / 5: the four-step log sigma recovered (benchmark: within 0.25 at "
-        "N = 960)",
+        paper="Fig. 2c / 5: the four-step log sigma recovered (benchmark: within 0.25 at N = 960)",
         centred=lambda samples, args, kw: corr(
             samples["f"].mean(0).reshape(-1), truth.to(samples["f"].dtype)
         ),
@@ -389,7 +388,6 @@ CASES += [
     _hgp_case("hgp-exact", 300, 0, 150, Trace_ELBO, {}),
     _hgp_case("hgp-sparse", 960, 20, 300, Trace_ELBO, {"subsample_size": 128}),
 ]
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -695,13 +693,9 @@ def test_guide_composes_in_autoguidelist(case):
 def test_guide_trace_replays_through_model(case, fitted):
     model, guide, (args, kwargs), _ = fitted(case)
     guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-    model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-        *args, **kwargs
-    )
+    model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
     latents = [
-        n
-        for n, s in guide_trace.nodes.items()
-        if s["type"] == "sample" and not s["is_observed"]
+        n for n, s in guide_trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]
     ]
     assert latents, f"{case.id}: the guide samples nothing"
     for n in latents:
