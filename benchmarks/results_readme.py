@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import re
 import shlex
@@ -29,6 +30,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = RESULTS / "README.md"
+
+
+def read_record(path: Path) -> dict:
+    """A result record, plain ``.json`` or gzipped ``.json.gz``."""
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
 
 # section order; a script not listed comes after these, alphabetically
 ORDER = (
@@ -282,8 +291,10 @@ def generate() -> str:
             sec += ["Other records of this benchmark kept here:", ""]
             for s in others:
                 line = f"* [{s}.md]({s}.md)"
-                if (RESULTS / f"{s}.json").is_file():
-                    rec = json.loads((RESULTS / f"{s}.json").read_text())
+                found = [RESULTS / f"{s}{ext}" for ext in (".json", ".json.gz")]
+                found = [f for f in found if f.is_file()]
+                if found:
+                    rec = read_record(found[0])
                     date = rec.get("environment", {}).get("date", "?")[:10]
                     line += f", {date}, {_command_text(name, path, s, rec)}"
                 sec.append(line)

@@ -30,13 +30,10 @@ the ``free`` rule.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, markdown_table, write_results
+from benchmarks._common import markdown_table, read_record, record_paths, write_results
 from pyro_trees.estimators.vart import _SCORE_GRID, _coverage_factor
 
 LEVEL = 0.9
@@ -48,7 +45,7 @@ def scored_fits(files):
     """``(path, dataset, depth, fit)`` of every VaRT fit in the ``vart_uci`` result files
     ``files`` that stored its held-out and test rows' coverage scores."""
     for path in files:
-        for rec in json.loads(Path(path).read_text())["records"]:
+        for rec in read_record(path)["records"]:
             for key, fit in rec.items():
                 if key.startswith("vart") and isinstance(fit, dict) and "test_scores" in fit:
                     yield path, rec["dataset"], int(key[4:]), fit
@@ -68,12 +65,17 @@ def factor(rule: str, held_out) -> float:
 
 
 def main():
-    files = sorted(RESULTS.glob("vart_uci_*_cov.json"))
+    files = record_paths("vart_uci_*_cov.json")
     cells: dict[tuple[int, str], dict] = {}
     for path, dataset, depth, fit in scored_fits(files):
         cell = cells.setdefault(
             (depth, dataset),
-            {"file": path.stem, "committed": [], "held_out": [], **{r: [] for r in RULES}},
+            {
+                "file": path.name.removesuffix(".gz").removesuffix(".json"),
+                "committed": [],
+                "held_out": [],
+                **{r: [] for r in RULES},
+            },
         )
         test = np.asarray(fit["test_scores"], dtype=float)
         cell["committed"].append(fit["coverage90"])

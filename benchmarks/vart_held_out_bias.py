@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks._common import RESULTS, markdown_table, write_results
+from benchmarks._common import markdown_table, record_paths, write_results
 from benchmarks.vart_calibration_rules import scored_fits
 
 VARIANTS = {"refit=False": "vart_uci_*_cov.json", "refit=True": "vart_uci_d*_refit*.json"}
@@ -35,7 +35,7 @@ VARIANTS = {"refit=False": "vart_uci_*_cov.json", "refit=True": "vart_uci_d*_ref
 
 def _pooled(pattern: str) -> dict[tuple[int, str], dict[str, list[float]]]:
     cells: dict[tuple[int, str], dict[str, list[float]]] = {}
-    for _, dataset, depth, fit in scored_fits(sorted(RESULTS.glob(pattern))):
+    for _, dataset, depth, fit in scored_fits(record_paths(pattern)):
         cell = cells.setdefault((depth, dataset), {"held": [], "test": []})
         cell["held"] += fit["held_out_scores"]
         cell["test"] += fit["test_scores"]
