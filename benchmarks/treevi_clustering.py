@@ -56,14 +56,17 @@ from torch import nn
 from benchmarks._common import markdown_table, write_results
 from pyro_trees.guides import (
     GaussianEncoder,
-    MixtureTreeELBO,
     PairNet,
-    PairwiseELBO,
     TreeVIGuide,
     TreeVIMixtureGuide,
     tree_batches,
 )
-from pyro_trees.infer import maximum_spanning_tree, similarity_dfs_tree
+from pyro_trees.infer import (
+    MixtureTreeELBO,
+    PairwiseELBO,
+    maximum_spanning_tree,
+    similarity_dfs_tree,
+)
 from pyro_trees.models import ConstrainedClusteringVAE
 
 PAPER = {  # Table 2, MNIST (70,000 images)

@@ -9,7 +9,9 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-from pyro_trees.distributions.tree_normal import TreeNormal, open_interval, validate_parents
+from pyro_trees._forest import validate_parents
+from pyro_trees.distributions.constraints import open_interval
+from pyro_trees.distributions.tree_normal import TreeNormal
 
 __all__ = ["SoftTreeNormal"]
 
