@@ -28,7 +28,7 @@ share every other setting.
 
 Estimator (``--estimator``): ``trace`` trains mean-field and TreeVI with
 ``Trace_ELBO`` (MTreeVI with ``MixtureTreeELBO``) and writes ``treevi_clustering``;
-``pairwise`` trains mean-field and TreeVI with :class:`~pyro_trees.guides.PairwiseELBO`
+``pairwise`` trains mean-field and TreeVI with :class:`~pyro_trees.infer.PairwiseELBO`
 (the same ELBO with lower variance: per-instance terms on one independent draw of the
 marginals, the constraint term averaged over ``--pair-particles`` draws of ``q``, exact
 entropy; identical settings for both guides) and writes ``treevi_clustering_pairwise``.

@@ -58,14 +58,14 @@ class SoftTreeNormal(TorchDistribution):
 
     **Why per-edge correlations** ``rho`` of shape ``(..., N, N, D)``: in TreeVI the
     correlation of an edge is a function of its two end points, ``rho_ij = f(x_i, x_j)``
-    (eq. 12, :class:`~pyro_trees.guides.tree_vi.PairNet`), and eq. 17 reads the learned
+    (eq. 12, :class:`~pyro_trees.guides.PairNet`), and eq. 17 reads the learned
     tree's correlations off that function at the selected edges. Evaluating the pair
     network on all pairs of a minibatch, ``pair_net(x[:, None], x[None, :])``, gives
     exactly this tensor (``N^2`` evaluations), so the relaxation and the hard tree share
     one parameterisation. (``PairNet(num_nodes=N)``'s per-child offsets are indexed for
     a fixed tree and do not apply to all pairs; ``PairNet(num_nodes=N, offsets="pair")``
     has one offset per ordered pair and does, see
-    :meth:`~pyro_trees.guides.TreeVIGuide.learn_tree`.)
+    :func:`~pyro_trees.infer.learn_guide_tree`.)
     A per-child correlation ``(..., N, D)`` (as in :class:`TreeNormal`) is the special
     case ``rho.unsqueeze(-2).expand(..., N, N, D)``.
 

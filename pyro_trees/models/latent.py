@@ -535,7 +535,7 @@ class ConstrainedClusteringVAE(PyroModule):
         """The pairwise term of eq. 19, ``sum_ij W_ij sum_k q(c_i = k | z_i) q(c_j = k |
         z_j)`` over the constraints inside the batch ``idx``: ``z`` of shape
         ``(..., |B|, D)`` gives ``(...)``. It is the model's only term that couples
-        instances (the site ``"constraints"``; see :class:`~pyro_trees.guides.PairwiseELBO`).
+        instances (the site ``"constraints"``; see :class:`~pyro_trees.infer.PairwiseELBO`).
         ``idx`` must hold distinct instances."""
         if idx is None:
             self._check_constraints(z.shape[-2], "z")
