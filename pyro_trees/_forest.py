@@ -13,7 +13,14 @@ import math
 import torch
 from torch.distributions.utils import lazy_property
 
-__all__ = ["TreePlan", "parents_and_depths", "scan", "tree_depths", "validate_parents"]
+__all__ = [
+    "TreePlan",
+    "parents_and_depths",
+    "scale_noise",
+    "scan",
+    "tree_depths",
+    "validate_parents",
+]
 
 
 def validate_parents(parents, num_nodes: int | None = None) -> torch.Tensor:
@@ -280,3 +287,12 @@ class TreePlan:
         for _ in range(steps - 1):
             ptrs.append(ptrs[-1][ptrs[-1]])
         return ptrs if steps > 0 else []
+
+
+def scale_noise(eps: torch.Tensor, r: torch.Tensor, chunk: int = 1 << 15) -> None:
+    """``eps *= sqrt(1 - r**2)`` in place, in chunks of rows along dim ``-2`` so the
+    temporaries stay small (``r`` broadcasts against ``eps``)."""
+    n = eps.shape[-2]
+    for lo in range(0, n, chunk):
+        rc = r[..., lo : lo + chunk, :]
+        eps[..., lo : lo + chunk, :].mul_(torch.mul(rc, rc).neg_().add_(1).sqrt_())

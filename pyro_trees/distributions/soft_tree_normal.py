@@ -89,6 +89,19 @@ class SoftTreeNormal(TorchDistribution):
 
     [1] J. Xiao, Q. Su. *TreeVI: Reparameterizable Tree-structured Variational
     Inference for Instance-level Correlation Capturing.* NeurIPS 2024, Sec. 2.3.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import SoftTreeNormal, TreeNormal
+    >>> probs = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.9, 0.0, 0.1, 0.0], [0.2, 0.8, 0.0, 0.0]])
+    >>> q = SoftTreeNormal(torch.zeros(3, 2), torch.ones(3, 2), probs, torch.full((3, 3, 2), 0.5))
+    >>> q.rsample((4,)).shape
+    torch.Size([4, 3, 2])
+    >>> q.hard_parents()
+    tensor([-1,  0,  1])
+    >>> isinstance(q.to_tree_normal(), TreeNormal)
+    True
     """
 
     arg_constraints = {

@@ -179,6 +179,25 @@ class TreeVIGuide(PyroModule):
         none: ``encoder$$$...``; with a name, ``<name>.encoder$$$...``); give two guides
         that share the store different names (e.g. a mean-field and a tree guide trained
         side by side).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
+    >>> from pyro_trees.models import GraphPriorVAE
+    >>> adjacency = torch.tensor([[0, 1], [1, 2], [2, 3]])  # a path over 4 instances
+    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden=(8,),
+    ...                       likelihood="normal")
+    >>> guide = TreeVIGuide(GaussianEncoder(3, 2, hidden=(8,)), [-1, 0, 1, 2],
+    ...                     pair_net=PairNet(3, 2, hidden=(8,)))
+    >>> x = torch.randn(4, 3)
+    >>> guide(x)["z"].shape
+    torch.Size([4, 2])
+    >>> type(guide.distribution(x, idx=torch.tensor([1, 2]))).__name__
+    'TreeNormal'
+    >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+    >>> isinstance(svi.step(x), float)
+    True
     """
 
     def __init__(

@@ -87,6 +87,22 @@ class TreeVIMixtureGuide(TreeVIGuide):
         instance-level models without plates, ``-2`` below a group plate).
     :param str name: prefix of its names in Pyro's parameter store (see
         :class:`TreeVIGuide`).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.guides import GroupEncoder, PairNet, TreeVIMixtureGuide
+    >>> from pyro_trees.infer import MixtureTreeELBO
+    >>> from pyro_trees.models import SyntheticGraphVAE
+    >>> model = SyntheticGraphVAE()  # groups of 4 instances, 4 features, 4 latent dims
+    >>> x = model.generate(6)
+    >>> guide = TreeVIMixtureGuide(GroupEncoder(4, 4, 4), [[-1, 0, 0, 1], [-1, 0, 1, 0]],
+    ...                            pair_net=PairNet(4, 4, num_nodes=4), plate="groups")
+    >>> guide.num_trees, guide(x)["z"].shape
+    (2, torch.Size([6, 4, 4]))
+    >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), MixtureTreeELBO())
+    >>> isinstance(svi.step(x), float)
+    True
     """
 
     def __init__(

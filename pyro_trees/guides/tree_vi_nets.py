@@ -23,6 +23,15 @@ class GaussianEncoder(nn.Module):
     :param int in_features: ``F``.
     :param int latent_dim: ``D``.
     :param hidden: sizes of the hidden layers (``()`` for an affine encoder).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import GaussianEncoder
+    >>> enc = GaussianEncoder(5, 2, hidden=(8,))
+    >>> loc, scale = enc(torch.randn(10, 5))
+    >>> loc.shape, bool((scale > 0).all())
+    (torch.Size([10, 2]), True)
     """
 
     def __init__(self, in_features: int, latent_dim: int, hidden=(64,)):
@@ -47,6 +56,15 @@ class GroupEncoder(nn.Module):
     :param int num_nodes: ``N``, instances per group.
     :param int in_features: ``F``.
     :param int latent_dim: ``D``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import GroupEncoder
+    >>> enc = GroupEncoder(num_nodes=4, in_features=3, latent_dim=2)
+    >>> loc, scale = enc(torch.randn(7, 4, 3))  # 7 groups of 4 instances
+    >>> loc.shape, scale.shape
+    (torch.Size([7, 4, 2]), torch.Size([7, 4, 2]))
     """
 
     def __init__(self, num_nodes: int, in_features: int, latent_dim: int):
@@ -102,6 +120,18 @@ class PairNet(nn.Module):
     :param str offsets: with ``num_nodes``, ``"child"`` (default: one offset per child,
         ``(N, D)``, for a fixed tree) or ``"pair"`` (one per ordered pair, ``(N, N, D)``).
     :param bool zero_init: start with :math:`\\rho = 0` on every edge.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import PairNet
+    >>> net = PairNet(3, 2, hidden=(8,))
+    >>> x = torch.randn(5, 3)
+    >>> rho = net(x[:, None], x[None, :])  # every ordered pair
+    >>> rho.shape, bool((rho.abs() < 1).all())
+    (torch.Size([5, 5, 2]), True)
+    >>> torch.allclose(rho, rho.transpose(0, 1))  # symmetric in (x_i, x_j)
+    True
     """
 
     def __init__(

@@ -244,6 +244,15 @@ class LearnedTree:
     :ivar elbo: a Monte Carlo ELBO per tree of the hard tree with the learnt parameters,
         where the caller computes one (:func:`~pyro_trees.infer.learn_guide_tree`
         does, to rank restarts); ``None`` otherwise.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import learn_tree_structure
+    >>> w = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    >>> res = learn_tree_structure(lambda p: (p[:, :3] * w).sum(), 3, inner_steps=5, max_outer=2)
+    >>> res.parents.shape, res.probs.shape, res.h_hard
+    (torch.Size([3]), torch.Size([3, 4]), 0.0)
     """
 
     parents: torch.Tensor

@@ -26,7 +26,22 @@ class MixtureTreeELBO(Trace_ELBO):
     The model must broadcast over that extra batch dim (models whose likelihood is a
     single site without plates, or a site inside a plate at dim -1, do). The guide may
     be an ``AutoGuideList`` holding the mixture guide: its other parts then draw once
-    per component as well (an unbiased, stratified estimate of the same ELBO)."""
+    per component as well (an unbiased, stratified estimate of the same ELBO).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.guides import GroupEncoder, PairNet, TreeVIMixtureGuide
+    >>> from pyro_trees.infer import MixtureTreeELBO
+    >>> from pyro_trees.models import SyntheticGraphVAE
+    >>> model = SyntheticGraphVAE()
+    >>> x = model.generate(6)
+    >>> guide = TreeVIMixtureGuide(GroupEncoder(4, 4, 4), [[-1, 0, 0, 1], [-1, 0, 1, 0]],
+    ...                            pair_net=PairNet(4, 4, num_nodes=4), plate="groups")
+    >>> loss = MixtureTreeELBO().differentiable_loss(model, guide, x)
+    >>> loss.shape, loss.requires_grad
+    (torch.Size([]), True)
+    """
 
     @staticmethod
     def _mixture(guide):
@@ -102,6 +117,21 @@ class PairwiseELBO(DifferentiableLossELBO):
     :param int num_pair_particles: draws of ``q`` for the pairwise term.
     :param str site: the latent site.
     :param str pair_site: the model's pairwise factor.
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
+    >>> from pyro_trees.infer import PairwiseELBO
+    >>> from pyro_trees.models import ConstrainedClusteringVAE
+    >>> model = ConstrainedClusteringVAE(3, 2, latent_dim=2, hidden=(8,),
+    ...                                  constraints=[[0, 1], [2, 3]], weights=[1.0, -1.0])
+    >>> guide = TreeVIGuide(GaussianEncoder(3, 2, hidden=(8,)), [-1, 0, 1, 2],
+    ...                     pair_net=PairNet(3, 2, hidden=(8,)))
+    >>> x = torch.rand(4, 3).round()  # binary data (Bernoulli likelihood)
+    >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), PairwiseELBO(2))
+    >>> isinstance(svi.step(x), float)
+    True
     """
 
     def __init__(self, num_pair_particles: int = 8, *, site: str = "z", pair_site="constraints"):

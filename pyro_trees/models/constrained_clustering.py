@@ -53,6 +53,20 @@ class ConstrainedClusteringVAE(PyroModule):
 
     Dtype and device follow the data. Under ``Predictive`` the site ``"x"`` is drawn
     from the likelihood (see :meth:`forward`).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.models import ConstrainedClusteringVAE
+    >>> model = ConstrainedClusteringVAE(3, 2, latent_dim=2, hidden=(8,),
+    ...                                  constraints=[[0, 1], [2, 3]], weights=[1.0, -1.0])
+    >>> x = torch.rand(4, 3).round()
+    >>> trace = pyro.poutine.trace(model).get_trace(x)
+    >>> z = trace.nodes["z"]["value"]
+    >>> z.shape, model.responsibilities(z).shape, model.predict(z).shape
+    (torch.Size([4, 2]), torch.Size([4, 2]), torch.Size([4]))
+    >>> model.pairwise_log_factor(z).shape
+    torch.Size([])
     """
 
     def __init__(

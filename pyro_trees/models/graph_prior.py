@@ -91,6 +91,19 @@ class GraphPriorVAE(PyroModule):
 
     Dtype and device follow the data. Under ``Predictive`` the site ``"x"`` is drawn
     from the likelihood (see :meth:`forward`).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.models import GraphPriorVAE
+    >>> adjacency = torch.tensor([[0, 1], [1, 2], [2, 3]])  # edge list over 4 instances
+    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden=(8,))
+    >>> model.prior(idx=torch.tensor([1, 2])).event_shape  # exact marginal of the batch
+    torch.Size([2, 2])
+    >>> x = torch.rand(4, 3).round()
+    >>> trace = pyro.poutine.trace(model).get_trace(x)
+    >>> trace.nodes["z"]["value"].shape
+    torch.Size([4, 2])
     """
 
     def __init__(

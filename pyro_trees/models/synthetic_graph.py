@@ -57,6 +57,20 @@ class SyntheticGraphVAE(PyroModule):
     Dtype and device follow the data (the buffers move to those of ``x`` at a call).
     Under ``Predictive`` the site ``"x"`` is drawn from the likelihood given the guide's
     ``z``: the posterior predictive of the groups (see :meth:`forward`).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.models import SyntheticGraphVAE
+    >>> model = SyntheticGraphVAE()  # the loopy 4-instance graph of eq. 18
+    >>> x = model.generate(5)  # 5 groups of 4 instances with 4 features
+    >>> x.shape
+    torch.Size([5, 4, 4])
+    >>> model.exact_log_likelihood(x).shape  # log p(x) of each group
+    torch.Size([5])
+    >>> trace = pyro.poutine.trace(model).get_trace(x)
+    >>> trace.nodes["z"]["value"].shape
+    torch.Size([5, 4, 4])
     """
 
     def __init__(
