@@ -28,7 +28,7 @@ share every other setting.
 
 Estimator (``--estimator``): ``trace`` trains mean-field and TreeVI with
 ``Trace_ELBO`` (MTreeVI with ``MixtureTreeELBO``) and writes ``treevi_clustering``;
-``pairwise`` trains mean-field and TreeVI with :class:`~pyro_trees.guides.PairwiseELBO`
+``pairwise`` trains mean-field and TreeVI with :class:`~pyro_trees.infer.PairwiseELBO`
 (the same ELBO with lower variance: per-instance terms on one independent draw of the
 marginals, the constraint term averaged over ``--pair-particles`` draws of ``q``, exact
 entropy; identical settings for both guides) and writes ``treevi_clustering_pairwise``.
@@ -56,14 +56,17 @@ from torch import nn
 from benchmarks._common import markdown_table, write_results
 from pyro_trees.guides import (
     GaussianEncoder,
-    MixtureTreeELBO,
     PairNet,
-    PairwiseELBO,
     TreeVIGuide,
     TreeVIMixtureGuide,
     tree_batches,
 )
-from pyro_trees.infer import maximum_spanning_tree, similarity_dfs_tree
+from pyro_trees.infer import (
+    MixtureTreeELBO,
+    PairwiseELBO,
+    maximum_spanning_tree,
+    similarity_dfs_tree,
+)
 from pyro_trees.models import ConstrainedClusteringVAE
 
 PAPER = {  # Table 2, MNIST (70,000 images)

@@ -45,13 +45,12 @@ from pyro.infer import SVI, Trace_ELBO
 from benchmarks._common import markdown_table, write_results
 from pyro_trees.guides import (
     GaussianEncoder,
-    MixtureTreeELBO,
     PairNet,
     TreeVIGuide,
     TreeVIMixtureGuide,
     tree_batches,
 )
-from pyro_trees.infer import maximum_spanning_tree
+from pyro_trees.infer import MixtureTreeELBO, maximum_spanning_tree
 from pyro_trees.models import GraphPriorVAE
 
 PAPER_RR = {"VAE": 0.3498, "TreeVI": None, "MTreeVI": None}  # TreeVI rows not legible

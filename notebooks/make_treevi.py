@@ -48,9 +48,9 @@ from pyro.infer import SVI, Predictive, Trace_ELBO
 
 from pyro_trees.distributions import TreeNormal
 from pyro_trees.guides import (
-    GroupEncoder, MixtureTreeELBO, PairNet, TreeVIGuide, TreeVIMixtureGuide,
+    GroupEncoder, PairNet, TreeVIGuide, TreeVIMixtureGuide,
 )
-from pyro_trees.infer import learn_tree_structure, maximum_spanning_tree
+from pyro_trees.infer import MixtureTreeELBO, learn_tree_structure, maximum_spanning_tree
 from pyro_trees.models import SYNTHETIC_AFFINITY, SyntheticGraphVAE
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"

@@ -432,7 +432,7 @@ def _treevi_build_mixture(name=None, dtype=torch.float64):
 
 
 def _treevi_mixture_elbo():
-    from pyro_trees.guides import MixtureTreeELBO
+    from pyro_trees.infer import MixtureTreeELBO
 
     return MixtureTreeELBO()
 

@@ -12,11 +12,11 @@ from pyro.infer import SVI, Trace_ELBO
 
 from pyro_trees.guides import (
     GroupEncoder,
-    MixtureTreeELBO,
     PairNet,
     TreeVIGuide,
     TreeVIMixtureGuide,
 )
+from pyro_trees.infer import MixtureTreeELBO
 from pyro_trees.models import SyntheticGraphVAE
 
 __all__ = ["run"]

@@ -1,5 +1,9 @@
 """Distributions of pyro_trees: real ``TorchDistribution`` subclasses."""
 
+from pyro_trees._forest import (
+    tree_depths,
+    validate_parents,
+)
 from pyro_trees.distributions.kronecker_normal import (
     KroneckerNormal,
 )
@@ -26,7 +30,6 @@ from pyro_trees.distributions.tree_mixture import (
 from pyro_trees.distributions.tree_normal import (
     TreeNormal,
     TreeNormalInstances,
-    validate_parents,
 )
 
 __all__ = [
@@ -43,5 +46,6 @@ __all__ = [
     "expected_log_coupling",
     "gaussian_mixture_quantiles",
     "tree_balance_kl",
+    "tree_depths",
     "validate_parents",
 ]

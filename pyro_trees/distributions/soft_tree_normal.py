@@ -9,7 +9,9 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-from pyro_trees.distributions.tree_normal import TreeNormal, open_interval, validate_parents
+from pyro_trees._forest import validate_parents
+from pyro_trees.distributions.constraints import open_interval
+from pyro_trees.distributions.tree_normal import TreeNormal
 
 __all__ = ["SoftTreeNormal"]
 
@@ -56,14 +58,14 @@ class SoftTreeNormal(TorchDistribution):
 
     **Why per-edge correlations** ``rho`` of shape ``(..., N, N, D)``: in TreeVI the
     correlation of an edge is a function of its two end points, ``rho_ij = f(x_i, x_j)``
-    (eq. 12, :class:`~pyro_trees.guides.tree_vi.PairNet`), and eq. 17 reads the learned
+    (eq. 12, :class:`~pyro_trees.guides.PairNet`), and eq. 17 reads the learned
     tree's correlations off that function at the selected edges. Evaluating the pair
     network on all pairs of a minibatch, ``pair_net(x[:, None], x[None, :])``, gives
     exactly this tensor (``N^2`` evaluations), so the relaxation and the hard tree share
     one parameterisation. (``PairNet(num_nodes=N)``'s per-child offsets are indexed for
     a fixed tree and do not apply to all pairs; ``PairNet(num_nodes=N, offsets="pair")``
     has one offset per ordered pair and does, see
-    :meth:`~pyro_trees.guides.TreeVIGuide.learn_tree`.)
+    :func:`~pyro_trees.infer.learn_guide_tree`.)
     A per-child correlation ``(..., N, D)`` (as in :class:`TreeNormal`) is the special
     case ``rho.unsqueeze(-2).expand(..., N, N, D)``.
 
@@ -87,6 +89,19 @@ class SoftTreeNormal(TorchDistribution):
 
     [1] J. Xiao, Q. Su. *TreeVI: Reparameterizable Tree-structured Variational
     Inference for Instance-level Correlation Capturing.* NeurIPS 2024, Sec. 2.3.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import SoftTreeNormal, TreeNormal
+    >>> probs = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.9, 0.0, 0.1, 0.0], [0.2, 0.8, 0.0, 0.0]])
+    >>> q = SoftTreeNormal(torch.zeros(3, 2), torch.ones(3, 2), probs, torch.full((3, 3, 2), 0.5))
+    >>> q.rsample((4,)).shape
+    torch.Size([4, 3, 2])
+    >>> q.hard_parents()
+    tensor([-1,  0,  1])
+    >>> isinstance(q.to_tree_normal(), TreeNormal)
+    True
     """
 
     arg_constraints = {

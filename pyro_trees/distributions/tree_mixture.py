@@ -7,7 +7,8 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-from pyro_trees.distributions.tree_normal import TreeNormal, validate_parents
+from pyro_trees._forest import validate_parents
+from pyro_trees.distributions.tree_normal import TreeNormal
 
 __all__ = ["MixtureOfTreeNormals"]
 
@@ -37,6 +38,19 @@ class MixtureOfTreeNormals(TorchDistribution):
         ``(M, N, D)``.
     :param torch.Tensor logits: unnormalised log weights, ``batch_shape + (M,)`` or any
         shape broadcastable to it (e.g. ``(M,)``, shared by the batch).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import MixtureOfTreeNormals
+    >>> parents = torch.tensor([[-1, 0, 1], [-1, 0, 0]])
+    >>> q = MixtureOfTreeNormals(torch.zeros(1, 3, 2), torch.ones(1, 3, 2), parents,
+    ...                          torch.full((2, 3, 2), 0.5), logits=torch.zeros(2))
+    >>> z = q.sample((5,))
+    >>> z.shape, q.log_prob(z).shape
+    (torch.Size([5, 3, 2]), torch.Size([5]))
+    >>> q.rsample_components().shape  # one draw from every tree
+    torch.Size([2, 3, 2])
     """
 
     arg_constraints = {"logits": constraints.real_vector}

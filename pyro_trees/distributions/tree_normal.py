@@ -9,301 +9,10 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-__all__ = ["TreeNormal", "TreeNormalInstances", "open_interval", "tree_depths", "validate_parents"]
+from pyro_trees._forest import TreePlan, parents_and_depths, scale_noise, scan
+from pyro_trees.distributions.constraints import open_interval
 
-
-class _OpenInterval(constraints.Constraint):
-    """The open interval ``(lower_bound, upper_bound)``."""
-
-    def __init__(self, lower_bound, upper_bound):
-        self.lower_bound = lower_bound
-        self.upper_bound = upper_bound
-        super().__init__()
-
-    def check(self, value):
-        return (self.lower_bound < value) & (value < self.upper_bound)
-
-    def __repr__(self):
-        return f"OpenInterval(lower_bound={self.lower_bound}, upper_bound={self.upper_bound})"
-
-
-#: Constraint factory for an open interval (torch has only the closed one).
-open_interval = _OpenInterval
-
-
-def validate_parents(parents, num_nodes: int | None = None) -> torch.Tensor:
-    """Check a parent array and return it as a ``torch.long`` tensor.
-
-    ``parents[i]`` is the parent of node ``i``, or ``-1`` when ``i`` is a root. Several
-    roots (a forest) are allowed. Raises :class:`ValueError` naming the cause when the
-    array is not one-dimensional, not integer, out of range, has a self-loop or a cycle.
-    The check costs :math:`O(N \\log \\text{height})` (pointer jumping), never a Python
-    loop over nodes.
-
-    :param parents: integer array-like of shape ``(N,)``.
-    :param int num_nodes: the expected ``N`` (optional).
-    :rtype: torch.LongTensor
-    """
-    return _validate_parents(parents, num_nodes)[0]
-
-
-def _validate_parents(parents, num_nodes=None):
-    """:func:`validate_parents` that also returns the depths it computes."""
-    if not isinstance(parents, torch.Tensor):
-        try:
-            parents = torch.as_tensor(parents)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"parents must be an integer array of shape (N,): {e}") from None
-    if parents.dtype.is_floating_point or parents.dtype.is_complex or parents.dtype == torch.bool:
-        raise ValueError(f"parents must have an integer dtype, got {parents.dtype}")
-    if parents.dim() != 1:
-        raise ValueError(f"parents must be one-dimensional (N,), got shape {tuple(parents.shape)}")
-    parents = parents.long()
-    n = parents.numel()
-    if num_nodes is not None and n != num_nodes:
-        raise ValueError(f"parents has {n} entries but there are {num_nodes} nodes")
-    if n == 0:
-        raise ValueError("parents must describe at least one node")
-    bad = (parents < -1) | (parents >= n)
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(
-            f"parent index out of range: parents[{i}] = {int(parents[i])}, "
-            f"expected -1 (root) or a node in [0, {n - 1}]"
-        )
-    idx = torch.arange(n, device=parents.device)
-    selfloop = parents == idx
-    if selfloop.any():
-        i = int(selfloop.nonzero()[0])
-        raise ValueError(f"parents has a self-loop at node {i} (use -1 for a root)")
-    depth = _check_and_depths(parents)
-    if depth is None:
-        stuck = _pointer_jump(parents, math.ceil(math.log2(n + 1)) + 1) != n
-        i = int(stuck.nonzero()[0])
-        raise ValueError(f"parents contains a cycle (node {i} never reaches a root)")
-    return parents, depth
-
-
-def _index_dtype(n: int) -> torch.dtype:
-    # int32 pointer arrays gather several times faster than int64 ones on CPU
-    return torch.int32 if n < 2**31 - 1 else torch.long
-
-
-def _sentinel_pointers(parents: torch.Tensor) -> torch.Tensor:
-    """``parents`` with roots (and an extra last entry) pointing at the sentinel ``n``."""
-    n = parents.numel()
-    ptr = torch.where(parents < 0, n, parents).to(_index_dtype(n))
-    return torch.cat([ptr, ptr.new_tensor([n])])
-
-
-def _pointer_jump(parents: torch.Tensor, rounds: int) -> torch.Tensor:
-    """``2**rounds``-th ancestors of a range-checked parent array, ``n`` past a root."""
-    ptr = _sentinel_pointers(parents)
-    for _ in range(rounds):
-        ptr = ptr.index_select(0, ptr)
-    return ptr[:-1].long()
-
-
-def _check_and_depths(parents: torch.Tensor) -> torch.Tensor | None:
-    """Depths of a range-checked parent array by pointer jumping, ``None`` on a cycle.
-
-    Each round doubles the stretch of ancestors every node has absorbed: after ``k``
-    rounds ``ptr[i]`` is the ``2**k``-th ancestor of ``i`` (or the sentinel ``n`` past a
-    root) and ``depth[i]`` the distance to it. A forest is done after
-    ``ceil(log2(height + 1))`` rounds, so the cost is :math:`O(N \\log \\text{height})`;
-    nodes on or below a cycle never reach the sentinel, so ``ceil(log2(N + 1)) + 1``
-    rounds without finishing prove a cycle.
-    """
-    n = parents.numel()
-    ptr = _sentinel_pointers(parents)
-    depth = (ptr != n).to(ptr.dtype)  # the sentinel has depth 0
-    for _ in range(math.ceil(math.log2(n + 1)) + 2):
-        if bool((ptr[:n] == n).all()):
-            return depth[:n].long()
-        depth = depth + depth.index_select(0, ptr)
-        ptr = ptr.index_select(0, ptr)
-    return None
-
-
-def tree_depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of every node (roots have depth 0) of a *valid* parent array, by pointer
-    jumping in :math:`O(N \\log \\text{height})`."""
-    depth = _check_and_depths(parents)
-    if depth is None:
-        raise ValueError("parents contains a cycle")
-    return depth
-
-
-def _scan(a: torch.Tensor, b: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """Solve ``x[j] = a[j] x[j-1] + b[j]`` along dim ``-2`` with ``x[-1] = 0``.
-
-    Odd-even reduction (a work-efficient parallel scan): pairing neighbours halves the
-    system, so ``2 log2 n`` sequential steps of total work :math:`O(n)`; only products
-    and sums of the recursion's own coefficients appear (no division), so it is as
-    stable as the sequential loop. ``a`` broadcasts against ``b``; ``a[..., 0, :]`` is
-    ignored. With ``inplace`` the result overwrites ``b`` (which must then have the
-    full shape and no autograd history).
-    """
-    n = b.shape[-2]
-    if n == 1:
-        return b
-    m = n // 2  # odd positions 1, 3, ...; even positions 0, 2, ... number n - m
-    ao, ae = a[..., 1::2, :], a[..., 0::2, :]
-    bo, be = b[..., 1::2, :], b[..., 0::2, :]
-    # x[2k+1] = (a[2k+1] a[2k]) x[2k-1] + (a[2k+1] b[2k] + b[2k+1])
-    x_odd = _scan(ao * ae[..., :m, :], torch.addcmul(bo, ao, be[..., :m, :]), inplace)
-    tail = n - m - 1  # even positions 2, 4, ... take a[2k] x[2k-1] + b[2k]
-    if inplace:
-        bo.copy_(x_odd)
-        be[..., 1:, :].addcmul_(ae[..., 1:, :], x_odd[..., :tail, :])
-        return b
-    x_even = torch.cat(
-        [be[..., :1, :], torch.addcmul(be[..., 1:, :], ae[..., 1:, :], x_odd[..., :tail, :])],
-        dim=-2,
-    )
-    pairs = torch.stack([x_even[..., :m, :], x_odd], dim=-2)
-    out = pairs.reshape(pairs.shape[:-3] + (2 * m, pairs.shape[-1]))
-    return torch.cat([out, x_even[..., m:, :]], dim=-2) if n > 2 * m else out
-
-
-class _TreePlan:
-    """Index bookkeeping of a parent array, computed once and shared by ``expand``.
-
-    Three orders for the ancestral recursion ``u[j] = a[j] u[pa(j)] + b[j]``:
-
-    * ``levels``: breadth-first order (nodes by depth, within a level by their parent's
-      position), so every level is a contiguous slice and its parents a monotone
-      gather from the previous slice; ``height`` sequential steps, :math:`O(N)` work.
-    * ``paths``: heavy-path decomposition (every node continues the path of its child
-      with the largest subtree), paths stored contiguously, grouped by their number of
-      light edges above them (at most ``log2 N``). Round ``k`` injects the parents'
-      values into the heads of its paths and solves all of them at once with one
-      segmented parallel scan (:func:`_scan`); :math:`O(\\log^2 N)` sequential steps,
-      :math:`O(N)` work, whatever the height.
-    * ``jumps``: pointer jumping ``P, P∘P, ...`` (``ceil(log2(height+1))`` steps of
-      :math:`O(N)` work each), fully parallel.
-
-    Every build costs :math:`O(N \\log \\text{height})` vectorised work (pointer
-    jumping), never a Python loop over nodes.
-    """
-
-    def __init__(self, parents: torch.Tensor, depth: torch.Tensor | None = None):
-        n = parents.numel()
-        self.n = n
-        self.parents = parents
-        self.is_root = parents < 0
-        self.safe_parents = torch.where(
-            self.is_root, torch.arange(n, device=parents.device), parents
-        )
-        self.depth = tree_depths(parents) if depth is None else depth
-        self.height = int(self.depth.max())
-
-    @lazy_property
-    def levels(self):
-        """``(perm, inv, offsets, local_parent)``: nodes sorted by depth (by index within
-        a level, so a level is a monotone gather or scatter of the original order),
-        ``inv`` the inverse permutation, level ``d`` occupying
-        ``offsets[d]:offsets[d + 1]`` and ``local_parent[d]`` each node's parent within
-        level ``d - 1``."""
-        perm = torch.argsort(self.depth, stable=True)
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(self.n, device=perm.device)
-        counts = torch.bincount(self.depth, minlength=self.height + 1).tolist()
-        offsets = [0]
-        for c in counts:
-            offsets.append(offsets[-1] + c)
-        local_parent = [None]
-        for d in range(1, self.height + 1):
-            nodes = perm[offsets[d] : offsets[d + 1]]
-            local_parent.append(inv[self.parents[nodes]] - offsets[d - 1])
-        return perm, inv, offsets, local_parent
-
-    @lazy_property
-    def paths(self):
-        """Heavy-path plan: ``perm``, ``inv``, round ``offsets``, ``root_pos`` and
-        ``head_pos`` (sorted positions of roots and of all path heads) and per round
-        ``k >= 1`` the sorted positions of its heads and of their parents."""
-        n, dev = self.n, self.parents.device
-        parents, root = self.parents, self.is_root
-        ptr = _sentinel_pointers(parents)
-        itype = ptr.dtype
-        idx = torch.arange(n, device=dev, dtype=itype)
-        # subtree sizes: after k rounds size[j] counts descendants at distance < 2**k
-        size = torch.ones(n + 1, dtype=itype, device=dev)
-        size[n] = 0
-        while not bool((ptr[:n] == n).all()):
-            size = size.index_add(0, ptr[:n], size[:n])
-            size[n] = 0
-            ptr = ptr.index_select(0, ptr)
-        # heavy child: the child with the largest subtree (ties: the larger index)
-        child = ~root
-        key = size[:n].long() * (n + 1) + idx.long()
-        best = torch.full((n,), -1, dtype=torch.long, device=dev)
-        best.scatter_reduce_(0, self.safe_parents, torch.where(child, key, -1), "amax")
-        heavy = torch.where(best >= 0, best % (n + 1), -1)
-        is_heavy = child & (heavy.index_select(0, self.safe_parents) == idx)
-        # head of each node's path and its position on it, by jumping up heavy edges
-        head = torch.where(is_heavy, parents.to(itype), idx)
-        pos = is_heavy.to(itype)
-        while True:
-            nxt = head.index_select(0, head)
-            if torch.equal(nxt, head):
-                break
-            pos = pos + pos.index_select(0, head)
-            head = nxt
-        # light depth: number of light edges above a path (at most log2 N)
-        head_parent = parents.to(itype).index_select(0, head)  # -1 for a root's path
-        hp_safe = head_parent.clamp(min=0)
-        light = torch.zeros(n, dtype=itype, device=dev)
-        while True:
-            new = torch.where(head_parent < 0, 0, light.index_select(0, hp_safe) + 1)
-            if torch.equal(new, light):
-                break
-            light = new
-        head, pos, light, idx = head.long(), pos.long(), light.long(), idx.long()
-        # order the paths by (light depth, head) -- a sort of the heads only -- and lay
-        # each out contiguously: a node's position is its path's start plus its own pos
-        heads = (pos == 0).nonzero().squeeze(-1)
-        heads = heads.index_select(0, torch.argsort(light.index_select(0, heads) * n + heads))
-        length = torch.bincount(head, minlength=n).index_select(0, heads)
-        head_pos = torch.cumsum(length, 0) - length  # sorted positions of the heads
-        start = torch.empty(n, dtype=torch.long, device=dev)
-        start[heads] = head_pos
-        inv = start.index_select(0, head) + pos
-        perm = torch.empty_like(inv)
-        perm[inv] = idx
-        counts = torch.bincount(light, minlength=1).tolist()
-        offsets = [0]
-        for c in counts:
-            offsets.append(offsets[-1] + c)
-        root_pos = head_pos[: int(root.sum())]  # light depth 0 comes first
-        bounds = torch.tensor(offsets[1:-1], dtype=torch.long, device=dev)
-        split = torch.searchsorted(head_pos, bounds).tolist()
-        rounds = []
-        pieces = zip(
-            torch.tensor_split(head_pos, split), torch.tensor_split(heads, split), strict=True
-        )
-        for k, (hp, ids) in enumerate(pieces):
-            if k > 0:
-                rounds.append((hp, inv.index_select(0, parents.index_select(0, ids))))
-        return perm, inv, offsets, root_pos, head_pos, rounds
-
-    @lazy_property
-    def jumps(self):
-        ptrs = [self.safe_parents]
-        steps = math.ceil(math.log2(self.height + 1)) if self.height > 0 else 0
-        for _ in range(steps - 1):
-            ptrs.append(ptrs[-1][ptrs[-1]])
-        return ptrs if steps > 0 else []
-
-
-def _scale_noise(eps: torch.Tensor, r: torch.Tensor, chunk: int = 1 << 15) -> None:
-    """``eps *= sqrt(1 - r**2)`` in place, in chunks of rows along dim ``-2`` so the
-    temporaries stay small (``r`` broadcasts against ``eps``)."""
-    n = eps.shape[-2]
-    for lo in range(0, n, chunk):
-        rc = r[..., lo : lo + chunk, :]
-        eps[..., lo : lo + chunk, :].mul_(torch.mul(rc, rc).neg_().add_(1).sqrt_())
+__all__ = ["TreeNormal", "TreeNormalInstances"]
 
 
 def _check_params(loc, scale, rho):
@@ -353,7 +62,7 @@ class TreeNormal(TorchDistribution):
 
     Cost: ``log_prob`` and ``entropy`` are one gather, :math:`O(N D)` time and memory,
     fully parallel. ``rsample`` solves the linear recursion along the tree with
-    :math:`O(N D)` work in one of three orders (see the private ``_TreePlan``): level by level
+    :math:`O(N D)` work in one of three orders (``pyro_trees._forest.TreePlan``): level by level
     (``height`` sequential steps), along heavy paths (a segmented parallel scan per
     round, at most ``log2 N`` rounds, so :math:`O(\log^2 N)` sequential steps whatever
     the height: a chain of a million nodes takes about 40 steps, not a million), or by
@@ -373,7 +82,7 @@ class TreeNormal(TorchDistribution):
     :param torch.Tensor scale: standard deviations (positive), broadcastable with
         ``loc``.
     :param parents: integer array ``(N,)``; ``parents[i]`` is the parent of ``i`` or
-        ``-1`` at a root (see :func:`validate_parents`).
+        ``-1`` at a root (see :func:`~pyro_trees.distributions.validate_parents`).
     :param torch.Tensor rho: edge correlations in ``(-1, 1)``, shape
         ``(N, D)`` or broadcastable ``batch_shape + (N, D)``; ``rho[j]`` is the
         correlation between ``j`` and its parent.
@@ -384,6 +93,18 @@ class TreeNormal(TorchDistribution):
 
     [1] J. Xiao, Q. Su. *TreeVI: Reparameterizable Tree-structured Variational
     Inference for Instance-level Correlation Capturing.* NeurIPS 2024.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import TreeNormal
+    >>> loc, scale = torch.zeros(3, 2), torch.ones(3, 2)
+    >>> q = TreeNormal(loc, scale, parents=[-1, 0, 1], rho=torch.full((3, 2), 0.5))
+    >>> z = q.rsample((4,))
+    >>> z.shape, q.log_prob(z).shape
+    (torch.Size([4, 3, 2]), torch.Size([4]))
+    >>> round(q.covariance_matrix[0, 4].item(), 4)  # instances 0 and 2 (dim 0): rho * rho
+    0.25
     """
 
     arg_constraints = {
@@ -407,12 +128,12 @@ class TreeNormal(TorchDistribution):
                 raise ValueError(
                     f"{name} must have shape batch_shape + (N, D), got {tuple(t.shape)}"
                 )
-        plan = parents if isinstance(parents, _TreePlan) else None
+        plan = parents if isinstance(parents, TreePlan) else None
         if plan is None:
-            parents, depth = _validate_parents(
+            parents, depth = parents_and_depths(
                 parents.to(loc.device) if isinstance(parents, torch.Tensor) else parents
             )
-            plan = _TreePlan(parents.to(loc.device), depth.to(loc.device))
+            plan = TreePlan(parents.to(loc.device), depth.to(loc.device))
         n = plan.n
         for name, t in (("loc", loc), ("scale", scale), ("rho", rho)):
             if t.shape[-2] != n:
@@ -523,7 +244,7 @@ class TreeNormal(TorchDistribution):
             return x.index_select(-2, inv)
         r = self.rho.index_select(-2, perm)
         r.index_fill_(-2, plan[3], 0.0)  # root entries are ignored
-        _scale_noise(e, r)
+        scale_noise(e, r)
         x = self._run_paths(r, e, True)
         if r.shape == x.shape:  # r is spent: reuse its (already mapped) memory
             return torch.index_select(x, -2, inv, out=r)
@@ -549,7 +270,7 @@ class TreeNormal(TorchDistribution):
                 x = eps.index_select(-2, nodes)
             if d:
                 r = self.rho.index_select(-2, nodes)
-                _scale_noise(x, r)
+                scale_noise(x, r)
                 x.addcmul_(r, prev.index_select(-2, local_parent[d]))
             out.index_copy_(-2, nodes, x)
             prev = x
@@ -575,7 +296,7 @@ class TreeNormal(TorchDistribution):
                 if k:
                     hp, pp = rounds[k - 1]
                     b.index_add_(-2, hp, b.index_select(-2, pp).mul_(head_rho[k - 1]))
-                _scan(r[..., lo:hi, :], b[..., lo:hi, :], True)
+                scan(r[..., lo:hi, :], b[..., lo:hi, :], True)
             return b
         outs = []
         for k in range(len(offsets) - 1):
@@ -585,7 +306,7 @@ class TreeNormal(TorchDistribution):
                 hp, pp = rounds[k - 1]
                 par = torch.cat(outs, dim=-2).index_select(-2, pp)
                 bk = bk.index_add(-2, hp - lo, par * head_rho[k - 1])
-            outs.append(_scan(r[..., lo:hi, :], bk, False))
+            outs.append(scan(r[..., lo:hi, :], bk, False))
         return torch.cat(outs, dim=-2)
 
     def _jump(self, eps, inplace, own_eps=False):
@@ -722,6 +443,18 @@ class TreeNormalInstances(TorchDistribution):
     sums (and, when it subsamples, scales) them as it does any per-instance density.
 
     :param TreeNormal tree: batch shape ``B``, event shape ``(N, D)``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import TreeNormal
+    >>> tree = TreeNormal(torch.zeros(3, 2), torch.ones(3, 2), [-1, 0, 0], torch.full((3, 2), 0.3))
+    >>> q = tree.per_instance()
+    >>> q.batch_shape, q.event_shape
+    (torch.Size([3]), torch.Size([2]))
+    >>> z = q.rsample()
+    >>> torch.allclose(q.log_prob(z).sum(), tree.log_prob(z))
+    True
     """
 
     arg_constraints = {}

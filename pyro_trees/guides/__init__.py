@@ -17,15 +17,17 @@ from pyro_trees.guides.rnn_tree import (
     RNNTreeGuide,
 )
 from pyro_trees.guides.tree_vi import (
-    GaussianEncoder,
-    GroupEncoder,
-    MixtureTreeELBO,
-    PairNet,
-    PairwiseELBO,
     TreeVIGuide,
-    TreeVIMixtureGuide,
     induced_forest,
     tree_batches,
+)
+from pyro_trees.guides.tree_vi_mixture import (
+    TreeVIMixtureGuide,
+)
+from pyro_trees.guides.tree_vi_nets import (
+    GaussianEncoder,
+    GroupEncoder,
+    PairNet,
 )
 from pyro_trees.guides.vart import (
     TemperatureSchedule,
@@ -40,9 +42,7 @@ __all__ = [
     "GaussianEncoder",
     "GroupEncoder",
     "HeteroscedasticGPGuide",
-    "MixtureTreeELBO",
     "PairNet",
-    "PairwiseELBO",
     "RNNTree",
     "RNNTreeGuide",
     "RestartPlate",

@@ -43,11 +43,18 @@ from pyro_trees.infer.tree_structure import (
     acyclicity,
     learn_tree_structure,
     maximum_spanning_tree,
-    model_log_joint,
     parents_from_edges,
     parents_to_adjacency,
     parents_to_probs,
     similarity_dfs_tree,
+)
+from pyro_trees.infer.tree_vi_elbo import (
+    MixtureTreeELBO,
+    PairwiseELBO,
+)
+from pyro_trees.infer.tree_vi_structure import (
+    learn_guide_tree,
+    model_log_joint,
     soft_tree_elbo,
 )
 from pyro_trees.infer.vart_elbo import (
@@ -60,7 +67,9 @@ __all__ = [
     "EarlyStopping",
     "FitResult",
     "LearnedTree",
+    "MixtureTreeELBO",
     "ModelSelection",
+    "PairwiseELBO",
     "RestartsResult",
     "SVIRestarts",
     "TreeELBO",
@@ -77,6 +86,7 @@ __all__ = [
     "grow_selection",
     "isolated_params",
     "layer_samples",
+    "learn_guide_tree",
     "learn_tree_structure",
     "make_optimizer",
     "resume_from",

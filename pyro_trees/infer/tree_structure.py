@@ -9,9 +9,11 @@ Three ways to obtain the ``parents`` array of a :class:`~pyro_trees.distribution
   probability increasing in the similarity of the neighbours (App. D.2);
 * :func:`learn_tree_structure`: the acyclicity-constrained continuous optimisation of
   eqs. 16-17, solved by an augmented Lagrangian, jointly with the variational parameters
-  when the objective is the ELBO of the relaxed family (:func:`soft_tree_elbo`). For an
-  amortised guide, :meth:`~pyro_trees.guides.TreeVIGuide.learn_tree` builds that
-  objective from a Pyro model and the guide's networks and installs the learned tree.
+  when the objective is the ELBO of the relaxed family
+  (:func:`~pyro_trees.infer.soft_tree_elbo`). For an amortised guide,
+  :func:`~pyro_trees.infer.learn_guide_tree` (:mod:`pyro_trees.infer.tree_vi_structure`)
+  builds that objective from a Pyro model and the guide's networks and installs the
+  learned tree.
 """
 
 from __future__ import annotations
@@ -23,20 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pyro_trees.distributions.soft_tree_normal import SoftTreeNormal
-from pyro_trees.distributions.tree_normal import validate_parents
+from pyro_trees._forest import validate_parents
 
 __all__ = [
     "LearnedTree",
     "acyclicity",
     "learn_tree_structure",
     "maximum_spanning_tree",
-    "model_log_joint",
     "parents_from_edges",
     "parents_to_adjacency",
     "parents_to_probs",
     "similarity_dfs_tree",
-    "soft_tree_elbo",
 ]
 
 
@@ -243,8 +242,17 @@ class LearnedTree:
     :ivar h_hard: acyclicity of the hard parent matrix (0 for a valid forest).
     :ivar history: ``(outer_iteration, objective, h, rho)`` per outer iteration.
     :ivar elbo: a Monte Carlo ELBO per tree of the hard tree with the learnt parameters,
-        where the caller computes one (:meth:`~pyro_trees.guides.TreeVIGuide.learn_tree`
+        where the caller computes one (:func:`~pyro_trees.infer.learn_guide_tree`
         does, to rank restarts); ``None`` otherwise.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import learn_tree_structure
+    >>> w = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    >>> res = learn_tree_structure(lambda p: (p[:, :3] * w).sum(), 3, inner_steps=5, max_outer=2)
+    >>> res.parents.shape, res.probs.shape, res.h_hard
+    (torch.Size([3]), torch.Size([3, 4]), 0.0)
     """
 
     parents: torch.Tensor
@@ -413,111 +421,6 @@ def learn_tree_structure(
         parents = _cut_cycles(parents, p)
         h_hard = float(acyclicity(parents_to_probs(parents, n)[:, :n]))
     return LearnedTree(parents=parents, probs=p.detach(), h=h, h_hard=h_hard, history=history)
-
-
-def soft_tree_elbo(
-    log_joint: Callable[[torch.Tensor], torch.Tensor],
-    loc: torch.Tensor,
-    scale: torch.Tensor,
-    rho: torch.Tensor,
-    probs: torch.Tensor,
-    num_particles: int = 1,
-) -> torch.Tensor:
-    r"""TreeVI ELBO of the relaxed family as a function of the soft parents (eq. 17).
-
-    .. math::
-
-        \mathcal L(P) = \frac1S \sum_{s=1}^S \log p(x, z_s) + H[q_P],
-        \qquad z_s = \mathrm{loc} + \mathrm{scale} \odot (I - B)^{-1}
-        \operatorname{diag}(c)\, \varepsilon_s,
-
-    with :math:`q_P` the :class:`~pyro_trees.distributions.SoftTreeNormal` of ``loc``,
-    ``scale``, ``probs`` and ``rho``: reparameterised samples and the exact entropy, so
-    the estimate is unbiased and differentiable in ``probs``, ``loc``, ``scale`` and
-    ``rho``. At one-hot ``probs`` it is the ELBO of the hard tree's
-    :class:`~pyro_trees.distributions.TreeNormal` guide; at soft ``probs`` it is still a
-    valid lower bound (``q_P`` is a proper Gaussian). Pass it as the objective of
-    :func:`learn_tree_structure`, with the raw variational parameters as ``params``::
-
-        def objective(p):
-            rho = 0.99 * torch.tanh(raw_rho)  # (N, N, D)
-            return soft_tree_elbo(log_joint, loc, softplus(raw_scale), rho, p, 8)
-
-        res = learn_tree_structure(objective, N, params=[loc, raw_scale, raw_rho])
-
-    For a Pyro model, ``log_joint = model_log_joint(model, "z", x)``
-    (:func:`model_log_joint`); for a minibatch of a larger data set it must carry the
-    same likelihood scaling as the ELBO being estimated (this function adds nothing but
-    the entropy).
-
-    :param log_joint: callable mapping ``z`` of shape
-        ``(num_particles,) + batch_shape + (N, D)`` to :math:`\log p(x, z)` of shape
-        ``(num_particles,)`` (or ``(num_particles, ...)``, summed over the rest).
-    :param torch.Tensor loc: ``batch_shape + (N, D)``.
-    :param torch.Tensor scale: positive, broadcastable with ``loc``.
-    :param torch.Tensor rho: per-edge correlations ``(..., N, N, D)`` in ``(-1, 1)``
-        (child, parent, dimension).
-    :param torch.Tensor probs: soft parents ``(..., N, N + 1)`` (last column: root).
-    :param int num_particles: Monte Carlo samples ``S``.
-    :returns: scalar tensor (summed over ``batch_shape``).
-    """
-    if not isinstance(num_particles, int) or num_particles < 1:
-        raise ValueError(f"num_particles must be a positive int, got {num_particles!r}")
-    q = SoftTreeNormal(loc, scale, probs, rho)
-    z = q.rsample((num_particles,))
-    lp = log_joint(z)
-    if not isinstance(lp, torch.Tensor) or lp.dim() < 1 or lp.shape[0] != num_particles:
-        got = tuple(lp.shape) if isinstance(lp, torch.Tensor) else type(lp).__name__
-        raise ValueError(
-            f"log_joint must return a tensor of shape (num_particles={num_particles}, ...), "
-            f"got {got}"
-        )
-    return lp.reshape(num_particles, -1).sum(-1).mean() + q.entropy().sum()
-
-
-def model_log_joint(model: Callable, site: str, *args, **kwargs) -> Callable:
-    r"""The log joint :math:`\log p(x, z)` of a Pyro model as a function of one latent site.
-
-    Returns ``log_joint(z)`` for :func:`soft_tree_elbo`: for each particle ``z[s]`` the
-    model is run with ``site`` conditioned on it and its trace's ``log_prob_sum()`` is
-    taken (observed sites, factors and ``site`` itself, with the scales of subsampled
-    plates), so the ELBO is that of a guide with a single site ``site``. Particles run in
-    a Python loop (:math:`O(S)` model calls).
-
-    :param model: a Pyro model whose only latent sample site is ``site``; its value must
-        have the guide's shape ``batch_shape + (N, D)``.
-    :param str site: name of the latent site.
-    :param args: model arguments (e.g. the data).
-    :returns: callable ``(S,) + batch_shape + (N, D) -> (S,)``.
-    :raises ValueError: (when called) if the model has other latent sites, or lacks
-        ``site``.
-    """
-    from pyro import poutine
-    from pyro.poutine.util import site_is_subsample
-
-    def log_joint(z: torch.Tensor) -> torch.Tensor:
-        out = []
-        for zs in z:
-            conditioned = poutine.condition(model, data={site: zs})
-            tr = poutine.trace(conditioned).get_trace(*args, **kwargs)
-            if site not in tr.nodes:
-                raise ValueError(f"the model has no sample site named {site!r}")
-            latent = [
-                name
-                for name, node in tr.nodes.items()
-                if node["type"] == "sample"
-                and not node["is_observed"]
-                and not site_is_subsample(node)  # plates record a subsample site
-            ]
-            if latent:
-                raise ValueError(
-                    f"the model has latent sites other than {site!r}: {latent}; "
-                    "model_log_joint covers single-site guides"
-                )
-            out.append(tr.log_prob_sum())
-        return torch.stack(out)
-
-    return log_joint
 
 
 def _cut_cycles(parents: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

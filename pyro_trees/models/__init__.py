@@ -3,8 +3,14 @@
 from pyro_trees.models.bayesian_hme import (
     BayesianHME,
 )
+from pyro_trees.models.constrained_clustering import (
+    ConstrainedClusteringVAE,
+)
 from pyro_trees.models.dgp import (
     DeepGP,
+)
+from pyro_trees.models.graph_prior import (
+    GraphPriorVAE,
 )
 from pyro_trees.models.heteroscedastic_gp import (
     HeteroscedasticGP,
@@ -13,10 +19,8 @@ from pyro_trees.models.heteroscedastic_gp import (
 from pyro_trees.models.hme import (
     HME,
 )
-from pyro_trees.models.latent import (
+from pyro_trees.models.synthetic_graph import (
     SYNTHETIC_AFFINITY,
-    ConstrainedClusteringVAE,
-    GraphPriorVAE,
     SyntheticGraphVAE,
 )
 from pyro_trees.models.vart import (

@@ -5,8 +5,7 @@ import pytest
 import torch
 from torch.distributions import MultivariateNormal
 
-from pyro_trees.distributions import TreeNormal, validate_parents
-from pyro_trees.distributions.tree_normal import tree_depths
+from pyro_trees.distributions import TreeNormal, tree_depths, validate_parents
 
 
 def random_forest(n, num_roots=1, generator=None):

@@ -8,14 +8,14 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro_trees.distributions import MixtureOfTreeNormals, TreeNormal
 from pyro_trees.guides import (
     GaussianEncoder,
-    MixtureTreeELBO,
     PairNet,
     TreeVIGuide,
     TreeVIMixtureGuide,
     induced_forest,
     tree_batches,
 )
-from pyro_trees.guides.tree_vi import _stratified
+from pyro_trees.guides.tree_vi_mixture import _stratified
+from pyro_trees.infer import MixtureTreeELBO
 from pyro_trees.models import GraphPriorVAE, SyntheticGraphVAE
 
 N, F, D = 12, 6, 3
@@ -359,7 +359,7 @@ def _clustering_problem(weights):
 
 
 def test_pairwise_elbo_is_unbiased_for_the_trace_elbo():
-    from pyro_trees.guides import PairwiseELBO
+    from pyro_trees.infer import PairwiseELBO
 
     x, model, guide = _clustering_problem(torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5]))
     with torch.no_grad():  # rho far from 0, so that the joint matters
@@ -383,7 +383,7 @@ def test_pairwise_elbo_is_unbiased_for_the_trace_elbo():
 
 
 def test_pairwise_elbo_rho_gradient_is_exact_without_pairwise_terms():
-    from pyro_trees.guides import PairwiseELBO
+    from pyro_trees.infer import PairwiseELBO
 
     x, model, guide = _clustering_problem(torch.zeros(5))  # no coupling: E[...] ∌ rho
     est = PairwiseELBO(num_pair_particles=2)
@@ -400,7 +400,7 @@ def test_pairwise_elbo_rho_gradient_is_exact_without_pairwise_terms():
 
 
 def test_pairwise_elbo_trains_with_svi_and_rejects_bad_input():
-    from pyro_trees.guides import PairwiseELBO
+    from pyro_trees.infer import PairwiseELBO
 
     x, model, guide = _clustering_problem(torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5]))
     mf = TreeVIGuide(GaussianEncoder(F, 2, (6,)), None)

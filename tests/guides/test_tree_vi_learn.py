@@ -17,7 +17,7 @@ from pyro_trees.guides import (
     TreeVIGuide,
     TreeVIMixtureGuide,
 )
-from pyro_trees.infer import acyclicity, parents_to_adjacency
+from pyro_trees.infer import acyclicity, learn_guide_tree, parents_to_adjacency
 from pyro_trees.models import GraphPriorVAE, SyntheticGraphVAE
 
 
@@ -97,7 +97,8 @@ def test_learn_tree_recovers_the_posterior_tree_and_svi_continues():
     model = TreeGroups(TRUE, latent_dim=1, seed=0)
     x = model.generate(64, seed=1)
     guide = tree_guide(5, 1)
-    res = guide.learn_tree(
+    res = learn_guide_tree(
+        guide,
         model,
         x,
         subsample_size=32,
@@ -205,12 +206,14 @@ def test_learn_tree_bad_input():
     quick = {"max_outer": 1, "inner_steps": 2, "eval_particles": 1}
     # no pair network, per-child offsets, edge features, a mixture: no all-pairs scores
     with pytest.raises(ValueError, match="no pair_net"):
-        TreeVIGuide(GroupEncoder(5, 1, 1), None, plate="groups").learn_tree(model, x, **quick)
+        learn_guide_tree(
+            TreeVIGuide(GroupEncoder(5, 1, 1), None, plate="groups"), model, x, **quick
+        )
     child = TreeVIGuide(
         GroupEncoder(5, 1, 1), TRUE, pair_net=PairNet(1, 1, num_nodes=5), plate="groups"
     )
     with pytest.raises(ValueError, match="offsets='pair'"):
-        child.learn_tree(model, x, **quick)
+        learn_guide_tree(child, model, x, **quick)
     feats = TreeVIGuide(
         GroupEncoder(5, 1, 1),
         TRUE,
@@ -219,29 +222,30 @@ def test_learn_tree_bad_input():
         plate="groups",
     )
     with pytest.raises(ValueError, match="edge_features"):
-        feats.learn_tree(model, x, **quick)
+        learn_guide_tree(feats, model, x, **quick)
     mix = TreeVIMixtureGuide(
         GroupEncoder(5, 1, 1), torch.stack([TRUE, WRONG]), pair_net=PairNet(1, 1), plate="groups"
     )
     with pytest.raises(ValueError, match="single tree"):
-        mix.learn_tree(model, x, **quick)
+        learn_guide_tree(mix, model, x, **quick)
 
     class Unbroadcastable(torch.nn.Module):  # scores (x_i, x_j) rows, not all pairs
         def forward(self, xi, xj):
             return torch.tanh(torch.cat([xi, xj], -1) @ torch.ones(2, 1)) * 0.5
 
     with pytest.raises(ValueError, match="cannot score all pairs"):
-        TreeVIGuide(
+        unbroadcastable = TreeVIGuide(
             GroupEncoder(5, 1, 1), TRUE, pair_net=Unbroadcastable(), plate="groups"
-        ).learn_tree(model, x, **quick)
+        )
+        learn_guide_tree(unbroadcastable, model, x, **quick)
     guide = tree_guide(5, 1)
     # shape mismatches: data rows, the model's latent site
     with pytest.raises(ValueError, match="offset table is for 5 nodes"):
-        guide.learn_tree(model, torch.randn(8, 4, 1), **quick)
+        learn_guide_tree(guide, model, torch.randn(8, 4, 1), **quick)
     with pytest.raises(ValueError, match="shape \\(G, N, F\\)"):
-        guide.learn_tree(model, x[0], **quick)
+        learn_guide_tree(guide, model, x[0], **quick)
     with pytest.raises(ValueError, match="has shape"):
-        guide.learn_tree(TreeGroups(TRUE, latent_dim=2), x, **quick)
+        learn_guide_tree(guide, TreeGroups(TRUE, latent_dim=2), x, **quick)
     # other latent sites, a missing site or plate, idx minibatches, bad counts
 
     class TwoLatents(TreeGroups):
@@ -250,21 +254,21 @@ def test_learn_tree_bad_input():
             pyro.sample("w", dist.Normal(0.0, 1.0))
 
     with pytest.raises(ValueError, match="latent sites other than 'z'"):
-        guide.learn_tree(TwoLatents(TRUE), x, **quick)
+        learn_guide_tree(guide, TwoLatents(TRUE), x, **quick)
 
     def no_plate(x, subsample_size=None):
         pyro.sample("z", dist.Normal(torch.zeros(8, 5, 1), 1.0).to_event(3))
 
     with pytest.raises(ValueError, match="no plate named 'groups'"):
-        guide.learn_tree(no_plate, x, **quick)
+        learn_guide_tree(guide, no_plate, x, **quick)
     with pytest.raises(ValueError, match="no sample site named 'z'"):
-        guide.learn_tree(lambda x, **kw: None, x, **quick)
+        learn_guide_tree(guide, lambda x, **kw: None, x, **quick)
     with pytest.raises(ValueError, match="idx"):
-        guide.learn_tree(model, x, idx=torch.arange(3), **quick)
+        learn_guide_tree(guide, model, x, idx=torch.arange(3), **quick)
     with pytest.raises(ValueError, match="restarts"):
-        guide.learn_tree(model, x, restarts=0)
+        learn_guide_tree(guide, model, x, restarts=0)
     with pytest.raises(ValueError, match="num_particles"):
-        guide.learn_tree(model, x, num_particles=0)
+        learn_guide_tree(guide, model, x, num_particles=0)
 
 
 def test_instance_level_guide_learns_over_all_instances():
@@ -277,14 +281,14 @@ def test_instance_level_guide_learns_over_all_instances():
     )
     net = PairNet(f, d, hidden=(4,), num_nodes=n, offsets="pair", zero_init=True)
     guide = TreeVIGuide(GaussianEncoder(f, d, hidden=(4,)), None, pair_net=net)
-    res = guide.learn_tree(model, x, max_outer=3, inner_steps=10, eval_particles=2)
+    res = learn_guide_tree(guide, model, x, max_outer=3, inner_steps=10, eval_particles=2)
     assert res.h_hard == 0.0 and torch.equal(guide.parents, res.parents)
     assert guide.distribution(x).event_shape == (n, d)
     assert all(p.grad is None for p in list(guide.parameters()) + list(model.parameters()))
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
     assert math.isfinite(svi.step(x))
     with pytest.raises(ValueError, match="subsample_size needs a guide with a group plate"):
-        guide.learn_tree(model, x, subsample_size=2)
+        learn_guide_tree(guide, model, x, subsample_size=2)
 
 
 @pytest.mark.cuda
@@ -292,7 +296,7 @@ def test_learn_tree_on_cuda():
     model = TreeGroups(TRUE, latent_dim=1).cuda()
     x = model.generate(16, seed=0).cuda()
     guide = tree_guide(5, 1).cuda()
-    res = guide.learn_tree(model, x, subsample_size=8, max_outer=2, inner_steps=5)
+    res = learn_guide_tree(guide, model, x, subsample_size=8, max_outer=2, inner_steps=5)
     assert res.h_hard == 0.0 and guide.parents.device.type == "cuda"
     assert guide.distribution(x).rsample().device.type == "cuda"
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())

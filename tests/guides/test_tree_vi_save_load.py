@@ -12,12 +12,11 @@ from pyro.infer import SVI, Trace_ELBO
 
 from pyro_trees.guides import (
     GaussianEncoder,
-    MixtureTreeELBO,
     PairNet,
-    PairwiseELBO,
     TreeVIGuide,
     TreeVIMixtureGuide,
 )
+from pyro_trees.infer import MixtureTreeELBO, PairwiseELBO
 from pyro_trees.models import ConstrainedClusteringVAE, GraphPriorVAE, SyntheticGraphVAE
 
 N, F, D = 10, 6, 3

@@ -274,7 +274,7 @@ def test_eq17_from_a_wrong_tree_improves_the_elbo():
 def test_pair_network_correlations_learn_jointly():
     """TreeVI's PairNet evaluated on all pairs gives the per-edge rho (N, N, D) of the
     relaxation; its weights are optimised with the structure through ``params``."""
-    from pyro_trees.guides.tree_vi import PairNet
+    from pyro_trees.guides import PairNet
 
     prob = TreePosteriorProblem(6, seed=5)
     n = prob.n

@@ -202,7 +202,7 @@ def test_graph_prior_vae_sparse_batches_equal_the_dense_path():
 def test_graph_prior_vae_large_graph_is_checked_without_a_dense_matrix():
     """Beyond DENSE_CHECK_MAX_NODES nodes positive definiteness is certified from a
     spectral-radius bound; for bipartite graphs (a chain, a star) that is exact."""
-    from pyro_trees.models.latent import DENSE_CHECK_MAX_NODES
+    from pyro_trees.models.graph_prior import DENSE_CHECK_MAX_NODES
 
     n = DENSE_CHECK_MAX_NODES + 1
     chain = torch.stack([torch.arange(n - 1), torch.arange(1, n)], 1)  # rho = 2 cos(pi/(n+1))

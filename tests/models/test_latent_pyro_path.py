@@ -10,7 +10,8 @@ from pyro import poutine
 from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoGuideList, AutoNormal
 
-from pyro_trees.guides import GaussianEncoder, GroupEncoder, PairNet, PairwiseELBO, TreeVIGuide
+from pyro_trees.guides import GaussianEncoder, GroupEncoder, PairNet, TreeVIGuide
+from pyro_trees.infer import PairwiseELBO
 from pyro_trees.models import ConstrainedClusteringVAE, GraphPriorVAE, SyntheticGraphVAE
 
 N, F, D = 12, 5, 2

@@ -1,0 +1,233 @@
+"""A VAE with a graph-correlated Gaussian prior over its instances (Xiao & Su 2024,
+Secs. 4.3-4.4).
+
+:class:`GraphPriorVAE` puts :math:`\\mathcal N(0, (I + \\lambda A) \\otimes I_D)` on the
+latent codes of all ``N`` instances of a (sparse) graph ``A``; a minibatch ``idx`` samples
+the exact marginal prior of its instances. See :mod:`pyro_trees.guides.tree_vi` for the
+objective a minibatch step estimates with :class:`~pyro_trees.guides.TreeVIGuide`.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule
+from torch import nn
+
+from pyro_trees._param_store import predicting, prepare
+from pyro_trees.distributions.kronecker_normal import KroneckerNormal
+from pyro_trees.models._instances import csr_rows, find, instance_rows, sorted_batch
+from pyro_trees.validation import check_index
+
+__all__ = ["DENSE_CHECK_MAX_NODES", "GraphPriorVAE"]
+
+#: Graphs up to this size get the exact (dense Cholesky) positive-definiteness check.
+DENSE_CHECK_MAX_NODES = 4096
+
+
+def _check_sparse_pd(rows, cols, vals, n: int, strength: float, iters: int = 100):
+    """Certify ``I + strength * A`` positive definite without forming it. Every eigenvalue
+    of ``A`` is at most :math:`\\rho(|A|) = \\rho(|A|^2)^{1/2}` in modulus, and for any
+    positive ``v`` the Collatz-Wielandt bound :math:`\\max_i (|A|^2 v)_i / v_i \\ge
+    \\rho(|A|^2)`; ``v`` is refined by power iteration on :math:`|A|^2 + I` (squaring
+    makes it converge on bipartite graphs, where :math:`\\pm\\rho` are both eigenvalues).
+    Sufficient, not necessary (tight when :math:`\\lambda_{\\min}(A) = -\\rho(|A|)`, as for
+    bipartite 0/1 graphs): raises when it cannot certify ``strength * rho(|A|) < 1``."""
+    w = vals.abs().double()
+    v = torch.ones(n, dtype=torch.float64, device=vals.device)
+
+    def matvec(u):
+        return torch.zeros_like(u).index_add_(0, rows, w * u[cols])
+
+    bound = float("inf")
+    for _ in range(iters):
+        av = matvec(matvec(v))
+        bound = min(bound, float((av / v).max()) ** 0.5)
+        if abs(strength) * bound < 1:
+            return
+        v = av + v
+        v = (v / v.max()).clamp_min(1e-100)  # any positive v gives a valid bound
+    raise ValueError(
+        f"I + {strength} * adjacency could not be certified positive definite: the "
+        f"spectral radius of |adjacency| is bounded by {bound:.4g} only (a graph of {n} "
+        f"> {DENSE_CHECK_MAX_NODES} nodes gets this sufficient check instead of a dense "
+        f"Cholesky factorisation); lower the strength below {1 / bound:.4g}"
+    )
+
+
+class GraphPriorVAE(PyroModule):
+    """VAE with a graph-correlated Gaussian prior over instances (Secs. 4.3, 4.4).
+
+    Generative story for the instances ``B`` of a step (all ``N`` when ``idx=None``)::
+
+        Z_B ~ N(0, (I + strength * A)_{BB} ⊗ I_D)    # site "z", event (|B|, D): the exact
+                                                    # marginal of the prior over B
+        X_B | Z_B ~ Bernoulli(logits = decoder(Z_B))  # site "x", event (|B|, F)
+
+    ``A`` is the (symmetric, 0/1) affinity of a correlation graph: the two halves of a
+    user's history for user matching, the friendship graph for link prediction. It is
+    stored sparse (rows sorted, CSR-like), never as an ``N x N`` matrix; the prior over a
+    batch takes the induced subgraph of ``B`` in ``O(|B| log |B| + d_B log |B|)`` (``d_B``
+    the number of edges incident to ``B``: each is looked up in the sorted batch) and
+    costs one ``|B| x |B|`` Cholesky factorisation.
+
+    Positive definiteness of ``I + strength * A`` is checked at construction: exactly
+    (dense Cholesky) for graphs of at most
+    :data:`~pyro_trees.models.graph_prior.DENSE_CHECK_MAX_NODES` nodes or given as a dense
+    matrix; for larger edge lists, by the sufficient condition ``strength * rho(|A|) < 1``
+    (a Collatz-Wielandt bound on the spectral radius, ``O(edges)`` per iteration), which
+    may reject a strength that the exact check would accept.
+
+    :param adjacency: dense ``(N, N)`` tensor, or ``(E, 2)`` integer edge list with
+        ``num_nodes`` (duplicates and self-loops are ignored).
+    :param float strength: :math:`\\lambda`; ``I + \\lambda A`` must be positive definite.
+    :param int latent_dim: ``D``.
+    :param int obs_dim: ``F``.
+    :param hidden: hidden sizes of the decoder MLP.
+    :param str likelihood: ``"bernoulli"`` (bag-of-words) or ``"normal"``.
+    :param str name: prefix of its names in Pyro's parameter store
+        (``"<name>.decoder$$$0.weight"``, ...).
+
+    Dtype and device follow the data. Under ``Predictive`` the site ``"x"`` is drawn
+    from the likelihood (see :meth:`forward`).
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.models import GraphPriorVAE
+    >>> adjacency = torch.tensor([[0, 1], [1, 2], [2, 3]])  # edge list over 4 instances
+    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden=(8,))
+    >>> model.prior(idx=torch.tensor([1, 2])).event_shape  # exact marginal of the batch
+    torch.Size([2, 2])
+    >>> x = torch.rand(4, 3).round()
+    >>> trace = pyro.poutine.trace(model).get_trace(x)
+    >>> trace.nodes["z"]["value"].shape
+    torch.Size([4, 2])
+    """
+
+    def __init__(
+        self,
+        adjacency,
+        obs_dim: int,
+        *,
+        num_nodes: int | None = None,
+        strength: float = 0.5,
+        latent_dim: int = 16,
+        hidden=(128,),
+        likelihood: str = "bernoulli",
+        name: str = "",
+    ):
+        super().__init__(name)
+        adjacency = torch.as_tensor(adjacency)
+        is_edge_list = adjacency.dim() == 2 and adjacency.shape[1] == 2
+        if is_edge_list and num_nodes is None and adjacency.shape[0] != 2:
+            raise ValueError(
+                f"num_nodes is required with an edge list: got adjacency of shape "
+                f"{tuple(adjacency.shape)} (an (E, 2) edge list) and num_nodes=None"
+            )
+        if is_edge_list and num_nodes is not None:
+            if adjacency.is_floating_point() or adjacency.dtype == torch.bool:
+                raise ValueError(f"edge list must hold integer indices, got {adjacency.dtype}")
+            if int(num_nodes) < 1:
+                raise ValueError(f"num_nodes must be a positive int, got {num_nodes}")
+            adjacency = adjacency.long()
+            if adjacency.numel() and (adjacency.min() < 0 or adjacency.max() >= num_nodes):
+                raise ValueError(
+                    f"edge index out of range: the edge list holds nodes "
+                    f"{int(adjacency.min())}..{int(adjacency.max())}, "
+                    f"outside [0, num_nodes={num_nodes})"
+                )
+            n = int(num_nodes)
+            e = adjacency[adjacency[:, 0] != adjacency[:, 1]]  # no self-loops
+            keys = torch.cat([e[:, 0] * n + e[:, 1], e[:, 1] * n + e[:, 0]]).unique()
+            rows, cols = keys // n, keys % n  # both directions, sorted by row then column
+            vals = torch.ones(rows.numel())
+            dense = None
+        else:
+            if adjacency.dim() != 2 or adjacency.shape[0] != adjacency.shape[1]:
+                raise ValueError("adjacency must be a square (N, N) matrix or an (E, 2) edge list")
+            if num_nodes is not None and adjacency.shape[0] != num_nodes:
+                raise ValueError(f"adjacency is {tuple(adjacency.shape)} but num_nodes={num_nodes}")
+            n, dense = adjacency.shape[0], adjacency
+            a = adjacency.float()
+            rows, cols = a.nonzero(as_tuple=True)  # row-major: sorted by row then column
+            vals = a[rows, cols]
+        if likelihood not in ("bernoulli", "normal"):
+            raise ValueError(f"likelihood must be 'bernoulli' or 'normal', got {likelihood!r}")
+        if dense is None and n <= DENSE_CHECK_MAX_NODES:
+            dense = torch.zeros(n, n, dtype=torch.float64).index_put_((rows, cols), vals.double())
+        if dense is not None:  # symmetric, and positive definite exactly
+            KroneckerNormal.from_affinity(dense.double(), strength, latent_dim)
+        else:
+            _check_sparse_pd(rows, cols, vals, n, float(strength))
+        ptr = torch.zeros(n + 1, dtype=torch.long)
+        ptr[1:] = torch.bincount(rows, minlength=n).cumsum(0)
+        self.register_buffer("adj_ptr", ptr)
+        self.register_buffer("adj_cols", cols.long())
+        self.register_buffer("adj_vals", vals.float())
+        self.strength = float(strength)
+        self.latent_dim, self.obs_dim = latent_dim, obs_dim
+        self.likelihood = likelihood
+        layers, sizes = [], [latent_dim, *hidden, obs_dim]
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.Softplus()]
+        self.decoder = nn.Sequential(*layers[:-1])
+        if likelihood == "normal":
+            self.log_noise = nn.Parameter(torch.zeros(()))
+
+    def adjacency_matrix(self, idx=None) -> torch.Tensor:
+        """The dense adjacency of the subgraph induced by ``idx`` (``(B,)`` distinct
+        indices, in their order), ``(B, B)``; the whole ``(N, N)`` matrix if ``None``.
+        ``O(B^2 + d_B log B)`` with ``d_B`` the edges incident to the batch."""
+        ptr, cols, vals = self.adj_ptr, self.adj_cols, self.adj_vals
+        n = ptr.numel() - 1
+        if idx is None:
+            rows = torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr.diff())
+            return vals.new_zeros(n, n).index_put_((rows, cols), vals)
+        idx = check_index(idx, n, device=ptr.device)
+        sorted_idx, order = sorted_batch(idx)
+        pos, rows = csr_rows(ptr, idx)
+        local, inside = find(sorted_idx, order, cols[pos])
+        a = vals.new_zeros(idx.numel(), idx.numel())
+        return a.index_put_((rows[inside], local[inside]), vals[pos[inside]])
+
+    def prior(self, idx=None) -> KroneckerNormal:
+        """The exact marginal prior of the instances ``idx`` (``(B,)`` distinct indices,
+        or ``None`` for all): event shape ``(B, D)``."""
+        a = self.adjacency_matrix(idx)
+        eye = torch.eye(a.shape[0], dtype=torch.float64, device=a.device)
+        tril = torch.linalg.cholesky(eye + self.strength * a.double()).to(a.dtype)
+        return KroneckerNormal(tril, self.latent_dim)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes of the graph (rows of ``x``)."""
+        return self.adj_ptr.numel() - 1
+
+    def forward(self, x, *args, idx=None, **kwargs):
+        """Score the instances of a step; under ``Predictive``, draw them.
+
+        ``x`` is observed, except under ``pyro.infer.Predictive`` (which masks every
+        density out): there ``"x"`` is drawn from ``p(x | z)`` with ``z`` from the
+        guide, so ``Predictive(model, guide=guide, num_samples=S)(x)`` returns
+        posterior predictive draws ``(S, B, F)`` of the batch and ``z`` ``(S, B, D)``.
+
+        :param torch.Tensor x: ``(N, F)``, one row per node of the graph.
+        :param idx: ``(B,)`` integer indices of the batch's instances, or ``None`` for all
+            (``B = N``); the prior of site ``"z"`` is then the exact marginal over ``B``.
+        :returns: the observations (or draws) of the batch, site ``"x"``, ``(B, F)``
+            (with a leading batch shape under outer plates); the latent site ``"z"``
+            has event shape ``(B, D)``.
+        :raises ValueError: if ``x`` is not ``(N, F)``, ``idx`` is out of range, or a row
+            of the batch is not finite (only the batch's rows are scanned).
+        """
+        xb, idx = instance_rows(x, idx, self.num_nodes, self.obs_dim)
+        prepare(self, xb)
+        z = pyro.sample("z", self.prior(idx))
+        out = self.decoder(z)
+        if self.likelihood == "bernoulli":
+            likelihood = dist.Bernoulli(logits=out)
+        else:
+            likelihood = dist.Normal(out, self.log_noise.exp())
+        return pyro.sample("x", likelihood.to_event(2), obs=None if predicting() else xb)
