@@ -67,8 +67,7 @@ class FitResult:
     >>> from pyro_trees.infer import fit
     >>> def model(y):
     ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
-    ...     with pyro.plate("data", len(y)):
-    ...         pyro.sample("obs", dist.Normal(mu, 1.0), obs=y)
+    ...     pyro.sample("obs", dist.Normal(mu, 1.0).expand(y.shape).to_event(1), obs=y)
     >>> result = fit(model, AutoNormal(model), torch.zeros(5), num_steps=3, progress=False)
     >>> result.num_steps, result.stopped, result.best_step  # no validation: no best step
     (3, 'num_steps', None)
@@ -227,18 +226,16 @@ class EarlyStopping:
 class Checkpoint:
     """Writes the whole training state every ``every`` steps and reads it back.
 
-    :param path: the file (written atomically through ``path.tmp``).
-    :param int every: steps between writes.
-
-    :func:`fit` uses one with ``checkpoint=path`` and ``checkpoint_every``.
+    :param path: the file (written atomically through ``path.tmp``); :func:`fit`'s
+        ``checkpoint``.
+    :param int every: steps between writes; :func:`fit`'s ``checkpoint_every``.
 
     .. rubric:: Examples
 
-    >>> import os
     >>> import tempfile
     >>> import torch
     >>> from pyro_trees.infer import Checkpoint
-    >>> path = os.path.join(tempfile.mkdtemp(), "run.pt")
+    >>> path = f"{tempfile.mkdtemp()}/run.pt"
     >>> saver = Checkpoint(path, every=2)
     >>> for step in (1, 2, 3):
     ...     saver.after_step(step, lambda: {"weights": torch.ones(2)})
