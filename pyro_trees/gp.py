@@ -150,8 +150,8 @@ def _project(A: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     the result ``batch + (P, N)``.
 
     Written as ``u^T A`` so that ``A`` is never transposed: ``A.mT @ u`` makes matmul copy
-    the transposed ``(..., N, M)`` tensor, forward and backward (12% of a deep GP step on
-    kin40k). When ``u`` carries batch dimensions (Monte Carlo particles) that ``A`` lacks,
+    the transposed ``(..., N, M)`` tensor, forward and backward (a large copy when ``N`` is
+    large). When ``u`` carries batch dimensions (Monte Carlo particles) that ``A`` lacks,
     they are folded into the rows of one matmul per output, so ``A`` is not expanded
     (copied) over them either.
     """

@@ -46,6 +46,15 @@ class RemoteFile:
         cannot be downloaded as such).
     :param member: when set, the URLs point to a zip archive and the file is this member.
     :param str note: how to obtain the file when there is no direct URL.
+
+    .. rubric:: Examples
+
+    >>> from pyro_trees.datasets import REGISTRY, RemoteFile
+    >>> entry = REGISTRY["uci/airfoil/data.csv.gz"]
+    >>> isinstance(entry, RemoteFile), entry.relpath, len(entry.sha256)
+    (True, 'uci/airfoil/data.csv.gz', 64)
+    >>> entry.urls[0].endswith("airfoil/data.csv.gz")
+    True
     """
 
     relpath: str

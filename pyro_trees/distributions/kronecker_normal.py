@@ -20,6 +20,18 @@ class KroneckerNormal(TorchDistribution):
     :param torch.Tensor scale_tril: lower Cholesky factor of ``C``,
         ``batch_shape + (N, N)``.
     :param int dim: ``D``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import KroneckerNormal
+    >>> adjacency = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    >>> d = KroneckerNormal.from_affinity(adjacency, 0.3, dim=2)  # C = I + 0.3 A
+    >>> d.event_shape, d.covariance_matrix[0]
+    (torch.Size([3, 2]), tensor([1.0000, 0.3000, 0.0000]))
+    >>> z = d.rsample((5,))
+    >>> z.shape, d.log_prob(z).shape
+    (torch.Size([5, 3, 2]), torch.Size([5]))
     """
 
     arg_constraints = {"scale_tril": constraints.lower_cholesky}

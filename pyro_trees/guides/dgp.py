@@ -31,10 +31,11 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import TorchDistribution
 from pyro.distributions.transforms import LowerCholeskyAffine
 from pyro.nn import PyroModule, PyroParam
-from torch.distributions import constraints, register_kl
+from torch.distributions import constraints
+
+from ._joint_slice import JointGaussianSlice
 
 __all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide", "JointGaussianSlice"]
 
@@ -80,6 +81,24 @@ class DGPFactorisedGuide(_PerSiteGaussianGuide):
         initial inducing inputs otherwise.
     :param str name: prefix of the guide's names in Pyro's parameter store
         (``"<name>.u_1_loc"``), so that several guides share one store.
+
+    .. rubric:: Examples
+
+    >>> import gpytorch
+    >>> import pyro
+    >>> import torch
+    >>> from pyro.infer import SVI, TraceMeanField_ELBO
+    >>> from pyro_trees.guides import DGPFactorisedGuide
+    >>> from pyro_trees.models import DeepGP
+    >>> x = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    >>> y = torch.sin(3 * x).squeeze(-1)
+    >>> model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[::2])
+    >>> guide = DGPFactorisedGuide(model)
+    >>> {name: tuple(u.shape) for name, u in guide().items()}
+    {'u_1': (1, 4), 'u_2': (1, 4)}
+    >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TraceMeanField_ELBO())
+    >>> isinstance(svi.step(x, y), float)
+    True
     """
 
     def __init__(self, model, *, init_scale: float = 0.1, name: str = ""):
@@ -127,35 +146,42 @@ class DGPJointGuide(PyroModule):
     entries get a Monte Carlo gradient that is nearly pure noise. Adam normalises each
     coordinate's step, so every such entry random-walks by a fraction of ``lr`` per
     step whatever the noise level, and the spurious variance this adds to a row of the
-    factor grows with the row's length ``T``, not with the data. On concrete
-    (``T = 320``, ``M = 64``) an unscaled factor ends with whitened inducing variances
-    above the prior's (about 1.1 against 1) and loses 0.4 nats to GPyTorch's DeepGP.
-    Scaling the cross entries by ``c`` is a reparameterisation (same family, same
-    optimum) that shrinks their diffusion by the factor ``c``: a row's spurious variance is that
-    of about ``M / 2 + c^2 (T - M)`` entries instead of ``T / 2``, and the default keeps
-    the cross part to 1% of the in-block part (what the factorised guide and
-    GPyTorch's Cholesky-factor variational distributions already carry). On concrete,
-    against GPyTorch's DeepGP, the joint guide trained with a Monte Carlo KL loses 0.40
-    nats unscaled, 0.15 with ``c = 0.11`` (cross part 10%), 0.055 with the default
-    ``c = 0.035``, and 0.041 with the default and the closed-form KL of
-    :class:`~pyro_trees.guides.dgp.JointGaussianSlice`: couplings the data do not support cost
-    accuracy in proportion to their diffusion. Couplings the data do support still grow, ``1 / c``
-    times more slowly per step; raise ``cross_scale`` (up to 1, the plain factor) when cross-layer
-    dependence is the point, as on the composition toy problem.
+    factor grows with the row's length ``T``, not with the data (an unscaled factor can
+    end with whitened inducing variances above the prior's). Scaling the cross entries
+    by ``c`` is a reparameterisation (same family, same optimum) that shrinks their
+    diffusion by the factor ``c``: a row's spurious variance is that of about
+    ``M / 2 + c^2 (T - M)`` entries instead of ``T / 2``, and the default keeps the cross
+    part to 1% of the in-block part (what the factorised guide and GPyTorch's
+    Cholesky-factor variational distributions already carry). Couplings the data do
+    support still grow, ``1 / c`` times more slowly per step; raise ``cross_scale`` (up
+    to 1, the plain factor) when cross-layer dependence is the point, as on the
+    composition toy problem.
 
     **Why relative to the row's diagonal.** With an absolute scale the diffusion has a
-    fixed size while the posterior shrinks with the data: on kin40k (36,000 points) the
-    last layer's whitened variances fall to about 0.07, the cross entries (``c =
-    0.035``) still diffuse to about 0.007 per row, i.e. 10% spurious variance in the
-    output layer rather than 1%, and the joint guide lost 0.43 nats to GPyTorch's DeepGP
-    after 500 steps (0.35 nats or a stuck fit across seeds, against 0.03 for the
-    factorised guide). In units of the row's diagonal the cross part keeps the same
-    fraction of the row whatever the posterior's scale: the joint guide then loses 0.029
-    nats on kin40k and 0.015 on concrete. The price: couplings also grow more slowly
-    where the posterior is narrow, and on the composition toy problem the inner-layer
-    spread of the joint guide falls to about that of the factorised guide; there
-    ``cross_relative=False`` keeps 2-4x more spread. The map is still a bijection onto the
-    lower-triangular factors with positive diagonal (the same family).
+    fixed size while the posterior shrinks with the data, so on a large data set it
+    becomes a large fraction of a narrow layer's variance. In units of the row's
+    diagonal the cross part keeps the same fraction of the row whatever the posterior's
+    scale. The price: couplings also grow more slowly where the posterior is narrow;
+    ``cross_relative=False`` keeps more cross-layer spread on small problems. The map is
+    still a bijection onto the lower-triangular factors with positive diagonal (the same
+    family). The measured effect of both choices is in :doc:`/guide/dgp`.
+
+    .. rubric:: Examples
+
+    >>> import gpytorch
+    >>> import torch
+    >>> from pyro.infer import Trace_ELBO
+    >>> from pyro_trees.guides import DGPJointGuide
+    >>> from pyro_trees.infer import fit
+    >>> from pyro_trees.models import DeepGP
+    >>> x = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    >>> y = torch.sin(3 * x).squeeze(-1)
+    >>> model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[::2])
+    >>> DGPJointGuide(model).scale_tril.shape  # T = 4 + 4 inducing outputs
+    torch.Size([8, 8])
+    >>> guide = DGPJointGuide(model, rank=2)  # low rank: train with Trace_ELBO
+    >>> fit(model, guide, x, y, loss=Trace_ELBO(), num_steps=2, progress=False).num_steps
+    2
     """
 
     def __init__(
@@ -289,89 +315,6 @@ class DGPJointGuide(PyroModule):
         return out
 
 
-class JointGaussianSlice(TorchDistribution):
-    """One layer's conditional :math:`q(u_i \\mid u_{<i})` of a jointly Gaussian guide.
-
-    A Gaussian over the flattened ``(P, M)`` inducing outputs with mean ``loc`` (which
-    holds :math:`\\mu_i + C_i \\epsilon_{<i}`) and lower Cholesky factor ``scale_tril``
-    ``(n, n)``, ``n = P M``, and event shape ``(P, M)``. It also keeps the unconditional
-    mean ``mean`` and the cross factor ``cross`` (``(n, s)``), so that the KL to a prior
-    without parents (the layer's :math:`N(0, K_{ZZ})` or whitened :math:`N(0, I)`) is
-    registered in its expectation over the earlier layers,
-
-    .. math::
-
-        E_{\\epsilon_{<i}} \\mathrm{KL}[q(u_i \\mid u_{<i}) \\| p(u_i)]
-          = \\mathrm{KL}[N(\\mu_i, L_{ii} L_{ii}^\\top) \\| p(u_i)]
-            + \\tfrac12 \\operatorname{tr}(K_p^{-1} C_i C_i^\\top),
-
-    whose sum over the layers is exactly :math:`\\mathrm{KL}[q(U) \\| p(U)]` (the chain
-    rule of the KL): :class:`~pyro.infer.TraceMeanField_ELBO` then estimates only the
-    expected log-likelihood by Monte Carlo. Without this, every one of the factor's
-    ``T (T - 1) / 2`` entries gets a Monte Carlo KL gradient (noise that Adam turns into
-    a random walk).
-    """
-
-    arg_constraints = {}
-    has_rsample = True
-
-    def __init__(self, loc, scale_tril, event_shape, *, mean, cross, validate_args=None):
-        self.loc, self.scale_tril = loc, scale_tril
-        self.mean_, self.cross = mean, cross
-        self._shape = tuple(event_shape)
-        super().__init__(loc.shape[:-1], torch.Size(self._shape), validate_args=False)
-
-    @property
-    def support(self):
-        return constraints.independent(constraints.real, 2)
-
-    @property
-    def mean(self):
-        return self.loc.reshape(*self.loc.shape[:-1], *self._shape)
-
-    def expand(self, batch_shape, _instance=None):
-        batch_shape = torch.Size(batch_shape)
-        loc = self.loc.expand(*batch_shape, self.loc.shape[-1])
-        return JointGaussianSlice(
-            loc, self.scale_tril, self._shape, mean=self.mean_, cross=self.cross
-        )
-
-    def rsample(self, sample_shape=()):
-        shape = torch.Size(sample_shape) + self.loc.shape
-        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        flat = self.loc + (self.scale_tril @ eps.unsqueeze(-1)).squeeze(-1)
-        return flat.reshape(*shape[:-1], *self._shape)
-
-    def log_prob(self, value):
-        flat = value.reshape(*value.shape[:-2], -1)
-        return dist.MultivariateNormal(self.loc, scale_tril=self.scale_tril).log_prob(flat)
-
-
-@register_kl(JointGaussianSlice, dist.Independent)
-def _kl_joint_slice_prior(q, p):
-    base = p.base_dist
-    if not (
-        isinstance(base, torch.distributions.MultivariateNormal)
-        and p.reinterpreted_batch_ndims == 1
-        and tuple(p.event_shape) == q._shape
-    ):
-        raise NotImplementedError
-    P, M = q._shape
-    Lp = base._unbroadcasted_scale_tril  # (M, M) or (P, M, M), not expanded over particles
-    Lp = Lp.expand(P, M, M) if Lp.dim() == 2 else Lp.reshape(P, M, M)
-    n = P * M
-    # rows of [L_ii, C_i] per output, whitened by the prior's factor: (P, M, n + s)
-    rows = torch.cat([q.scale_tril, q.cross], dim=-1).reshape(P, M, -1)
-    trace = torch.linalg.solve_triangular(Lp, rows, upper=False).pow(2).sum()
-    p_loc = base.loc.reshape(-1, P, M)[0] if base.loc.dim() > 2 else base.loc
-    diff = (q.mean_.reshape(P, M) - p_loc).unsqueeze(-1)
-    maha = torch.linalg.solve_triangular(Lp, diff, upper=False).pow(2).sum()
-    logdet_p = Lp.diagonal(dim1=-2, dim2=-1).log().sum()
-    logdet_q = q.scale_tril.diagonal().log().sum()
-    kl = 0.5 * (trace + maha - n) + logdet_p - logdet_q
-    return kl.expand(q.batch_shape)
-
-
 class DGPIntermediateGuide(_PerSiteGaussianGuide):
     """Gaussians over the layer outputs at the inducing inputs (eq. 4).
 
@@ -401,27 +344,41 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
     independent of the draw of its inputs :math:`F_{i-1}^Z`, so it is rarely a smooth
     function of them: the layer's conditional :math:`K_{xZ} K_i(F_{i-1}^Z)^{-1} F_i^Z`
     amplifies the mismatch by up to ``1 / jitter`` and the KL of eq. (7) grows like
-    :math:`|F_i^Z|^2 / \\text{jitter}`. A small jitter then makes the fit explode, and the
-    large one it needs (``1e-2`` on the composition problem) turns the inducing
-    outputs into noisy observations: the conditional mean shrinks (amplitude 0.7
-    instead of 1 on ``sin(7 exp(x))``), the inducing points merge in clusters to
-    average the noise out, and the likelihood noise absorbs the rest (0.3 against the
-    data's 0.05). The jitter needed depends on the data: on the UCI sets of
-    ``benchmarks/dgp_uci.py`` (64 inducing points) ``1e-4`` trains, and ``1e-3``
-    already costs 0.03 nats of test NLL on kin40k. The whitened draw is always a
-    smooth function of its own inputs, so it works with the default jitter.
+    :math:`|F_i^Z|^2 / \\text{jitter}`. A small jitter then makes the fit explode, and a
+    large one turns the inducing outputs into noisy observations: the conditional mean
+    shrinks, the inducing points merge in clusters to average the noise out, and the
+    likelihood noise absorbs the rest. The jitter needed depends on the data. The
+    whitened draw is always a smooth function of its own inputs, so it works with the
+    default jitter.
 
-    **Restarts.** On small problems the whitened guide's objective has poor local optima:
-    on the 50-point composition problem one start of six stuck with the likelihood noise
-    at 0.29 (the data's is 0.05). Fitting twice from different kernel hyperparameters and
-    keeping the fit with the higher ELBO found the good optimum on all six
-    (``benchmarks/dgp_composition.py``, ``DGP_RESTARTS``). :func:`pyro_trees.infer.fit_restarts`
-    does this for any model and guide.
+    **Restarts.** On small problems the whitened guide's objective has poor local
+    optima (the likelihood noise stuck well above the data's); fitting a few times from
+    different kernel hyperparameters and keeping the fit with the higher ELBO avoids
+    them. :func:`pyro_trees.infer.fit_restarts` does this for any model and guide; the
+    measured jitters and restarts are in :doc:`/guide/dgp`.
 
     Unwhitened, the means start at the layers' mean functions applied to ``Z`` in turn
     (``Z`` itself through identity layers, zero through zero-mean ones) and the
     covariances at ``init_scale**2`` times the prior covariance given those means;
     whitened, ``a_i = 0`` and ``B_i = init_scale I``, the same start.
+
+    .. rubric:: Examples
+
+    >>> import gpytorch
+    >>> import torch
+    >>> from pyro.infer import TraceMeanField_ELBO
+    >>> from pyro_trees.guides import DGPIntermediateGuide
+    >>> from pyro_trees.infer import fit
+    >>> from pyro_trees.models import DeepGP
+    >>> x = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    >>> y = torch.sin(3 * x).squeeze(-1)
+    >>> kernels = [gpytorch.kernels.RBFKernel() for _ in range(2)]
+    >>> model = DeepGP(kernels, x[::2], inducing="propagated")
+    >>> guide = DGPIntermediateGuide(model)
+    >>> model.site_names(), guide.kl(model).shape  # one KL term of eq. (7) per layer
+    (['f_z_1', 'f_z_2'], torch.Size([2]))
+    >>> fit(model, guide, x, y, loss=TraceMeanField_ELBO(), num_steps=2, progress=False).stopped
+    'num_steps'
     """
 
     def __init__(self, model, *, init_scale: float = 0.1, whiten: bool = True, name: str = ""):

@@ -57,6 +57,20 @@ class FitResult:
     :ivar stopped: why the loop ended: ``"num_steps"``, ``"early_stopping"``,
         ``"interrupted"`` (Ctrl-C) or ``"non_finite"``.
     :ivar seconds: wall-clock seconds spent in the loop.
+
+    .. rubric:: Examples
+
+    >>> import pyro
+    >>> import pyro.distributions as dist
+    >>> import torch
+    >>> from pyro.infer.autoguide import AutoNormal
+    >>> from pyro_trees.infer import fit
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     pyro.sample("obs", dist.Normal(mu, 1.0).expand(y.shape).to_event(1), obs=y)
+    >>> result = fit(model, AutoNormal(model), torch.zeros(5), num_steps=3, progress=False)
+    >>> result.num_steps, result.stopped, result.best_step  # no validation: no best step
+    (3, 'num_steps', None)
     """
 
     losses: list[float] = field(default_factory=list)
@@ -149,7 +163,23 @@ class EarlyStopping:
     :param float min_delta: the smallest decrease that counts as an improvement.
 
     The starting state is a candidate too (:meth:`score_start`): a good initialisation
-    (a greedy tree, a warm start) is kept when training never matches it.
+    (a greedy tree, a warm start) is kept when training never matches it. :func:`fit`
+    builds one from ``val_args`` or ``val_metric``, ``eval_every`` and ``patience``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import EarlyStopping, FitResult
+    >>> net = torch.nn.Linear(1, 1)
+    >>> scores = iter([3.0, 2.0, 2.5, 2.6])  # the criterion at steps 0, 1, 2 and 3
+    >>> result = FitResult()
+    >>> stopping = EarlyStopping(lambda: next(scores), [net], result, eval_every=1, patience=2)
+    >>> stopping.score_start()
+    >>> [stopping.after_step(step, last=False) for step in (1, 2, 3)]
+    [False, False, True]
+    >>> result.best_step, result.best_val
+    (1, 2.0)
+    >>> stopping.restore()  # net's weights as they were after step 1
     """
 
     def __init__(self, evaluate, modules, result, *, eval_every=20, patience=None, min_delta=0.0):
@@ -196,8 +226,21 @@ class EarlyStopping:
 class Checkpoint:
     """Writes the whole training state every ``every`` steps and reads it back.
 
-    :param path: the file (written atomically through ``path.tmp``).
-    :param int every: steps between writes.
+    :param path: the file (written atomically through ``path.tmp``); :func:`fit`'s
+        ``checkpoint``.
+    :param int every: steps between writes; :func:`fit`'s ``checkpoint_every``.
+
+    .. rubric:: Examples
+
+    >>> import tempfile
+    >>> import torch
+    >>> from pyro_trees.infer import Checkpoint
+    >>> path = f"{tempfile.mkdtemp()}/run.pt"
+    >>> saver = Checkpoint(path, every=2)
+    >>> for step in (1, 2, 3):
+    ...     saver.after_step(step, lambda: {"weights": torch.ones(2)})
+    >>> sorted(torch.load(path).items(), key=lambda kv: kv[0])  # written at step 2 only
+    [('step', 2), ('weights', tensor([1., 1.]))]
     """
 
     def __init__(self, path: str | os.PathLike, every: int = 500):

@@ -105,8 +105,7 @@ class DeepGP(PyroModule):
         ``(..., N, P_i)`` (e.g. ``torch.nn.Linear``). Default identity for the inner
         layers and zero for the last.
     :param float noise: initial likelihood standard deviation :math:`\\sigma` (learnt);
-        a small start keeps the fit from explaining the data as noise (on the paper's
-        toy, 0.1 stuck at a noise of 0.44 on one seed of two, 0.03 fits both).
+        a small start keeps the fit from explaining the data as noise.
     :param bool whiten: whitened inducing outputs (``inducing="layer"`` only).
     :param str inducing: ``"layer"`` or ``"propagated"`` (see the module docstring).
     :param float jitter: added to the diagonal of the inducing kernel matrices; default
@@ -122,6 +121,19 @@ class DeepGP(PyroModule):
     closed-form KLs); :class:`~pyro.infer.Predictive` called with ``x`` alone returns
     draws of ``obs`` (``y``), of the inner layers' outputs ``f_1 ... f_{L-1}`` and of
     ``f_loc`` / ``f_var``.
+
+    .. rubric:: Examples
+
+    >>> import gpytorch
+    >>> import torch
+    >>> from pyro_trees.models import DeepGP
+    >>> x = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    >>> kernels = [gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) for _ in range(2)]
+    >>> model = DeepGP(kernels, x[::2])  # two layers, 4 inducing inputs each
+    >>> model.site_names(), model.site_shapes()
+    (['u_1', 'u_2'], [(1, 4), (1, 4)])
+    >>> model(x).shape  # a prior draw of the last layer's mean at x
+    torch.Size([8])
     """
 
     def __init__(
