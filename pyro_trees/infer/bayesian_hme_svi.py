@@ -34,7 +34,9 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
+from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
 from pyro_trees.infer.fit import isolated_params
+from pyro_trees.models.bayesian_hme import BayesianHME
 
 __all__ = ["SVIRestarts", "annealing_schedule", "fit_svi_restarts", "restart_elbos"]
 
@@ -162,9 +164,6 @@ def fit_svi_restarts(
     :param seed: seeds Pyro's RNG (the sampling during training) when not ``None``.
     :returns: an :class:`SVIRestarts`.
     """
-    from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
-    from pyro_trees.models.bayesian_hme import BayesianHME
-
     for name, value in (
         ("num_restarts", num_restarts),
         ("num_steps", num_steps),
