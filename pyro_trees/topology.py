@@ -41,8 +41,21 @@ class Topology:
     Attributes (read only): ``gates`` (sorted tuple of heap indices), ``experts`` (heap
     indices of the leaves, left to right), ``num_gates == num_experts - 1``.
 
-    Example: ``Topology({1, 3})`` is the tree whose root's left child is an expert
+    ``Topology({1, 3})`` is the tree whose root's left child is an expert
     and whose right child is a gate with two experts: experts ``(2, 6, 7)``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.topology import Topology
+    >>> top = Topology({1, 3})
+    >>> top.experts, top.num_gates
+    ((2, 6, 7), 2)
+    >>> top.sign_matrix()
+    tensor([[-1.,  1.,  1.],
+            [ 0., -1.,  1.]])
+    >>> top.expert_log_probs(torch.zeros(2)).exp()
+    tensor([0.5000, 0.2500, 0.2500])
     """
 
     __slots__ = ("_gates", "_experts")

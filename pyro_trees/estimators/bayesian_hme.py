@@ -109,6 +109,20 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     topology), ``search_seconds_``, ``search_cycles_`` (coordinate-ascent cycles summed
     over all restarts), ``grown_`` (per topology: its best state came from a grown start),
     ``random_bounds_`` (best bound per topology from the random restarts alone).
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import BayesianHMERegressor
+    >>> X = np.linspace(-1, 1, 40)[:, None]
+    >>> y = np.abs(X[:, 0])
+    >>> reg = BayesianHMERegressor(max_experts=2, n_restarts=2, n_iter=5, grow=0,
+    ...                            random_state=0).fit(X, y)
+    >>> reg.predict(X[:3]).shape
+    (3,)
+    >>> lower, upper = reg.predict_interval(X[:3], level=0.9)
+    >>> bool((lower <= upper).all())
+    True
     """
 
     def __init__(

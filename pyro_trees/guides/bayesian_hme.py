@@ -68,6 +68,23 @@ class RestartPlate(PyroModule):
     :param model: the model (plates at dims -1 only).
     :param int num_restarts: the plate's size.
     :param str name: parameter-store prefix (the wrapper has no parameters of its own).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro.infer import SVI, Trace_ELBO
+    >>> from pyro.optim import Adam
+    >>> from pyro_trees.guides import BayesianHMEGuide, RestartPlate
+    >>> from pyro_trees.models import BayesianHME
+    >>> x, y = torch.randn(20, 1), torch.randn(20)
+    >>> model = BayesianHME(1)
+    >>> guide = BayesianHMEGuide(model, init="random", num_restarts=3)
+    >>> svi = SVI(RestartPlate(model, 3), guide, Adam({"lr": 0.01}), Trace_ELBO())
+    >>> loss = svi.step(x, y)
+    >>> guide.W_loc.shape
+    torch.Size([3, 2, 1, 2])
+    >>> guide.restart(0, model).W_loc.shape
+    torch.Size([2, 1, 2])
     """
 
     def __init__(self, model, num_restarts: int, *, name: str = ""):
@@ -118,6 +135,21 @@ class BayesianHMEGuide(AutoGuide):
         wrapped in :class:`RestartPlate` (:meth:`restart` takes one copy out).
     :param str name: parameter-store prefix (parameters are ``"<name>.W_loc"`` etc.);
         default: the model's name, or ``"BayesianHMEGuide"`` when it has none.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro.infer import SVI, Trace_ELBO
+    >>> from pyro.optim import Adam
+    >>> from pyro_trees.guides import BayesianHMEGuide
+    >>> from pyro_trees.models import BayesianHME
+    >>> x, y = torch.randn(20, 1), torch.randn(20)
+    >>> model = BayesianHME(1)
+    >>> guide = BayesianHMEGuide(model, init_restarts=2, init_iters=5)
+    >>> svi = SVI(model, guide, Adam({"lr": 0.01}), Trace_ELBO())
+    >>> loss = svi.step(x, y)
+    >>> guide.median()["W"].shape
+    torch.Size([2, 1, 2])
     """
 
     _PARAMS = (

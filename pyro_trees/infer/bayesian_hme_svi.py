@@ -98,6 +98,18 @@ class SVIRestarts:
     :ivar best: index of the best restart (highest ``elbos``).
     :ivar losses: the batched loss (sum over restarts of the negative ELBO) per step.
     :ivar seconds: wall-clock seconds, training and evaluation.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import fit_svi_restarts
+    >>> from pyro_trees.topology import Topology
+    >>> x = torch.linspace(-1, 1, 20).unsqueeze(-1)
+    >>> y = x.squeeze(-1).abs()
+    >>> fit = fit_svi_restarts(x, y, Topology.balanced(1), num_restarts=2, num_steps=2,
+    ...                        eval_particles=10)
+    >>> fit.elbos.shape, fit.best in (0, 1)
+    (torch.Size([2]), True)
     """
 
     model: object

@@ -57,6 +57,18 @@ class BayesianHME(PyroModule):
     :param float prior_b: Gamma rate ``b0`` of every precision's prior.
     :param str name: parameter-store prefix (the model has no parameters; its guide,
         :class:`~pyro_trees.guides.BayesianHMEGuide`, takes it as its default name).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import BayesianHME
+    >>> from pyro_trees.topology import Topology
+    >>> model = BayesianHME(2, 1, Topology.balanced(1))
+    >>> x = torch.randn(10, 2)
+    >>> model(x).shape
+    torch.Size([10, 1])
+    >>> model.num_gates, model.num_experts
+    (1, 2)
     """
 
     def __init__(

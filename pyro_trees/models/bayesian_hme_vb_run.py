@@ -229,7 +229,21 @@ def schedule_by_name(name: str, num_iters: int = 800) -> list[float]:
 @dataclass
 class VBResult:
     """Output of :func:`run_vb`: the final state, its bound (``batch_shape``) and the bound
-    after every cycle (``(num_iters,) + batch_shape``, tempered while annealing)."""
+    after every cycle (``(num_iters,) + batch_shape``, tempered while annealing).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import VBData, bayesian_hme_vb as vb
+    >>> from pyro_trees.topology import Topology
+    >>> data = VBData.build(torch.randn(30, 1), torch.randn(30), Topology.balanced(1))
+    >>> state = vb.init_state(data, (3,), generator=torch.Generator().manual_seed(0))
+    >>> res = vb.run_vb(data, state, num_iters=5, tol=None)
+    >>> res.bound.shape, res.history.shape, res.iterations
+    (torch.Size([3]), torch.Size([5, 3]), 5)
+    >>> bool((res.history[-1] >= res.history[0]).all())
+    True
+    """
 
     state: VBState
     bound: torch.Tensor

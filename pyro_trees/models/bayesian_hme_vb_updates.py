@@ -94,6 +94,17 @@ class VBData:
         ``-1`` left, ``0`` off the path), same dtype as ``x``.
     :ivar prior_a: Gamma shape of every precision's prior (``a0``).
     :ivar prior_b: Gamma rate of every precision's prior (``b0``).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import VBData
+    >>> from pyro_trees.topology import Topology
+    >>> data = VBData.build(torch.randn(5, 2), torch.randn(5), Topology.balanced(1))
+    >>> data.x.shape, data.t.shape, data.signs.shape
+    (torch.Size([5, 3]), torch.Size([5, 1]), torch.Size([1, 2]))
+    >>> data.quad(torch.eye(3).expand(2, 3, 3)).shape
+    torch.Size([2, 5])
     """
 
     x: torch.Tensor
@@ -173,6 +184,21 @@ class VBState:
     :ivar tau_b: Gamma rate of the expert noise precisions, ``batch_shape + (E,)``.
     :ivar xi: Jaakkola-Jordan parameters, ``batch_shape + (G, N)``.
     :ivar log_r: log responsibilities ``batch_shape + (N, E)``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import VBData, bayesian_hme_vb as vb
+    >>> from pyro_trees.topology import Topology
+    >>> data = VBData.build(torch.randn(30, 1), torch.randn(30), Topology.balanced(1))
+    >>> state = vb.init_state(data, (4,), generator=torch.Generator().manual_seed(0))
+    >>> state.batch_shape, state.w_mean.shape, state.log_r.shape
+    (torch.Size([4]), torch.Size([4, 2, 1, 2]), torch.Size([4, 30, 2]))
+    >>> state = vb.vb_cycle(data, state)
+    >>> state.index(0).batch_shape
+    torch.Size([])
+    >>> vb.bound(data, state).shape
+    torch.Size([4])
     """
 
     v_mean: torch.Tensor

@@ -34,6 +34,21 @@ class ModelSelection:
     :ivar cycles: coordinate-ascent cycles run, summed over all restarts (the work done).
     :ivar grown: ``(K,)`` bools, where the best state comes from a start grown out of a
         smaller topology (:func:`grow_selection`); ``None`` if none was grown.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import select_topology
+    >>> x = torch.linspace(-1, 1, 40).unsqueeze(-1)
+    >>> y = x.squeeze(-1).abs()
+    >>> sel = select_topology(x, y, 2, num_restarts=2, num_iters=5,
+    ...                       generator=torch.Generator().manual_seed(0))
+    >>> [str(t) for t in sel.topologies]
+    ['E', '(E E)']
+    >>> sel.bounds.shape, float(sel.weights.sum())
+    (torch.Size([2]), 1.0)
+    >>> sel.topologies[sel.best].num_experts in (1, 2)
+    True
     """
 
     topologies: list
