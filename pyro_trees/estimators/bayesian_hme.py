@@ -87,12 +87,10 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     :param float prior_a: Gamma shape of the precisions' priors.
     :param float prior_b: Gamma rate of the precisions' priors.
     :param search_dtype: ``"float64"`` (default) or ``None`` runs everything in double
-        precision. ``"float32"`` (about twice as fast on a CPU) runs the restarts in
-        single precision and then polishes the best start of every topology in double
-        precision, so that ``bounds_`` and the states are exact, but its restarts reach
-        worse optima: on the noise-free robot arm (16 experts, 30 starts) a best bound
-        of 3109 against 3288 in double precision, on kin8nm a best 5-expert bound 7 nats
-        lower.
+        precision. ``"float32"`` (faster on a CPU) runs the restarts in single
+        precision and then polishes the best start of every topology in double
+        precision, so that ``bounds_`` and the states are exact, but its restarts can
+        reach worse optima (see the guide page of the Bayesian HME).
     :param random_state: ``None`` or an int seed for the random starts and for
         :meth:`sample`.
     :param device: torch device of the search (default: the CPU).

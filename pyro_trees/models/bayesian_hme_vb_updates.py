@@ -80,7 +80,7 @@ _LOG_2PI = math.log(2 * math.pi)
 def _exp(value: torch.Tensor) -> torch.Tensor:
     """``exp`` with arguments below ``log(tiny) + 1`` raised to it: the result changes by
     less than three times the dtype's smallest normal number, and CPU ``exp`` avoids its
-    slow path for subnormal results (ten times slower in float32)."""
+    slow path for subnormal results."""
     return value.clamp_min(math.log(torch.finfo(value.dtype).tiny) + 1.0).exp()
 
 

@@ -166,7 +166,7 @@ def select_topology(
     most of the time on the promising starts. ``all_bounds`` then holds ``-inf`` for the
     pruned starts.
 
-    With ``search_dtype`` (e.g. ``torch.float32``, about twice as fast on a CPU) the
+    With ``search_dtype`` (e.g. ``torch.float32``, faster on a CPU) the
     search runs in that dtype; the best restart of every topology is then *polished*
     in the dtype of ``x``: up to ``polish_iters`` more cycles at temperature 1 (stopping
     on ``tol``), so that the reported bounds and states are computed at full precision
