@@ -27,7 +27,25 @@ import torch
 
 from pyro_trees.trees import depth_of, left_child, num_internal, parent, right_child
 
-__all__ = ["Topology", "enumerate_topologies", "mirror_map", "num_topologies"]
+__all__ = [
+    "Topology",
+    "enumerate_topologies",
+    "expert_log_probs",
+    "mirror_map",
+    "num_topologies",
+]
+
+
+def expert_log_probs(gate_logits: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """Log-probability of every expert from per-gate log-odds of going right, for any
+    tree given by its path signs (:meth:`Topology.sign_matrix`, or a batch of them).
+
+    :param gate_logits: ``batch_shape + (G,)``.
+    :param signs: ``+1``/``-1``/``0`` path signs broadcastable to ``batch_shape + (G, E)``.
+    :returns: ``batch_shape + (E,)``; logsumexp over the last dim is 0.
+    """
+    logsig = torch.nn.functional.logsigmoid(gate_logits.unsqueeze(-1) * signs)
+    return (logsig * signs.abs()).sum(-2)
 
 
 class Topology:
@@ -206,8 +224,7 @@ class Topology:
                 f"got {gate_logits.shape[-1]}"
             )
         s = self.sign_matrix(dtype=gate_logits.dtype, device=gate_logits.device)
-        logsig = torch.nn.functional.logsigmoid(gate_logits.unsqueeze(-1) * s)
-        return (logsig * s.abs()).sum(-2)
+        return expert_log_probs(gate_logits, s)
 
     def canonical(self) -> Topology:
         """The representative of this tree's mirror class used by :func:`enumerate_topologies`."""

@@ -41,7 +41,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 
-from pyro_trees.topology import Topology
+from pyro_trees.topology import Topology, expert_log_probs
 
 __all__ = ["BayesianHME"]
 
@@ -157,9 +157,7 @@ class BayesianHME(PyroModule):
 
     def topology_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Log gate probabilities ``log pi_j`` of every expert, ``(..., G) -> (..., E)``."""
-        s = self.signs.to(logits)
-        logsig = torch.nn.functional.logsigmoid(logits.unsqueeze(-1) * s)
-        return (logsig * s.abs()).sum(-2)
+        return expert_log_probs(logits, self.signs.to(logits))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample the globals and the targets (observed when ``y`` is given).

@@ -26,6 +26,7 @@ from pyro_trees.models.bayesian_hme_vb_updates import (
     bound,
     jj_lambda,
 )
+from pyro_trees.topology import expert_log_probs
 
 __all__ = [
     "SCHEDULES",
@@ -146,7 +147,7 @@ def init_state(
     v_mean = noise.to(x.device) * (gate_scale / math.sqrt(p))
     v_cov = torch.eye(p, **opts).expand(batch_shape + (g, p, p)) * 1e-2
     logits = v_mean @ x.T  # (..., G, N)
-    log_pi = (F.logsigmoid(logits.unsqueeze(-1) * s.unsqueeze(-2)) * s.abs().unsqueeze(-2)).sum(-3)
+    log_pi = expert_log_probs(logits.transpose(-1, -2), s.unsqueeze(-3))  # (..., N, E)
     log_r = log_pi.log_softmax(-1) if g else x.new_zeros(batch_shape + (n, e))
     ones_e = torch.ones(batch_shape + (e,), **opts)
     ones_g = torch.ones(batch_shape + (g,), **opts)
