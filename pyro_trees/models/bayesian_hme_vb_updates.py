@@ -44,6 +44,10 @@ batched tensor operations. A topology enters only through its sign matrix
 References: C. M. Bishop and M. Svensén, *Bayesian Hierarchical Mixtures of Experts*,
 UAI 2003; T. Jaakkola and M. Jordan, *Bayesian parameter estimation via variational
 methods*, Statistics and Computing 10, 2000.
+
+The public names are exported from :mod:`pyro_trees.infer.bayesian_hme_vb`; they live
+here, below the guides, because :class:`~pyro_trees.guides.BayesianHMEGuide` starts
+from them.
 """
 
 from __future__ import annotations
