@@ -27,7 +27,25 @@ import torch
 
 from pyro_trees.trees import depth_of, left_child, num_internal, parent, right_child
 
-__all__ = ["Topology", "enumerate_topologies", "mirror_map", "num_topologies"]
+__all__ = [
+    "Topology",
+    "enumerate_topologies",
+    "expert_log_probs",
+    "mirror_map",
+    "num_topologies",
+]
+
+
+def expert_log_probs(gate_logits: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """Log-probability of every expert from per-gate log-odds of going right, for any
+    tree given by its path signs (:meth:`Topology.sign_matrix`, or a batch of them).
+
+    :param gate_logits: ``batch_shape + (G,)``.
+    :param signs: ``+1``/``-1``/``0`` path signs broadcastable to ``batch_shape + (G, E)``.
+    :returns: ``batch_shape + (E,)``; logsumexp over the last dim is 0.
+    """
+    logsig = torch.nn.functional.logsigmoid(gate_logits.unsqueeze(-1) * signs)
+    return (logsig * signs.abs()).sum(-2)
 
 
 class Topology:
@@ -41,8 +59,21 @@ class Topology:
     Attributes (read only): ``gates`` (sorted tuple of heap indices), ``experts`` (heap
     indices of the leaves, left to right), ``num_gates == num_experts - 1``.
 
-    Example: ``Topology({1, 3})`` is the tree whose root's left child is an expert
+    ``Topology({1, 3})`` is the tree whose root's left child is an expert
     and whose right child is a gate with two experts: experts ``(2, 6, 7)``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.topology import Topology
+    >>> top = Topology({1, 3})
+    >>> top.experts, top.num_gates
+    ((2, 6, 7), 2)
+    >>> top.sign_matrix()
+    tensor([[-1.,  1.,  1.],
+            [ 0., -1.,  1.]])
+    >>> top.expert_log_probs(torch.zeros(2)).exp()
+    tensor([0.5000, 0.2500, 0.2500])
     """
 
     __slots__ = ("_gates", "_experts")
@@ -193,8 +224,7 @@ class Topology:
                 f"got {gate_logits.shape[-1]}"
             )
         s = self.sign_matrix(dtype=gate_logits.dtype, device=gate_logits.device)
-        logsig = torch.nn.functional.logsigmoid(gate_logits.unsqueeze(-1) * s)
-        return (logsig * s.abs()).sum(-2)
+        return expert_log_probs(gate_logits, s)
 
     def canonical(self) -> Topology:
         """The representative of this tree's mirror class used by :func:`enumerate_topologies`."""

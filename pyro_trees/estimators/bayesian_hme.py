@@ -87,12 +87,10 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     :param float prior_a: Gamma shape of the precisions' priors.
     :param float prior_b: Gamma rate of the precisions' priors.
     :param search_dtype: ``"float64"`` (default) or ``None`` runs everything in double
-        precision. ``"float32"`` (about twice as fast on a CPU) runs the restarts in
-        single precision and then polishes the best start of every topology in double
-        precision, so that ``bounds_`` and the states are exact, but its restarts reach
-        worse optima: on the noise-free robot arm (16 experts, 30 starts) a best bound
-        of 3109 against 3288 in double precision, on kin8nm a best 5-expert bound 7 nats
-        lower.
+        precision. ``"float32"`` (faster on a CPU) runs the restarts in single
+        precision and then polishes the best start of every topology in double
+        precision, so that ``bounds_`` and the states are exact, but its restarts can
+        reach worse optima (see the guide page of the Bayesian HME).
     :param random_state: ``None`` or an int seed for the random starts and for
         :meth:`sample`.
     :param device: torch device of the search (default: the CPU).
@@ -109,6 +107,20 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     topology), ``search_seconds_``, ``search_cycles_`` (coordinate-ascent cycles summed
     over all restarts), ``grown_`` (per topology: its best state came from a grown start),
     ``random_bounds_`` (best bound per topology from the random restarts alone).
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import BayesianHMERegressor
+    >>> X = np.linspace(-1, 1, 40)[:, None]
+    >>> y = np.abs(X[:, 0])
+    >>> reg = BayesianHMERegressor(max_experts=2, n_restarts=2, n_iter=5, grow=0,
+    ...                            random_state=0).fit(X, y)
+    >>> reg.predict(X[:3]).shape
+    (3,)
+    >>> lower, upper = reg.predict_interval(X[:3], level=0.9)
+    >>> bool((lower <= upper).all())
+    True
     """
 
     def __init__(

@@ -40,6 +40,9 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroModule, PyroParam
 
+from pyro_trees.models.bayesian_hme_vb_run import init_state, run_vb
+from pyro_trees.models.bayesian_hme_vb_updates import VBData, update_experts, update_noise
+
 __all__ = ["BayesianHMEGuide", "RestartPlate"]
 
 _INITS = ("vb", "data", "random")
@@ -65,6 +68,23 @@ class RestartPlate(PyroModule):
     :param model: the model (plates at dims -1 only).
     :param int num_restarts: the plate's size.
     :param str name: parameter-store prefix (the wrapper has no parameters of its own).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro.infer import SVI, Trace_ELBO
+    >>> from pyro.optim import Adam
+    >>> from pyro_trees.guides import BayesianHMEGuide, RestartPlate
+    >>> from pyro_trees.models import BayesianHME
+    >>> x, y = torch.randn(20, 1), torch.randn(20)
+    >>> model = BayesianHME(1)
+    >>> guide = BayesianHMEGuide(model, init="random", num_restarts=3)
+    >>> svi = SVI(RestartPlate(model, 3), guide, Adam({"lr": 0.01}), Trace_ELBO())
+    >>> loss = svi.step(x, y)
+    >>> guide.W_loc.shape
+    torch.Size([3, 2, 1, 2])
+    >>> guide.restart(0, model).W_loc.shape
+    torch.Size([2, 1, 2])
     """
 
     def __init__(self, model, num_restarts: int, *, name: str = ""):
@@ -115,6 +135,21 @@ class BayesianHMEGuide(AutoGuide):
         wrapped in :class:`RestartPlate` (:meth:`restart` takes one copy out).
     :param str name: parameter-store prefix (parameters are ``"<name>.W_loc"`` etc.);
         default: the model's name, or ``"BayesianHMEGuide"`` when it has none.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro.infer import SVI, Trace_ELBO
+    >>> from pyro.optim import Adam
+    >>> from pyro_trees.guides import BayesianHMEGuide
+    >>> from pyro_trees.models import BayesianHME
+    >>> x, y = torch.randn(20, 1), torch.randn(20)
+    >>> model = BayesianHME(1)
+    >>> guide = BayesianHMEGuide(model, init_restarts=2, init_iters=5)
+    >>> svi = SVI(model, guide, Adam({"lr": 0.01}), Trace_ELBO())
+    >>> loss = svi.step(x, y)
+    >>> guide.median()["W"].shape
+    torch.Size([2, 1, 2])
     """
 
     _PARAMS = (
@@ -273,21 +308,17 @@ class BayesianHMEGuide(AutoGuide):
         }
 
     def _init_vb(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        from pyro_trees.infer import bayesian_hme_vb as vb
-
         data = self._vb_data(x, y)
         r = self._batch()
         k = self.init_restarts
-        state = vb.init_state(data, r + (k,))
-        res = vb.run_vb(data, state, num_iters=self.init_iters)
+        state = init_state(data, r + (k,))
+        res = run_vb(data, state, num_iters=self.init_iters)
         best = res.bound.nan_to_num(-float("inf")).argmax(-1)
         pick = (torch.arange(r[0], device=best.device), best) if r else int(best)
         self._set(self._from_state(res.state.index(pick), like=x))
 
     def _vb_data(self, x: torch.Tensor, y: torch.Tensor):
-        from pyro_trees.infer import bayesian_hme_vb as vb
-
-        return vb.VBData.build(
+        return VBData.build(
             x.detach().double(),
             y.detach().double(),
             self.topology,
@@ -366,12 +397,10 @@ class BayesianHMEGuide(AutoGuide):
         :param x: inputs ``(N, L)``.
         :param y: targets ``(N,)`` or ``(N, D)``.
         """
-        from pyro_trees.infer import bayesian_hme_vb as vb
-
         data = self._vb_data(x, y)
-        state = vb.init_state(data, self._batch(), gate_scale=gate_scale, generator=generator)
-        state = vb.update_experts(data, state)
-        state = vb.update_noise(data, state)
+        state = init_state(data, self._batch(), gate_scale=gate_scale, generator=generator)
+        state = update_experts(data, state)
+        state = update_noise(data, state)
         values = self._random_values(x, draw=False)
         fitted = self._from_state(state, like=x)
         for key in ("v_loc", "v_scale", "v_scale_tril", "W_loc", "W_scale", "W_scale_tril"):

@@ -34,7 +34,9 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
+from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
 from pyro_trees.infer.fit import isolated_params
+from pyro_trees.models.bayesian_hme import BayesianHME
 
 __all__ = ["SVIRestarts", "annealing_schedule", "fit_svi_restarts", "restart_elbos"]
 
@@ -96,6 +98,18 @@ class SVIRestarts:
     :ivar best: index of the best restart (highest ``elbos``).
     :ivar losses: the batched loss (sum over restarts of the negative ELBO) per step.
     :ivar seconds: wall-clock seconds, training and evaluation.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import fit_svi_restarts
+    >>> from pyro_trees.topology import Topology
+    >>> x = torch.linspace(-1, 1, 20).unsqueeze(-1)
+    >>> y = x.squeeze(-1).abs()
+    >>> fit = fit_svi_restarts(x, y, Topology.balanced(1), num_restarts=2, num_steps=2,
+    ...                        eval_particles=10)
+    >>> fit.elbos.shape, fit.best in (0, 1)
+    (torch.Size([2]), True)
     """
 
     model: object
@@ -162,9 +176,6 @@ def fit_svi_restarts(
     :param seed: seeds Pyro's RNG (the sampling during training) when not ``None``.
     :returns: an :class:`SVIRestarts`.
     """
-    from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
-    from pyro_trees.models.bayesian_hme import BayesianHME
-
     for name, value in (
         ("num_restarts", num_restarts),
         ("num_steps", num_steps),

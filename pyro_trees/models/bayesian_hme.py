@@ -41,7 +41,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 
-from pyro_trees.topology import Topology
+from pyro_trees.topology import Topology, expert_log_probs
 
 __all__ = ["BayesianHME"]
 
@@ -57,6 +57,18 @@ class BayesianHME(PyroModule):
     :param float prior_b: Gamma rate ``b0`` of every precision's prior.
     :param str name: parameter-store prefix (the model has no parameters; its guide,
         :class:`~pyro_trees.guides.BayesianHMEGuide`, takes it as its default name).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import BayesianHME
+    >>> from pyro_trees.topology import Topology
+    >>> model = BayesianHME(2, 1, Topology.balanced(1))
+    >>> x = torch.randn(10, 2)
+    >>> model(x).shape
+    torch.Size([10, 1])
+    >>> model.num_gates, model.num_experts
+    (1, 2)
     """
 
     def __init__(
@@ -145,9 +157,7 @@ class BayesianHME(PyroModule):
 
     def topology_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Log gate probabilities ``log pi_j`` of every expert, ``(..., G) -> (..., E)``."""
-        s = self.signs.to(logits)
-        logsig = torch.nn.functional.logsigmoid(logits.unsqueeze(-1) * s)
-        return (logsig * s.abs()).sum(-2)
+        return expert_log_probs(logits, self.signs.to(logits))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample the globals and the targets (observed when ``y`` is given).

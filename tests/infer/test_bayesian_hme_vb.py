@@ -6,6 +6,9 @@ import torch
 import torch.distributions as D
 
 from pyro_trees.infer import bayesian_hme_vb as vb
+from pyro_trees.infer.bayesian_hme_vb import selection as vb_selection
+from pyro_trees.models import bayesian_hme_vb_run as vb_run
+from pyro_trees.models import bayesian_hme_vb_updates as vb_updates
 from pyro_trees.topology import Topology, enumerate_topologies, mirror_map
 
 TOPS = [
@@ -58,7 +61,7 @@ def test_fused_cycle_equals_sequential_updates():
     seq = state
     for update in vb.UPDATES:
         seq = update(data, seq, 1.7)
-    fused, _, value = vb._fused_cycle(data, state, 1.7)
+    fused, _, value = vb_run._fused_cycle(data, state, 1.7)
     for f in fields(seq):
         assert torch.allclose(getattr(fused, f.name), getattr(seq, f.name), atol=1e-10), f.name
     assert torch.allclose(value, vb.bound(data, seq, 1.7))
@@ -150,7 +153,7 @@ def test_responsibilities_are_normalised_and_bound_is_logsumexp():
     assert torch.allclose(state.log_r.exp().sum(-1), torch.ones(3, 40, dtype=torch.float64))
     # at the optimal q(Z) the assignment part of the bound is sum_n logsumexp_j
     point = vb.gate_terms(data, state) + vb.expected_expert_loglik(data, state)
-    glob = vb._global_terms(data, state)
+    glob = vb_updates._global_terms(data, state)
     assert torch.allclose(vb.bound(data, state), point.logsumexp(-1).sum(-1) + glob)
 
 
@@ -275,10 +278,10 @@ def test_race_stops_each_restart_on_its_own():
     x, t = toy(n=40)
     top = TOPS[0]
     data = vb.VBData.build(x, t, top)
-    flat = vb._with_signs(data, data.signs.expand(3, *data.signs.shape).clone())
+    flat = vb_selection._with_signs(data, data.signs.expand(3, *data.signs.shape).clone())
     state = vb.init_state(flat, (3,), generator=torch.Generator().manual_seed(4))
     temps = vb.temperature_schedule(150, anneal_iters=20)
-    final, values, work = vb._race(flat, state, temps, 1e-6)
+    final, values, work = vb_selection._race(flat, state, temps, 1e-6)
     iters = []
     for i in range(3):
         alone = vb.run_vb(data, state.index(i), temperatures=temps, tol=1e-6)
@@ -307,18 +310,18 @@ def test_float32_search_is_polished_in_float64():
 def test_failed_cholesky_poisons_only_its_element():
     prec = torch.eye(3, dtype=torch.float64).repeat(3, 1, 1)
     prec[1, 0, 0] = -1.0
-    cov, logdet = vb._gauss_from_precision(prec)
+    cov, logdet = vb_updates._gauss_from_precision(prec)
     assert torch.isnan(cov[1]).all() and torch.isnan(logdet[1])
     assert torch.allclose(cov[[0, 2]], prec[[0, 2]]) and (logdet[[0, 2]] == 0).all()
     with pytest.raises(torch.linalg.LinAlgError):
-        vb._gauss_from_precision(prec[1])
+        vb_updates._gauss_from_precision(prec[1])
 
 
 def test_exp_clamp_is_within_tiny():
     for dtype in (torch.float32, torch.float64):
         v = torch.tensor([-1e4, -200.0, -50.0, 0.0, 3.0], dtype=dtype)
         tiny = torch.finfo(dtype).tiny
-        assert ((vb._exp(v) - v.exp()).abs() <= 3 * tiny).all()
+        assert ((vb_updates._exp(v) - v.exp()).abs() <= 3 * tiny).all()
 
 
 def test_merge_selections_keeps_the_best_per_topology():
