@@ -22,35 +22,10 @@ from torch.distributions import constraints
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
+from pyro_trees.guides._vart_memory import _guide_param_count, _require_memory
 from pyro_trees.models.vart import VaRT, node_weights, weighted
 
 __all__ = ["TemperatureSchedule", "VaRTGuide"]
-
-
-def _guide_param_count(depth: int, in_features: int) -> int:
-    """Entries of the parameters of :class:`VaRTGuide` at depth ``depth`` with
-    ``in_features`` inputs: split logits and the split weights' locations and scales on
-    the :math:`2^D - 1` internal positions, the leaf weights' and log noise scales'
-    locations and scales on all :math:`2^{D+1} - 1` nodes."""
-    width = in_features + 1
-    n_int, n_all = trees.num_internal(depth), trees.num_internal(depth + 1)
-    return n_int * (1 + 2 * width) + n_all * (2 * width + 2)
-
-
-def _require_memory(depth: int, need: float, what: str, hint: str, device=None) -> None:
-    """Raise a ``ValueError`` when ``need`` bytes exceed the memory of ``device`` (free
-    CUDA memory, or the machine's physical memory), saying how much ``what`` needs.
-
-    :param str what: what needs the memory (``"training on 256 rows at a time"``).
-    :param str hint: how to need less (``"a smaller depth or batch_size"``).
-    """
-    trees.require_memory(
-        need,
-        what,
-        f"Use {hint}.",
-        head=f"depth {depth} means 2**{depth + 1} - 1 = {2 ** (depth + 1) - 1:,} nodes; ",
-        device=device,
-    )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from torch.distributions.utils import clamp_probs
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.models.vart import VaRT, gaussian, with_bias
+from pyro_trees.models._vart_mixture import gaussian, with_bias
+from pyro_trees.models.vart import VaRT
 
 __all__ = ["VaRTELBO", "sample_guide", "vart_elbo"]
 
