@@ -16,11 +16,11 @@ import math
 import torch
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows
-from pyro_trees.guides._vart_memory import PREDICT_BYTES, ROW_BYTES_PER_NODE
 from pyro_trees.models._vart_mixture import _row_mixtures
 
 __all__ = ["noise_factor_from_curve", "noise_factor_from_scores"]
 
+_REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
 
 
@@ -289,10 +289,11 @@ class _NoiseCalibration:
         batches = self._calibration_batches(Xs, ys)
         return _standardised_scores(self._raw_leaves(), batches, level).cpu().numpy()
 
-    def _calibration_batches(self, *tensors: torch.Tensor):
-        """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
-        their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
-        nodes = 2 ** (self.guide_.depth + 1)
-        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
-        for start in range(0, tensors[0].shape[0], rows):
-            yield tuple(t[start : start + rows] for t in tensors)
+    def _refit(self, X, y, val_idx, train_idx, seed: int) -> None:
+        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED``, trained on
+        ``train_idx`` for the number of steps early stopping chose
+        (``fit_result_.best_step``, at least 1), replaces the stopped one."""
+        steps = max(int(self.fit_result_.best_step or 0), 1)
+        seed = int(seed) + _REFIT_SEED
+        gen = torch.Generator().manual_seed(seed)
+        self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)

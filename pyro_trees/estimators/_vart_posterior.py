@@ -13,9 +13,19 @@ import torch
 from pyro.infer import Predictive
 
 from pyro_trees import trees
+from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
 from pyro_trees.estimators._rng import local_seed
-from pyro_trees.guides._vart_memory import PREDICT_BYTES, _check_prediction_memory
-from pyro_trees.models._vart_mixture import _leaf_mixtures, _leaf_tree, _stack_trees
+from pyro_trees.guides._vart_memory import (
+    PREDICT_BYTES,
+    ROW_BYTES_PER_NODE,
+    _check_prediction_memory,
+)
+from pyro_trees.models._vart_mixture import (
+    _leaf_mixtures,
+    _leaf_tree,
+    _row_mixtures,
+    _stack_trees,
+)
 
 
 class _PosteriorTrees:
@@ -117,3 +127,43 @@ class _PosteriorTrees:
                 )
             draws = draws[:num_samples]
         return draws
+
+    def _calibration_batches(self, *tensors: torch.Tensor):
+        """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
+        their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
+        nodes = 2 ** (self.guide_.depth + 1)
+        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
+        for start in range(0, tensors[0].shape[0], rows):
+            yield tuple(t[start : start + rows] for t in tensors)
+
+    @torch.no_grad()
+    def _mixture_std(self, Xs: torch.Tensor) -> torch.Tensor:
+        """Standard deviations ``(N,)`` of the posterior predictive at standardised rows
+        ``Xs`` ``(N, L)``: the Gaussian mixture over the ``num_samples`` trees and their
+        leaves, calibrated noise included."""
+        tree = self._leaf_trees()
+        var = []
+        for (xb,) in self._calibration_batches(Xs):
+            logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
+            weight = logits.exp() / logits.shape[0]
+            m = (weight * loc).sum((0, -1))
+            second = (weight * (loc * loc + scale * scale)).sum((0, -1))
+            var.append((second - m * m).clamp_min(0.0))
+        return torch.cat(var).sqrt()
+
+    @torch.no_grad()
+    def _mixture_quantiles(self, Xs: torch.Tensor, probs) -> torch.Tensor:
+        """Quantiles ``(len(probs), N)`` of that posterior predictive mixture at ``Xs``."""
+        tree = self._leaf_trees()
+        out = []
+        for (xb,) in self._calibration_batches(Xs):
+            logits, loc, scale = _row_mixtures(tree, xb)
+            weight = logits.exp() / logits.shape[0]
+            out.append(_row_mixture_quantiles(*_compact_rows(weight, loc, scale), probs))
+        return torch.cat(out, -1)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_tree_samples"] = None  # redrawn with the same seed after loading
+        state["_leaf_cache"] = None
+        return state

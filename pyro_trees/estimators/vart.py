@@ -14,7 +14,6 @@ from pyro.infer import Trace_ELBO
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
@@ -24,13 +23,11 @@ from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_trai
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
-from pyro_trees.models._vart_mixture import _row_mixtures, mixture_params, with_bias
+from pyro_trees.models._vart_mixture import tree_mean
 from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level
 
 __all__ = ["VaRTRegressor"]
-
-_REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 
 
 class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularEstimator):
@@ -75,10 +72,10 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     :param calibrate_noise: how the held-out rows set one factor :math:`c` that
         multiplies every leaf's noise scale (stored as ``noise_factor_``; ``None`` or
         ``False``: none, :math:`c = 1`). At small :math:`\\lambda` the KL term hardly
-        constrains the leaf noise, which then shrinks to the training residuals of a
-        tree that can nearly interpolate a small data set; the held-out rows measure the
-        residuals on data the tree has not seen. At most 512 held-out rows enter; what
-        both rules read is kept in ``noise_calibration_``.
+        constrains the leaf noise, which then shrinks to the training residuals; the
+        held-out rows measure the residuals on data the tree has not seen. At most 512
+        held-out rows enter; what both rules read is kept in ``noise_calibration_``. The
+        reasons behind the rules and their measured coverage are in the VaRT guide page.
 
         * ``"coverage"`` (default): split conformal calibration of the interval
           (:func:`~pyro_trees.estimators.noise_factor_from_scores`). Each held-out row's score
@@ -87,24 +84,16 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
           over the ``num_samples`` trees, computed exactly from the Gaussian mixture);
           :math:`\\hat c` is the score at position :math:`\\mathrm{level}\\,(n+1)` of
           the :math:`n` sorted scores (interpolated), so that a new row is covered
-          with probability close to the level whatever the shape of the residuals
-          (heavy tails, say, where a likelihood-matched scale over-covers). With
-          ``refit`` (the default) :math:`c = \\hat c`. With ``refit=False``, as with
+          with probability close to the level whatever the shape of the residuals.
+          With ``refit`` (the default) :math:`c = \\hat c`. With ``refit=False``, as with
           the likelihood rule, :math:`c = \\hat c` when :math:`\\hat c \\ge 1`, and below
           one the noise is shrunk only to the one-sided 95 % upper confidence bound of
           the score quantile (not at all with fewer than 29 rows at 0.9). With
           fewer than :math:`\\mathrm{level}/(1-\\mathrm{level})` held-out rows (9 at
           0.9) the likelihood rule is used (``noise_calibration_["rule"]`` says
-          which). Intervals of other levels keep the predictive's shape. With
-          ``refit=False`` the held-out rows also picked the early-stopping checkpoint
-          of the model they score, so their scores run small and new rows are covered
-          less often than the level (see ``refit``). The factor scales only the leaf
-          noise: where the spread of the posterior trees' predictions alone already
-          covers a row (small data sets with many features and linear leaves), no
-          factor narrows its interval, and intervals can over-cover (on ``autos`` at
-          depth 5 with ``refit=False``, 90 % of
-          the test rows lie inside the interval at the smallest factor, :math:`2^{-6}`:
-          no noise factor takes the coverage below about 0.90).
+          which). Intervals of other levels keep the predictive's shape. The factor
+          scales only the leaf noise: where the spread of the posterior trees'
+          predictions alone already covers a row, no factor narrows its interval.
         * ``"likelihood"`` (``True``): :math:`c` read off the held-out log posterior
           predictive density :math:`\\ell(c)` (log grid over :math:`[1/8, 64]`,
           :func:`~pyro_trees.estimators.noise_factor_from_curve`): :math:`c = \\hat c` when the
@@ -115,43 +104,26 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     :param float calibration_level: the central interval probability whose held-out
         coverage ``calibrate_noise="coverage"`` sets, in ``(0, 1)``.
     :param min_calibration_rows: ``calibrate_noise="coverage"`` only: score at least this
-        many held-out rows by cross-fitting (``None``, the default: the held-out split
-        alone). The training rows are cut into disjoint folds of the held-out split's size
-        (fold 0 is that split); fold :math:`k = 1, \\dots, K-1` is scored by an extra fit
-        that holds it out (for early stopping too, like the main fit) and is seeded
-        ``seed_ + k``, with :math:`K` the least number of folds with that many rows (at most
-        ``N // n_val``, every row once). The pooled scores set the factor of the main
-        fit, which alone predicts; training costs :math:`K` fits. With ten held-out rows
-        (:math:`N \\approx 100`) the quantile of the split's scores is that of one or two
-        rows, and the one-sided bound forbids any shrinking below 29 rows, so the
-        factor is mostly noise; cross-fitting pools every row's score (the CV+ idea of
-        Barber et al., 2021), at the price of scores from fits on slightly different
-        rows. ``noise_calibration_["fold_scores"]`` keeps them. Measured on the 18 UCI
-        sets at depth 5 (``benchmarks/results/vart_uci_d5_crossfit100_*.md``, 100
-        rows): it does not help there. The smallest sets then under-cover
-        (concreteslump 0.824, fertility 0.840, against 0.845 and 0.890 from the held-out
-        split alone) and autos still over-covers (0.962): with enough rows the factor
-        may go below one, and the folds' scores, like the split's, come from rows that
-        also picked their fit's early-stopping step. Hence off by default.
-    :param bool refit: separate choosing the number of steps from calibrating the noise.
-        Early stopping picks, among some fifty checkpoints, the one whose mean tree fits
-        the held-out rows best, so those rows end up fitted better than new rows: on the
-        18 UCI sets at depth 5 they lie inside the fitted 90 % interval more often than
-        the test rows on 14 (concreteslump 0.94 against 0.81), and with about ten of them
-        the factor they set under-covers. With ``refit=True`` the stopped fit
-        (kept as ``stopping_result_``) only gives its number of steps
-        :math:`T` (its best step, at least 1); a fresh guide, seeded
-        ``seed_ + 104729``, trains :math:`T` steps of the same temperature schedule on the
-        same training rows without early stopping and is the fitted model
-        (``fit_result_``). The held-out rows chose nothing of it but :math:`T`, so their
-        scores are close to exchangeable with new rows', and ``"coverage"`` takes the
-        conformal quantile as it is, below one as well (no confidence bound;
+        many held-out rows by cross-fitting (the CV+ idea of Barber et al., 2021; ``None``,
+        the default: the held-out split alone). The training rows are cut into disjoint
+        folds of the held-out split's size (fold 0 is that split); fold
+        :math:`k = 1, \\dots, K-1` is scored by an extra fit that holds it out (for early
+        stopping too, like the main fit) and is seeded ``seed_ + k``, with :math:`K` the
+        least number of folds with that many rows (at most ``N // n_val``, every row
+        once). The pooled scores set the factor of the main fit, which alone predicts;
+        training costs :math:`K` fits. ``noise_calibration_["fold_scores"]`` keeps them.
+    :param bool refit: separate choosing the number of steps from calibrating the noise
+        (early stopping picks the checkpoint that fits the held-out rows best, so those
+        rows end up fitted better than new rows). With ``refit=True`` the stopped fit
+        (kept as ``stopping_result_``) only gives its number of steps :math:`T` (its
+        best step, at least 1); a fresh guide, seeded ``seed_ + 104729``, trains
+        :math:`T` steps of the same temperature schedule on the same training rows
+        without early stopping and is the fitted model (``fit_result_``). The held-out
+        rows chose nothing of it but :math:`T`, so ``"coverage"`` takes the conformal
+        quantile as it is, below one as well (no confidence bound;
         ``noise_calibration_["confidence"]`` is ``None``). Training costs up to twice as
         much. Cross-fitted folds (``min_calibration_rows``) are refitted the same way.
-        Without held-out rows it changes nothing. Measured on the 18 UCI sets at depth 5,
-        ten splits (``benchmarks/results/vart_uci_d5_refit_*.md``): every set's mean test
-        coverage of the 90 % interval lies in 0.86-0.93 (15 of 18 inside 0.85-0.95 with
-        ``refit=False``), and VaRT beats XGBoost on the same 9 sets.
+        Without held-out rows it changes nothing.
     :param float init_split_prob: initial split probability :math:`\\tilde\\gamma_i` of
         every internal node of the guide. The split logits move slowly, so at 0.9 a
         hard posterior tree prunes about one node in ten at random, and those
@@ -172,8 +144,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         data-entry error, say) would otherwise give an arbitrarily large prediction,
         while a mild extrapolation of a linear trend is often right. Training is
         unaffected; the held-out rows are clipped like new rows for early stopping and
-        calibration (on the ``machine`` data set, one held-out row 1,000 range widths
-        out made the untrained start look best to early stopping).
+        calibration (one far outlying held-out row can otherwise make the untrained
+        start look best to early stopping).
     :param random_state: an int seeds initialisation, training and the draws of the
         posterior trees used for prediction; fitting and predicting leave the global
         random streams (Python, NumPy, torch) as they were. ``None``: ``fit`` draws a
@@ -183,6 +155,16 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         ``random_state=seed_`` repeats the fit.
     :param device: torch device for training and prediction (default CPU).
     :param bool progress: show a progress bar.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import VaRTRegressor
+    >>> X = np.random.default_rng(0).normal(size=(40, 2))
+    >>> est = VaRTRegressor(depth=2, num_steps=3, num_samples=5, random_state=0).fit(X, X[:, 0])
+    >>> lower, upper = est.predict_interval(X[:3], level=0.9)
+    >>> est.predict(X[:3]).shape, bool((lower <= upper).all())
+    ((3,), True)
     """
 
     def __init__(
@@ -314,15 +296,6 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         self._leaf_trees()  # drawn here once: predicting changes no attribute
         return self
 
-    def _refit(self, X, y, val_idx, train_idx, seed: int) -> None:
-        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED``, trained on
-        ``train_idx`` for the number of steps early stopping chose
-        (``fit_result_.best_step``, at least 1), replaces the stopped one."""
-        steps = max(int(self.fit_result_.best_step or 0), 1)
-        seed = int(seed) + _REFIT_SEED
-        gen = torch.Generator().manual_seed(seed)
-        self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)
-
     def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None):
         """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);
         ``gen`` seeds the guide's initialisation and ``seed`` (default ``seed_``) the
@@ -370,12 +343,11 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             val = {}
             steps = int(self.num_steps) if num_steps is None else int(num_steps)
             if n_val and num_steps is None:
-                guide, xv1 = self.guide_, with_bias(Xva)
+                guide = self.guide_
 
                 def val_rmse() -> float:
                     with torch.no_grad():
-                        logits, means, _ = mixture_params(guide.mean_tree(), xv1)
-                        pred = (logits.softmax(-1) * means).sum(-1)
+                        pred = tree_mean(guide.mean_tree(), Xva)
                         return float((pred - yva).pow(2).mean().sqrt())
 
                 val = {
@@ -400,7 +372,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     **val,
                     **kwargs,
                 )
-        self.feature_importances_ = self._importances(Xtr[:4096])
+        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096])
         return Xva, yva
 
     @torch.no_grad()
@@ -439,16 +411,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         mean = self._function_draws(Xs).mean(0)
         if not return_std:
             return mean
-        tree = self._leaf_trees()
-        var = []
-        with torch.no_grad():
-            for (xb,) in self._calibration_batches(Xs):
-                logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
-                weight = logits.exp() / logits.shape[0]
-                m = (weight * loc).sum((0, -1))
-                second = (weight * (loc * loc + scale * scale)).sum((0, -1))
-                var.append((second - m * m).clamp_min(0.0))
-        return mean, self._output_scale(torch.cat(var).sqrt())
+        return mean, self._output_scale(self._mixture_std(Xs))
 
     def sample_function(self, X, num_samples: int | None = None) -> np.ndarray:
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
@@ -501,23 +464,11 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             return lo, hi
         if method != "exact":
             raise ValueError(f"method must be 'exact' or 'draws', got {method!r}")
-        Xs = self._prepare(X)
-        tree = self._leaf_trees()
         probs = ((1 - level) / 2, (1 + level) / 2)
-        out = []
-        with torch.no_grad():
-            for (xb,) in self._calibration_batches(Xs):
-                logits, loc, scale = _row_mixtures(tree, xb)
-                weight = logits.exp() / logits.shape[0]
-                out.append(_row_mixture_quantiles(*_compact_rows(weight, loc, scale), probs))
-        q = self._outputs(torch.cat(out, -1))
+        q = self._outputs(self._mixture_quantiles(self._prepare(X), probs))
         return q[0], q[1]
 
     # ------------------------------------------------------------ interpretation
-    def _importances(self, Xs: torch.Tensor) -> np.ndarray:
-        """The features' expected shares in the guide's splits (``feature_importances_``)."""
-        return _split_importances(self.guide_, Xs)
-
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The most probable tree under the guide
         (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style
@@ -535,12 +486,6 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                 f"feature_names has {len(feature_names)} names for {self.n_features_in_} features"
             )
         return _export_text(self.guide_, self.x_scaler_, self.y_scaler_, feature_names, decimals)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_tree_samples"] = None  # redrawn with the same seed after loading
-        state["_leaf_cache"] = None
-        return state
 
     def __setstate__(self, state):
         # parameters added after an estimator was pickled: the behaviour it was fitted with

@@ -40,6 +40,13 @@ class TemperatureSchedule:
 
     Drive it from a training loop with ``guide.temperature = schedule(step)``, or pass
     ``schedule.callback(guide)`` as ``callback`` of :func:`~pyro_trees.infer.fit`.
+
+    .. rubric:: Examples
+
+    >>> from pyro_trees.guides import TemperatureSchedule
+    >>> schedule = TemperatureSchedule(100, start=1.0, end=0.1)
+    >>> schedule(0), round(schedule(50), 4), schedule(100)
+    (1.0, 0.3162, 0.1)
     """
 
     num_steps: int
@@ -108,6 +115,18 @@ class VaRTGuide(AutoGuide):
     :param float init_noise: initial mean noise scale :math:`e^{\tilde m_i}` (default 0.5).
     :param generator: optional ``torch.Generator`` for the random split directions.
     :param str name: prefix of the parameters in Pyro's parameter store (default none).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import VaRTGuide
+    >>> from pyro_trees.models import VaRT
+    >>> x = torch.randn(5, 2)
+    >>> guide = VaRTGuide(VaRT(2), depth=2)
+    >>> sorted(guide(x))[:4]
+    ['beta_0', 'beta_1', 'log_sigma_0', 'log_sigma_1']
+    >>> guide.split_probs().shape  # one per internal node
+    torch.Size([3])
     """
 
     def __init__(

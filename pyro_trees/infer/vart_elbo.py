@@ -194,6 +194,19 @@ class VaRTELBO(DifferentiableLossELBO):
     Use it as ``SVI(model, guide, optim, VaRTELBO())`` or ``fit(..., loss=VaRTELBO())``;
     it takes the model's arguments ``(x, y, subsample_size=None)``. One particle only
     (``num_particles`` of :class:`~pyro.infer.ELBO` is ignored).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import VaRTGuide
+    >>> from pyro_trees.infer import VaRTELBO
+    >>> from pyro_trees.models import VaRT
+    >>> x, y = torch.randn(5, 2), torch.randn(5)
+    >>> model = VaRT(2)
+    >>> guide = VaRTGuide(model, depth=2)
+    >>> loss = VaRTELBO().differentiable_loss(model, guide, x, y)
+    >>> loss.shape, bool(torch.isfinite(loss))
+    (torch.Size([]), True)
     """
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used

@@ -142,6 +142,16 @@ class VaRT(PyroModule):
         positive diagonal (:math:`S_i = C_i C_i^\top`).
     :param node_leaf_loc: :math:`\zeta_i`, ``(K, L + 1)``.
     :param node_leaf_scale: :math:`\Psi_i`, like ``node_split_scale``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import VaRT
+    >>> model = VaRT(2)
+    >>> sorted(model.sample_tree())
+    ['beta', 'log_exist', 'log_sigma', 'split', 'theta']
+    >>> model(torch.randn(5, 2)).shape  # one draw of y per row
+    torch.Size([5])
     """
 
     def __init__(

@@ -16,7 +16,6 @@ from pyro_trees.estimators import (
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
-from pyro_trees.estimators import vart as vart_module
 from pyro_trees.estimators._vart_calibration import _coverage_scores
 from pyro_trees.guides import _vart_memory
 from pyro_trees.models import _vart_mixture, mixture_params, with_bias
@@ -73,7 +72,6 @@ def test_predict_is_deterministic_batched_and_pickles_exactly(fitted, data, monk
     assert np.array_equal(clone.predict_interval(X)[0], fitted.predict_interval(X)[0])
     # tiny prediction batches: same trees, same numbers
     monkeypatch.setattr(_vart_posterior, "PREDICT_BYTES", 1)
-    monkeypatch.setattr(_vart_calibration, "PREDICT_BYTES", 1)
     fitted._tree_samples = None
     assert np.allclose(fitted.predict(X[:12]), pred[:12], atol=1e-5)
     # one row at a time agrees with all rows at once
@@ -627,7 +625,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     other = VaRTRegressor(**SMALL)
     other.seed_ = 0
     est._share_inputs(other)
-    seed = vart_module._REFIT_SEED
+    seed = _vart_calibration._REFIT_SEED
     other._fit_split(
         Xt,
         yt,
