@@ -182,7 +182,7 @@ def _held_out_curves(tree: dict, batches, level: float, num_samples: int):
     return grid, total, torch.cat(scores)
 
 
-def _standardised_scores(tree: dict, batches, level: float) -> torch.Tensor:
+def _mixture_scores(tree: dict, batches, level: float) -> torch.Tensor:
     """Coverage scores ``(N,)`` at ``level`` of the standardised rows of ``batches``
     (``(x, y)`` pairs) under the posterior trees ``tree`` (factor-1 noise)."""
     out = []
@@ -257,11 +257,9 @@ class _NoiseCalibration:
         Computes both rules' inputs on the ``num_samples`` posterior trees (factor 1):
         the log posterior predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
         \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log-spaced grid, and each row's
-        coverage score (:func:`~pyro_trees.estimators._vart_calibration._coverage_scores`);
-        all are stored in
-        ``noise_calibration_`` (``grid``, ``log_density``, ``scores``, ``level``,
-        ``rule``: the rule that chose the factor, ``"likelihood"`` where the coverage
-        rule had too few rows)."""
+        coverage score (:func:`_coverage_scores`); all are stored in ``noise_calibration_``
+        (``grid``, ``log_density``, ``scores``, ``level``, ``rule``: the rule that chose
+        the factor, ``"likelihood"`` where the coverage rule had too few rows)."""
         level = float(self.calibration_level)
         grid, total, scores = _held_out_curves(
             self._raw_leaves(), self._calibration_batches(Xva, yva), level, int(self.num_samples)
@@ -287,7 +285,7 @@ class _NoiseCalibration:
     def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
         """:meth:`coverage_scores` of standardised (and clipped) rows."""
         batches = self._calibration_batches(Xs, ys)
-        return _standardised_scores(self._raw_leaves(), batches, level).cpu().numpy()
+        return _mixture_scores(self._raw_leaves(), batches, level).cpu().numpy()
 
     def _refit(self, X, y, val_idx, train_idx, seed: int) -> None:
         """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED``, trained on
