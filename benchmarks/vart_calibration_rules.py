@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import markdown_table, read_record, record_paths, write_results
-from pyro_trees.estimators.vart import _SCORE_GRID, _coverage_factor
+from pyro_trees.estimators._vart_calibration import _SCORE_GRID, _coverage_factor
 
 LEVEL = 0.9
 BAND = (0.85, 0.95)

@@ -196,7 +196,7 @@ RULES = ("coverage", "likelihood", "c>=1")  # noise-factor rules compared in eve
 
 def rule_factor(cal: dict, rule: str) -> float:
     """The noise factor that ``rule`` reads off a fit's ``noise_calibration_``."""
-    from pyro_trees.estimators.vart import _coverage_factor, noise_factor_from_curve
+    from pyro_trees.estimators._vart_calibration import _coverage_factor, noise_factor_from_curve
 
     grid, dens = torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
     if rule == "c>=1":  # the earliest rule: max(argmax, 1)

@@ -1,5 +1,9 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
+from pyro_trees.estimators._vart_calibration import (
+    noise_factor_from_curve,
+    noise_factor_from_scores,
+)
 from pyro_trees.estimators.bayesian_hme import (
     BayesianHMERegressor,
 )
@@ -24,4 +28,6 @@ __all__ = [
     "RNNTreeRegressor",
     "VaRTCausal",
     "VaRTRegressor",
+    "noise_factor_from_curve",
+    "noise_factor_from_scores",
 ]

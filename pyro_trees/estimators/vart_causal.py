@@ -42,6 +42,19 @@ class VaRTCausal(BaseEstimator):
     :param bool progress: show the default regressor's progress bar.
 
     The fitted outcome model is ``regressor_``.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import VaRTCausal, VaRTRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X, A = rng.normal(size=(40, 2)), rng.integers(0, 2, size=40)
+    >>> outcome = VaRTRegressor(depth=2, num_steps=3, num_samples=5, validation_fraction=0)
+    >>> causal = VaRTCausal(outcome).fit(X, A, X[:, 0] + 2.0 * A)
+    >>> sorted(causal.ate())
+    ['draws', 'lower', 'mean', 'std', 'upper']
+    >>> causal.sample_cate(X[:3]).shape  # one CATE draw per posterior tree
+    (5, 3)
     """
 
     def __init__(

@@ -22,35 +22,10 @@ from torch.distributions import constraints
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
+from pyro_trees.guides._vart_memory import _guide_param_count, _require_memory
 from pyro_trees.models.vart import VaRT, node_weights, weighted
 
 __all__ = ["TemperatureSchedule", "VaRTGuide"]
-
-
-def _guide_param_count(depth: int, in_features: int) -> int:
-    """Entries of the parameters of :class:`VaRTGuide` at depth ``depth`` with
-    ``in_features`` inputs: split logits and the split weights' locations and scales on
-    the :math:`2^D - 1` internal positions, the leaf weights' and log noise scales'
-    locations and scales on all :math:`2^{D+1} - 1` nodes."""
-    width = in_features + 1
-    n_int, n_all = trees.num_internal(depth), trees.num_internal(depth + 1)
-    return n_int * (1 + 2 * width) + n_all * (2 * width + 2)
-
-
-def _require_memory(depth: int, need: float, what: str, hint: str, device=None) -> None:
-    """Raise a ``ValueError`` when ``need`` bytes exceed the memory of ``device`` (free
-    CUDA memory, or the machine's physical memory), saying how much ``what`` needs.
-
-    :param str what: what needs the memory (``"training on 256 rows at a time"``).
-    :param str hint: how to need less (``"a smaller depth or batch_size"``).
-    """
-    trees.require_memory(
-        need,
-        what,
-        f"Use {hint}.",
-        head=f"depth {depth} means 2**{depth + 1} - 1 = {2 ** (depth + 1) - 1:,} nodes; ",
-        device=device,
-    )
 
 
 @dataclass(frozen=True)
@@ -65,6 +40,13 @@ class TemperatureSchedule:
 
     Drive it from a training loop with ``guide.temperature = schedule(step)``, or pass
     ``schedule.callback(guide)`` as ``callback`` of :func:`~pyro_trees.infer.fit`.
+
+    .. rubric:: Examples
+
+    >>> from pyro_trees.guides import TemperatureSchedule
+    >>> schedule = TemperatureSchedule(100, start=1.0, end=0.1)
+    >>> schedule(0), round(schedule(50), 4), schedule(100)
+    (1.0, 0.3162, 0.1)
     """
 
     num_steps: int
@@ -133,6 +115,18 @@ class VaRTGuide(AutoGuide):
     :param float init_noise: initial mean noise scale :math:`e^{\tilde m_i}` (default 0.5).
     :param generator: optional ``torch.Generator`` for the random split directions.
     :param str name: prefix of the parameters in Pyro's parameter store (default none).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import VaRTGuide
+    >>> from pyro_trees.models import VaRT
+    >>> x = torch.randn(5, 2)
+    >>> guide = VaRTGuide(VaRT(2), depth=2)
+    >>> sorted(guide(x))[:4]
+    ['beta_0', 'beta_1', 'log_sigma_0', 'log_sigma_1']
+    >>> guide.split_probs().shape  # one per internal node
+    torch.Size([3])
     """
 
     def __init__(

@@ -26,7 +26,8 @@ from torch.distributions.utils import clamp_probs
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.models.vart import VaRT, gaussian, with_bias
+from pyro_trees.models._vart_mixture import gaussian, with_bias
+from pyro_trees.models.vart import VaRT
 
 __all__ = ["VaRTELBO", "sample_guide", "vart_elbo"]
 
@@ -193,6 +194,19 @@ class VaRTELBO(DifferentiableLossELBO):
     Use it as ``SVI(model, guide, optim, VaRTELBO())`` or ``fit(..., loss=VaRTELBO())``;
     it takes the model's arguments ``(x, y, subsample_size=None)``. One particle only
     (``num_particles`` of :class:`~pyro.infer.ELBO` is ignored).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import VaRTGuide
+    >>> from pyro_trees.infer import VaRTELBO
+    >>> from pyro_trees.models import VaRT
+    >>> x, y = torch.randn(5, 2), torch.randn(5)
+    >>> model = VaRT(2)
+    >>> guide = VaRTGuide(model, depth=2)
+    >>> loss = VaRTELBO().differentiable_loss(model, guide, x, y)
+    >>> loss.shape, bool(torch.isfinite(loss))
+    (torch.Size([]), True)
     """
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used

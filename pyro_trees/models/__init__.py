@@ -1,5 +1,11 @@
 """Pyro models: ``PyroModule`` classes whose ``forward(x, y=None)`` samples inside plates."""
 
+from pyro_trees.models._vart_mixture import (
+    mixture_params,
+    tree_likelihood,
+    tree_mean,
+    with_bias,
+)
 from pyro_trees.models.bayesian_hme import (
     BayesianHME,
 )
@@ -25,10 +31,6 @@ from pyro_trees.models.synthetic_graph import (
 )
 from pyro_trees.models.vart import (
     VaRT,
-    mixture_params,
-    tree_likelihood,
-    tree_mean,
-    with_bias,
 )
 
 __all__ = [

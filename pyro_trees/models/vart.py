@@ -17,26 +17,9 @@ from pyro.nn import PyroModule
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
+from pyro_trees.models._vart_mixture import gaussian, tree_likelihood, tree_mean
 
-__all__ = [
-    "VaRT",
-    "gaussian",
-    "mixture_params",
-    "node_weights",
-    "tree_likelihood",
-    "tree_mean",
-    "weighted",
-    "with_bias",
-]
-
-
-def with_bias(x: torch.Tensor) -> torch.Tensor:
-    """Append a column of ones, the split and leaf intercepts.
-
-    :param x: ``(..., L)``.
-    :returns: ``(..., L + 1)``.
-    """
-    return torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], dim=-1)
+__all__ = ["VaRT", "node_weights", "weighted"]
 
 
 @contextlib.contextmanager
@@ -125,8 +108,9 @@ class VaRT(PyroModule):
     tree with :meth:`sample_tree` (the guide scales its sites by the same ``lam``).
 
     Observations live in the plate ``data`` (``dim=-1``, ``subsample_size`` for
-    minibatches, rescaled by Pyro); the site ``obs`` follows :func:`tree_likelihood` and
-    the site ``mean`` records :func:`tree_mean`, the conditional mean
+    minibatches, rescaled by Pyro); the site ``obs`` follows
+    :func:`~pyro_trees.models.tree_likelihood` and the site ``mean`` records
+    :func:`~pyro_trees.models.tree_mean`, the conditional mean
     :math:`\sum_i \kappa_i P(x \to i)\theta_i^\top x` of each point. With ``name`` every
     site and plate is prefixed ``"<name>."``.
 
@@ -158,6 +142,16 @@ class VaRT(PyroModule):
         positive diagonal (:math:`S_i = C_i C_i^\top`).
     :param node_leaf_loc: :math:`\zeta_i`, ``(K, L + 1)``.
     :param node_leaf_scale: :math:`\Psi_i`, like ``node_split_scale``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import VaRT
+    >>> model = VaRT(2)
+    >>> sorted(model.sample_tree())
+    ['beta', 'log_exist', 'log_sigma', 'split', 'theta']
+    >>> model(torch.randn(5, 2)).shape  # one draw of y per row
+    torch.Size([5])
     """
 
     def __init__(
@@ -379,40 +373,6 @@ class VaRT(PyroModule):
             return pyro.sample(self.site("obs"), tree_likelihood(tree, xb), obs=yb)
 
 
-def tree_likelihood(tree: dict, x: torch.Tensor) -> dist.MixtureSameFamily:
-    r"""The likelihood of eq. 27 under ``tree``: for each input row the Gaussian mixture
-    :math:`\sum_i \kappa_i P(x \to i)\, \mathcal N(\theta_i^\top x, \sigma_i^2)`.
-
-    :param tree: output of :meth:`VaRT.sample_tree` (batch shape ``B``).
-    :param x: inputs ``(N, L)`` (without the intercept column).
-    :returns: a ``MixtureSameFamily`` with batch shape ``B + (N,)``; put it inside a
-        plate over the ``N`` rows.
-    """
-    logits, means, sigma = mixture_params(tree, with_bias(x))
-    return dist.MixtureSameFamily(dist.Categorical(logits=logits), dist.Normal(means, sigma))
-
-
-def tree_mean(tree: dict, x: torch.Tensor) -> torch.Tensor:
-    r"""The regression function of ``tree`` at the rows of ``x``:
-    :math:`f(x) = \sum_i \kappa_i P(x \to i)\, \theta_i^\top x`, the mean of
-    :func:`tree_likelihood`.
-
-    :param tree: output of :meth:`VaRT.sample_tree` (batch shape ``B``).
-    :param x: inputs ``(N, L)`` (without the intercept column).
-    :returns: ``B + (N,)``.
-    """
-    logits, means, _ = mixture_params(tree, with_bias(x))
-    return (logits.softmax(-1) * means).sum(-1)
-
-
-def gaussian(loc: torch.Tensor, scale: torch.Tensor) -> dist.TorchDistribution:
-    """``Normal(loc, scale).to_event(1)`` for standard deviations ``scale`` of the shape
-    of ``loc``, ``MultivariateNormal(loc, scale_tril=scale)`` for Cholesky factors."""
-    if scale.dim() == loc.dim():
-        return dist.Normal(loc, scale).to_event(1)
-    return dist.MultivariateNormal(loc, scale_tril=scale)
-
-
 def _check_node_tensor(name: str, value, event: tuple) -> torch.Tensor | None:
     if value is None:
         return None
@@ -468,27 +428,3 @@ def _bcat(tensors):
 def _bcat_event(tensors):
     shape = torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
     return torch.cat([t.expand(shape + t.shape[-2:]) for t in tensors], dim=-2)
-
-
-def mixture_params(tree: dict, x1: torch.Tensor):
-    """Mixture logits, component means and scales of eq. 27 for inputs ``x1``.
-
-    :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape ``B``, ``M``
-        nodes).
-    :param x1: inputs with the intercept column, ``(N, L + 1)``.
-    :returns: ``(logits, means, sigma)`` of shapes ``B + (N, M)``; ``logits`` is
-        :math:`\\log\\kappa_i + \\log P(x \\to i)` (``-inf`` for absent nodes).
-    """
-    split, log_exist = tree["split"], tree["log_exist"]
-    log_kappa = log_exist + torch.log1p(-split)
-    beta = tree["beta"]
-    if beta is None:
-        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
-    else:
-        # node logit = log-odds of going right = -beta^T x (beta^T x routes left).
-        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
-        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
-    logits = log_kappa.unsqueeze(-2) + log_reach
-    means = torch.einsum("...jk,nk->...nj", tree["theta"], x1)
-    sigma = tree["log_sigma"].exp().unsqueeze(-2).expand(means.shape)
-    return logits, means, sigma

@@ -8,15 +8,17 @@ import pyro
 import pytest
 import torch
 
-from pyro_trees.distributions import gaussian_mixture_quantiles
-from pyro_trees.estimators import VaRTRegressor
-from pyro_trees.estimators import vart as vart_module
-from pyro_trees.estimators.vart import (
-    _coverage_scores,
+from pyro_trees.distributions import gaussian_mixture_quantiles, mixture_quantiles
+from pyro_trees.estimators import (
+    VaRTRegressor,
+    _vart_calibration,
+    _vart_posterior,
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
-from pyro_trees.models.vart import mixture_params, with_bias
+from pyro_trees.estimators._vart_calibration import _coverage_scores
+from pyro_trees.guides import _vart_memory
+from pyro_trees.models import _vart_mixture, mixture_params, with_bias
 
 # the settings of the module's fitted estimators (fixtures ``fitted`` and ``stopped``)
 SMALL = {"depth": 2, "num_steps": 150, "lr": 0.05, "num_samples": 50, "random_state": 0}
@@ -69,7 +71,7 @@ def test_predict_is_deterministic_batched_and_pickles_exactly(fitted, data, monk
     assert np.array_equal(clone.predict(X), pred)
     assert np.array_equal(clone.predict_interval(X)[0], fitted.predict_interval(X)[0])
     # tiny prediction batches: same trees, same numbers
-    monkeypatch.setattr(vart_module, "_PREDICT_BYTES", 1)
+    monkeypatch.setattr(_vart_posterior, "PREDICT_BYTES", 1)
     fitted._tree_samples = None
     assert np.allclose(fitted.predict(X[:12]), pred[:12], atol=1e-5)
     # one row at a time agrees with all rows at once
@@ -174,7 +176,7 @@ def test_early_stopping_and_noise_calibration(fitted, data):
 def _raw_tree(est) -> dict:
     """Every node of the estimator's posterior trees (not only their leaves), with the
     factor-1 noise: the full mixtures the estimator's leaf-node computations must equal."""
-    tree = vart_module._stack_trees(est._posterior_trees(), est.guide_.depth)
+    tree = _vart_mixture._stack_trees(est._posterior_trees(), est.guide_.depth)
     shift = math.log(est.noise_factor_)
     return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
 
@@ -433,7 +435,7 @@ def test_compact_rows_keep_the_quantiles_and_scores():
     w = w / w.sum((0, -1), keepdim=True)
     loc = torch.randn(6, 5, 7, generator=gen, dtype=torch.float64)
     scale = 0.1 + torch.rand(6, 5, 7, generator=gen, dtype=torch.float64)
-    cw, cloc, cscale = (t.unsqueeze(0) for t in vart_module._compact_rows(w, loc, scale))
+    cw, cloc, cscale = (t.unsqueeze(0) for t in mixture_quantiles._compact_rows(w, loc, scale))
     assert cw.shape[0] == 1 and cw.shape[1] == 5 and cw.shape[2] < 6 * 7
     assert ((1.0 - cw.sum((0, -1))).abs() <= 1e-12).all()
     probs = (0.05, 0.95)
@@ -444,7 +446,7 @@ def test_compact_rows_keep_the_quantiles_and_scores():
         rtol=0,
     )
     z = (0.3 - loc) / scale
-    cz = vart_module._compact_rows(w, z)[1].unsqueeze(0)
+    cz = mixture_quantiles._compact_rows(w, z)[1].unsqueeze(0)
     torch.testing.assert_close(
         _coverage_scores(cw, cz, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
     )
@@ -542,8 +544,8 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
     # every depth of the UCI benchmarks (3 to 10, up to 33 inputs, 200 trees) fits 1 GiB
     budget = 2**30
     for depth in (3, 5, 7, 10):
-        vart_module._check_training_memory(depth, 2048, 33, None)
-        vart_module._check_prediction_memory(depth, 200, 33, None)
+        _vart_memory._check_training_memory(depth, 2048, 33, None)
+        _vart_memory._check_prediction_memory(depth, 200, 33, None)
 
 
 def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
@@ -623,7 +625,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     other = VaRTRegressor(**SMALL)
     other.seed_ = 0
     est._share_inputs(other)
-    seed = vart_module._REFIT_SEED
+    seed = _vart_calibration._REFIT_SEED
     other._fit_split(
         Xt,
         yt,
@@ -671,7 +673,7 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     X, _ = data
     Xs = fitted._prepare(X)
     ym, ys = float(fitted.y_scaler_.mean), float(fitted.y_scaler_.scale)
-    tree = vart_module._stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
+    tree = _vart_mixture._stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
     logits, loc, scale = mixture_params(tree, with_bias(Xs))
     w = logits.double().softmax(-1) / logits.shape[0]
     q = gaussian_mixture_quantiles(w, loc.double(), scale.double(), (0.05, 0.95), dim=(0, -1))
@@ -692,11 +694,11 @@ def test_row_mixture_quantiles_match_the_reference_solver():
     scale = 0.01 + torch.rand(9, 40, 6, generator=gen, dtype=torch.float64)
     probs = (0.05, 0.3, 0.95)
     ref = gaussian_mixture_quantiles(w, loc, scale, probs, dim=(0, -1))
-    cw, cloc, cscale = vart_module._compact_rows(w, loc, scale)
+    cw, cloc, cscale = mixture_quantiles._compact_rows(w, loc, scale)
     assert ((1.0 - cw.sum(-1)).abs() <= 1e-12).all() and cw.shape[1] < 9 * 6
-    got = vart_module._row_mixture_quantiles(cw, cloc, cscale, probs)
+    got = mixture_quantiles._row_mixture_quantiles(cw, cloc, cscale, probs)
     torch.testing.assert_close(got, ref, atol=1e-9, rtol=0)
     z = (0.3 - loc) / scale
     torch.testing.assert_close(
-        vart_module._compact_scores(w, z, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
+        _vart_calibration._compact_scores(w, z, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
     )

@@ -10,8 +10,7 @@ from pyro import poutine
 from pyro.infer import Predictive, Trace_ELBO
 
 from pyro_trees.guides import TemperatureSchedule, VaRTGuide
-from pyro_trees.models import VaRT
-from pyro_trees.models.vart import mixture_params, with_bias
+from pyro_trees.models import VaRT, mixture_params, with_bias
 
 
 def _normal_lp(v, loc, scale):
@@ -285,7 +284,7 @@ def test_mean_tree_matches_a_hard_guide_draw_with_tiny_scales():
 
 
 def test_guide_memory_check_counts_its_parameters():
-    from pyro_trees.guides.vart import _guide_param_count
+    from pyro_trees.guides._vart_memory import _guide_param_count
 
     guide = VaRTGuide(VaRT(4), 3)
     assert _guide_param_count(3, 4) == sum(p.numel() for p in guide.parameters())

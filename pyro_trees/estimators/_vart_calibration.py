@@ -1,0 +1,297 @@
+"""The held-out noise calibration of :class:`~pyro_trees.estimators.VaRTRegressor`: the
+rules that turn held-out log densities or coverage scores into one factor on the leaf
+noise, and those scores under the Gaussian mixture of the posterior trees (eq. 32).
+
+References
+
+* S. Salazar, *VaRT: Variational Regression Trees*, NeurIPS 2023.
+* R. F. Barber, E. J. Candes, A. Ramdas, R. J. Tibshirani, *Predictive inference with the
+  jackknife+*, Annals of Statistics, 2021.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pyro_trees.distributions.mixture_quantiles import _compact_rows
+from pyro_trees.models._vart_mixture import _row_mixtures
+
+__all__ = ["noise_factor_from_curve", "noise_factor_from_scores"]
+
+_REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
+CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
+
+
+def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
+    """The noise factor rule of :class:`~pyro_trees.estimators.VaRTRegressor`
+    (``calibrate_noise="likelihood"``): the maximiser :math:`\\hat c` of the held-out log
+    density when it is at least one, else :math:`\\min(1, c_+)`, with :math:`c_+` the
+    largest grid value with :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (the one-sided
+    95 % profile likelihood bound).
+
+    :param grid: increasing candidate factors ``(K,)``.
+    :param log_density: ``(K,)``.
+    """
+    best = int(log_density.argmax())
+    if grid[best] >= 1.0:
+        return float(grid[best])
+    inside = (2.0 * (log_density[best] - log_density) <= 2.71) & (grid >= grid[best])
+    return min(1.0, float(grid[inside].max()))
+
+
+def noise_factor_from_scores(
+    scores: torch.Tensor, level: float, confidence: float | None = 0.95
+) -> float | None:
+    """The ``calibrate_noise="coverage"`` rule of
+    :class:`~pyro_trees.estimators.VaRTRegressor` from the held-out coverage scores
+    :math:`s_j` (the least noise factor from which row :math:`j` lies inside the central
+    ``level`` interval; see :meth:`~pyro_trees.estimators.VaRTRegressor.coverage_scores`).
+
+    With the sorted scores :math:`s_{(1)} \\le \\dots \\le s_{(n)}`, a new exchangeable
+    row is covered by :math:`s_{(k)}` with probability :math:`k / (n + 1)`. The rule
+    takes :math:`\\hat c` at position :math:`p = \\mathrm{level}\\,(n + 1)`, linear in
+    :math:`\\log c` between :math:`s_{(\\lfloor p \\rfloor)}` and
+    :math:`s_{(\\lceil p \\rceil)}` (the split conformal quantile, interpolated so that
+    the expected coverage is the level rather than up to :math:`1/(n+1)` above it), and
+    returns :math:`c = \\hat c` when :math:`\\hat c \\ge 1`. Below one, the fitted noise
+    is shrunk only as far as the rows make certain, as in
+    :func:`noise_factor_from_curve`: :math:`c = \\min(1, s_{(u)})` with
+    :math:`s_{(u)}` the one-sided ``confidence`` upper bound of the ``level`` quantile of the scores
+    (:math:`u` the least index with :math:`P(\\mathrm{Bin}(n, \\mathrm{level}) < u) \\ge`
+    ``confidence``; :math:`c = 1` when :math:`u > n`). With ``confidence=None`` the
+    factor is :math:`\\hat c` either way (shrinking on the point estimate; compared with
+    the default in ``benchmarks/vart_calibration_rules.py``).
+
+    :param scores: held-out scores ``(n,)`` (``inf`` for a row no factor covers).
+    :param float level: the interval's probability, in ``(0, 1)``.
+    :param confidence: of the upper bound used when shrinking, or ``None``.
+    :returns: the factor, or ``None`` when :math:`p > n` (fewer than
+        :math:`\\mathrm{level} / (1 - \\mathrm{level})` rows, e.g. 9 at 0.9).
+    """
+    s = scores.detach().double().flatten().sort().values.cpu()
+    n = int(s.numel())
+    pos = level * (n + 1)
+    if n == 0 or pos > n + 1e-9:
+        return None
+    lo = max(int(math.floor(pos + 1e-9)), 1)
+    hi = min(lo + 1, n)
+    t = min(max(pos - lo, 0.0), 1.0)
+    a, b = float(s[lo - 1]), float(s[hi - 1])
+    if t == 0.0 or a == b:  # (also keeps 0 * log(inf) out of the interpolation)
+        c = a
+    elif math.isinf(b):
+        c = math.inf
+    else:
+        c = math.exp((1 - t) * math.log(a) + t * math.log(b))
+    if c >= 1.0 or confidence is None:
+        return c
+    # least u with P(Bin(n, level) <= u - 1) >= confidence
+    k = torch.arange(n + 1, dtype=torch.float64)
+    cdf = torch.distributions.Binomial(n, probs=torch.tensor(level, dtype=torch.float64))
+    cdf = cdf.log_prob(k).exp().cumsum(0)
+    u = int((cdf < confidence).sum()) + 1
+    return 1.0 if u > n else min(1.0, float(s[u - 1]))
+
+
+_SCORE_GRID = (-6.0, 8.0, 29)  # log2 of the smallest and largest factor, grid points
+
+
+def _coverage_factor(scores: torch.Tensor, level: float, confidence: float | None = 0.95):
+    """:func:`noise_factor_from_scores` capped at the score grid's largest factor (a
+    row no factor on the grid covers scores ``inf``); ``None`` with too few rows."""
+    c = noise_factor_from_scores(scores, level, confidence)
+    return None if c is None else min(c, 2.0 ** _SCORE_GRID[1])
+
+
+def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
+    """Coverage scores of held-out rows under a Gaussian mixture predictive.
+
+    Row :math:`j` with mixture weights :math:`w_{jm}` (summing to one) and standardised
+    residuals :math:`z_{jm} = (y_j - \\mu_{jm}) / \\sigma_{jm}` lies inside the central
+    ``level`` interval of the predictive with noise scales :math:`c\\,\\sigma_{jm}` iff
+    :math:`F_j(c) = \\sum_m w_{jm} \\Phi(z_{jm} / c)` lies in
+    :math:`[(1 - \\mathrm{level}) / 2, (1 + \\mathrm{level}) / 2]`. Its score is the least
+    factor from which that holds on every factor of a log grid over
+    :math:`[2^{-6}, 2^8]` (refined by bisection between grid points): ``2**-6`` when
+    covered everywhere, ``inf`` when not covered at :math:`2^8`.
+
+    :param weight: ``(S, n, M)`` weights, summing to one over the first and last dims.
+    :param z: ``(S, n, M)`` standardised residuals.
+    :returns: ``(n,)`` scores.
+    """
+    lo, hi = (1.0 - level) / 2.0, (1.0 + level) / 2.0
+
+    def inside(w, zz, c):
+        cdf = (w * torch.special.ndtr(zz / c)).sum((0, -1))
+        return (cdf >= lo) & (cdf <= hi)
+
+    factors = torch.exp2(torch.linspace(*_SCORE_GRID, dtype=z.dtype, device=z.device))
+    log_grid = factors.log()
+    covered = torch.stack([inside(weight, z, float(c)) for c in factors])  # (K, n)
+    k = log_grid.numel()
+    outside = ~covered
+    last = k - 1 - outside.flip(0).int().argmax(0)  # last grid point not covered
+    last = torch.where(outside.any(0), last, torch.full_like(last, -1))
+    scores = torch.where(last < 0, factors[0], torch.full_like(factors[0], math.inf))
+    scores = scores.expand(last.shape).clone()
+    mid = ((last >= 0) & (last < k - 1)).nonzero().flatten()
+    if mid.numel():  # bisection between the last uncovered and the next (covered) point
+        a, b = log_grid[last[mid]], log_grid[last[mid] + 1]
+        w, zz = weight[:, mid], z[:, mid]
+        for _ in range(24):
+            m = (a + b) / 2
+            ok = inside(w, zz, m.exp().unsqueeze(-1))
+            a, b = torch.where(ok, a, m), torch.where(ok, m, b)
+        scores[mid] = b.exp()
+    return scores
+
+
+def _compact_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
+    """:func:`_coverage_scores` of the rows of ``weight`` and ``z`` ``(S, n, K)``, on the
+    components of :func:`_compact_rows`."""
+    return _coverage_scores(*(t.unsqueeze(0) for t in _compact_rows(weight, z)), level)
+
+
+def _held_out_curves(tree: dict, batches, level: float, num_samples: int):
+    """What both rules of ``calibrate_noise`` read from held-out standardised rows
+    under the posterior trees ``tree`` of :func:`~pyro_trees.models._vart_mixture._leaf_tree`
+    (factor-1 noise), from ``batches`` of ``(x, y)`` rows ``(n, L)``, ``(n,)``:
+
+    * ``grid`` ``(109,)``: factors on a log grid over :math:`[1/8, 64]`;
+    * ``log_density`` ``(109,)``: :math:`\\ell(c) = \\sum_j \\log \\frac1S
+      \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` at those factors;
+    * ``scores`` ``(n,)``: each row's coverage score (:func:`_coverage_scores`) at ``level``.
+    """
+    grid = torch.logspace(math.log10(0.125), math.log10(64.0), 109, dtype=torch.float64)
+    total = torch.zeros_like(grid)
+    log_s = math.log(int(num_samples))
+    scores = []
+    for xb, yb in batches:
+        logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, K)
+        z = (yb.double().unsqueeze(-1) - loc) / scale
+        # log N(y; loc, (c scale)^2) = base - 0.5 z^2 / c^2 - log c
+        base = logits - scale.log() - 0.5 * math.log(2 * math.pi)
+        half_z2 = 0.5 * z * z
+        for k, c in enumerate(grid.tolist()):
+            per_tree = (base - half_z2 / (c * c)).logsumexp(-1) - math.log(c)  # (S, n)
+            total[k] += float((per_tree.logsumexp(0) - log_s).sum())
+        weight = logits.exp() / logits.shape[0]  # mixture weights over trees and leaves
+        scores.append(_compact_scores(weight, z, level))
+    return grid, total, torch.cat(scores)
+
+
+def _mixture_scores(tree: dict, batches, level: float) -> torch.Tensor:
+    """Coverage scores ``(N,)`` at ``level`` of the standardised rows of ``batches``
+    (``(x, y)`` pairs) under the posterior trees ``tree`` (factor-1 noise)."""
+    out = []
+    for xb, yb in batches:
+        logits, loc, scale = _row_mixtures(tree, xb)
+        weight = logits.exp() / logits.shape[0]
+        z = (yb.double().unsqueeze(-1) - loc) / scale
+        out.append(_compact_scores(weight, z, level))
+    return torch.cat(out)
+
+
+class _NoiseCalibration:
+    """The held-out noise calibration of :class:`~pyro_trees.estimators.VaRTRegressor`
+    (its ``calibrate_noise``, ``calibration_level`` and ``min_calibration_rows``): the
+    factor on the leaf noise, the coverage scores behind it and the cross-fitted folds.
+    Uses the estimator's posterior trees (``_raw_leaves``) and fits (``_fit_split``,
+    ``_refit``)."""
+
+    def _calibration_rule(self) -> str | None:
+        """``calibrate_noise`` checked: ``"likelihood"``, ``"coverage"`` or ``None``."""
+        rule = self.calibrate_noise
+        if rule is True:
+            return "likelihood"
+        if rule is None or rule is False:
+            return None
+        if rule not in ("likelihood", "coverage"):
+            raise ValueError(
+                "calibrate_noise must be 'coverage', 'likelihood', None, True or False, "
+                f"got {rule!r}"
+            )
+        return rule
+
+    def _calibration_folds(self, n: int, n_val: int, rule) -> int:
+        """Folds whose held-out scores set the coverage factor: 1 (the held-out split
+        alone) or, with ``min_calibration_rows``, enough disjoint splits of ``n_val`` rows
+        for that many rows, at most ``n // n_val``."""
+        m = self.min_calibration_rows
+        if m is None:
+            return 1
+        if isinstance(m, bool) or int(m) != m or m < 1:
+            raise ValueError(f"min_calibration_rows must be a positive integer or None, got {m!r}")
+        if not n_val or rule != "coverage":
+            return 1
+        return max(1, min(math.ceil(int(m) / n_val), n // n_val))
+
+    def _fold_scores(self, X, y, perm, n_val: int, k: int) -> torch.Tensor:
+        """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under a
+        fit that holds them out (for early stopping, as the main fit does with fold 0),
+        seeded ``seed_ + k``."""
+        rows = perm[k * n_val : (k + 1) * n_val]
+        rest = torch.cat([perm[: k * n_val], perm[(k + 1) * n_val :]])
+        params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
+        params.update(progress=False, random_state=self._seed() + k)
+        other = type(self)(**params)
+        other.seed_ = self._seed() + k
+        self._share_inputs(other)
+        other._fit_split(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
+        if self.refit:
+            other._refit(X, y, rows, rest, other.seed_)
+        other.noise_factor_, other._tree_samples = 1.0, None
+        level = float(self.calibration_level)
+        scores = other._standardised_scores(
+            other._clip(X[rows][:CALIBRATION_ROWS]), y[rows][:CALIBRATION_ROWS], level
+        )
+        return torch.as_tensor(scores, dtype=torch.float64)
+
+    @torch.no_grad()
+    def _calibrate_noise(self, Xva: torch.Tensor, yva: torch.Tensor, extra=()) -> float:
+        """The noise factor :math:`c` of ``calibrate_noise`` from held-out standardised
+        rows ``Xva`` ``(n, L)``, ``yva`` ``(n,)``.
+
+        Computes both rules' inputs on the ``num_samples`` posterior trees (factor 1):
+        the log posterior predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
+        \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log-spaced grid, and each row's
+        coverage score (:func:`_coverage_scores`); all are stored in ``noise_calibration_``
+        (``grid``, ``log_density``, ``scores``, ``level``, ``rule``: the rule that chose
+        the factor, ``"likelihood"`` where the coverage rule had too few rows)."""
+        level = float(self.calibration_level)
+        grid, total, scores = _held_out_curves(
+            self._raw_leaves(), self._calibration_batches(Xva, yva), level, int(self.num_samples)
+        )
+        pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
+        c_lik = noise_factor_from_curve(grid, total)
+        confidence = None if self.refit else 0.95  # refit: the rows chose no parameters
+        c_cov = _coverage_factor(pooled, level, confidence)
+        rule = self._calibration_rule()
+        if rule == "coverage" and c_cov is None:
+            rule = "likelihood"
+        self.noise_calibration_ = {
+            "grid": grid.numpy(),
+            "log_density": total.numpy(),
+            "scores": scores.cpu().numpy(),
+            "fold_scores": [e.cpu().numpy() for e in extra],
+            "level": level,
+            "rule": rule,
+            "confidence": confidence,
+        }
+        return c_cov if rule == "coverage" else c_lik
+
+    def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
+        """:meth:`coverage_scores` of standardised (and clipped) rows."""
+        batches = self._calibration_batches(Xs, ys)
+        return _mixture_scores(self._raw_leaves(), batches, level).cpu().numpy()
+
+    def _refit(self, X, y, val_idx, train_idx, seed: int) -> None:
+        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED``, trained on
+        ``train_idx`` for the number of steps early stopping chose
+        (``fit_result_.best_step``, at least 1), replaces the stopped one."""
+        steps = max(int(self.fit_result_.best_step or 0), 1)
+        seed = int(seed) + _REFIT_SEED
+        gen = torch.Generator().manual_seed(seed)
+        self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)

@@ -1,0 +1,169 @@
+"""The posterior trees behind every prediction of
+:class:`~pyro_trees.estimators.VaRTRegressor`: drawn once from the guide with a fixed
+seed, stacked and cut to their leaves, and the predictive sites of the model under them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyro
+import torch
+from pyro.infer import Predictive
+
+from pyro_trees import trees
+from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
+from pyro_trees.estimators._rng import local_seed
+from pyro_trees.guides._vart_memory import (
+    PREDICT_BYTES,
+    ROW_BYTES_PER_NODE,
+    _check_prediction_memory,
+)
+from pyro_trees.models._vart_mixture import (
+    _leaf_mixtures,
+    _leaf_tree,
+    _row_mixtures,
+    _stack_trees,
+)
+
+
+class _PosteriorTrees:
+    """Prediction machinery of :class:`~pyro_trees.estimators.VaRTRegressor`: the inputs
+    clipped as new rows, the ``num_samples`` hard posterior trees (cached, redrawn with
+    the same seed after unpickling) and the model's predictive sites under them."""
+
+    def _prepare(self, X) -> torch.Tensor:
+        return self._clip(self._validate_predict(X))
+
+    def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
+        """Standardised inputs clipped to the training rows' range widened by
+        ``clip_margin`` times its width on each side (``clip_margin=None``: unchanged)."""
+        if self.clip_margin is not None and getattr(self, "x_min_", None) is not None:
+            pad = float(self.clip_margin) * (self.x_max_ - self.x_min_)
+            Xs = torch.minimum(torch.maximum(Xs, self.x_min_ - pad), self.x_max_ + pad)
+        return Xs
+
+    def _posterior_trees(self) -> dict:
+        """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""
+        if getattr(self, "_tree_samples", None) is None:
+            dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
+            _check_prediction_memory(
+                self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
+            )
+            with (
+                local_seed(self._seed() + 1, dummy.device),
+                pyro.settings.context(module_local_params=True),
+                pyro.validation_enabled(False),
+                self.guide_.temperature_set_to(0.0),
+                torch.no_grad(),
+            ):
+                samples = Predictive(self.guide_, num_samples=int(self.num_samples), parallel=True)(
+                    dummy
+                )
+            shift = math.log(getattr(self, "noise_factor_", 1.0))
+            if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
+                for key in samples:
+                    if key.startswith("log_sigma_"):
+                        samples[key] = samples[key] + shift
+            self._tree_samples = samples
+        return self._tree_samples
+
+    def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
+        samples = self._posterior_trees()
+        nodes = 2 ** (self.guide_.depth + 1)
+        rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
+        out = {s: [] for s in sites}
+        with (
+            local_seed(self._seed() + seed_offset, Xs.device),
+            pyro.settings.context(module_local_params=True),
+            pyro.validation_enabled(False),
+            torch.no_grad(),
+        ):
+            pred = Predictive(
+                self.model_, posterior_samples=samples, return_sites=list(sites), parallel=True
+            )
+            for start in range(0, Xs.shape[0], rows):
+                res = pred(Xs[start : start + rows])
+                for s in sites:
+                    out[s].append(res[s])
+        return {s: self._outputs(torch.cat(v, dim=-1)) for s, v in out.items()}
+
+    def _raw_leaves(self) -> dict:
+        """The trees of :meth:`_leaf_trees` with factor-1 noise."""
+        tree = self._leaf_trees()
+        shift = math.log(getattr(self, "noise_factor_", 1.0))
+        return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
+
+    def _leaf_trees(self) -> dict:
+        """The posterior trees of ``_posterior_trees`` stacked and cut to their leaves
+        (:func:`_leaf_tree`), cached alongside the draws they come from."""
+        samples = self._posterior_trees()
+        cache = getattr(self, "_leaf_cache", None)
+        if cache is None or cache[0] is not samples:
+            cache = (samples, _leaf_tree(_stack_trees(samples, self.guide_.depth)))
+            self._leaf_cache = cache
+        return cache[1]
+
+    def _function_draws(self, Xs: torch.Tensor) -> np.ndarray:
+        """:meth:`sample_function` of standardised rows, every posterior tree."""
+        tree = self._leaf_trees()
+        nodes = max(int(tree["keep"].numel()), trees.num_internal(self.guide_.depth))
+        rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
+        out = []
+        with torch.no_grad():
+            for start in range(0, Xs.shape[0], rows):
+                logits, means, _ = _leaf_mixtures(tree, Xs[start : start + rows])
+                out.append((logits.softmax(-1) * means).sum(-1))
+        return self._outputs(torch.cat(out, -1))
+
+    def _take(self, draws: np.ndarray, num_samples) -> np.ndarray:
+        if num_samples is not None:
+            num_samples = int(num_samples)
+            if not 1 <= num_samples <= int(self.num_samples):
+                raise ValueError(
+                    f"num_samples must lie in [1, {self.num_samples}] (the estimator's "
+                    f"num_samples: one function draw per posterior tree), got {num_samples}"
+                )
+            draws = draws[:num_samples]
+        return draws
+
+    def _calibration_batches(self, *tensors: torch.Tensor):
+        """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
+        their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
+        nodes = 2 ** (self.guide_.depth + 1)
+        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
+        for start in range(0, tensors[0].shape[0], rows):
+            yield tuple(t[start : start + rows] for t in tensors)
+
+    @torch.no_grad()
+    def _mixture_std(self, Xs: torch.Tensor) -> torch.Tensor:
+        """Standard deviations ``(N,)`` of the posterior predictive at standardised rows
+        ``Xs`` ``(N, L)``: the Gaussian mixture over the ``num_samples`` trees and their
+        leaves, calibrated noise included."""
+        tree = self._leaf_trees()
+        var = []
+        for (xb,) in self._calibration_batches(Xs):
+            logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
+            weight = logits.exp() / logits.shape[0]
+            m = (weight * loc).sum((0, -1))
+            second = (weight * (loc * loc + scale * scale)).sum((0, -1))
+            var.append((second - m * m).clamp_min(0.0))
+        return torch.cat(var).sqrt()
+
+    @torch.no_grad()
+    def _mixture_quantiles(self, Xs: torch.Tensor, probs) -> torch.Tensor:
+        """Quantiles ``(len(probs), N)`` of that posterior predictive mixture at ``Xs``."""
+        tree = self._leaf_trees()
+        out = []
+        for (xb,) in self._calibration_batches(Xs):
+            logits, loc, scale = _row_mixtures(tree, xb)
+            weight = logits.exp() / logits.shape[0]
+            out.append(_row_mixture_quantiles(*_compact_rows(weight, loc, scale), probs))
+        return torch.cat(out, -1)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_tree_samples"] = None  # redrawn with the same seed after loading
+        state["_leaf_cache"] = None
+        return state

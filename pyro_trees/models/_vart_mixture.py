@@ -1,0 +1,168 @@
+"""VaRT's mixture of leaves (eq. 27): the Gaussian mixture a tree gives each input row,
+for one tree, a batch of trees, or posterior trees cut to their leaves.
+
+References
+
+* S. Salazar, *VaRT: Variational Regression Trees*, NeurIPS 2023 (Sec. 3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+
+from pyro_trees import trees
+
+__all__ = [
+    "gaussian",
+    "mixture_params",
+    "tree_likelihood",
+    "tree_mean",
+    "with_bias",
+]
+
+
+def with_bias(x: torch.Tensor) -> torch.Tensor:
+    """Append a column of ones, the split and leaf intercepts.
+
+    :param x: ``(..., L)``.
+    :returns: ``(..., L + 1)``.
+    """
+    return torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], dim=-1)
+
+
+def mixture_params(tree: dict, x1: torch.Tensor):
+    """Mixture logits, component means and scales of eq. 27 for inputs ``x1``.
+
+    :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape ``B``, ``M``
+        nodes).
+    :param x1: inputs with the intercept column, ``(N, L + 1)``.
+    :returns: ``(logits, means, sigma)`` of shapes ``B + (N, M)``; ``logits`` is
+        :math:`\\log\\kappa_i + \\log P(x \\to i)` (``-inf`` for absent nodes).
+    """
+    split, log_exist = tree["split"], tree["log_exist"]
+    log_kappa = log_exist + torch.log1p(-split)
+    beta = tree["beta"]
+    if beta is None:
+        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
+    else:
+        # node logit = log-odds of going right = -beta^T x (beta^T x routes left).
+        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
+        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
+    logits = log_kappa.unsqueeze(-2) + log_reach
+    means = torch.einsum("...jk,nk->...nj", tree["theta"], x1)
+    sigma = tree["log_sigma"].exp().unsqueeze(-2).expand(means.shape)
+    return logits, means, sigma
+
+
+def tree_likelihood(tree: dict, x: torch.Tensor) -> dist.MixtureSameFamily:
+    r"""The likelihood of eq. 27 under ``tree``: for each input row the Gaussian mixture
+    :math:`\sum_i \kappa_i P(x \to i)\, \mathcal N(\theta_i^\top x, \sigma_i^2)`.
+
+    :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape ``B``).
+    :param x: inputs ``(N, L)`` (without the intercept column).
+    :returns: a ``MixtureSameFamily`` with batch shape ``B + (N,)``; put it inside a
+        plate over the ``N`` rows.
+    """
+    logits, means, sigma = mixture_params(tree, with_bias(x))
+    return dist.MixtureSameFamily(dist.Categorical(logits=logits), dist.Normal(means, sigma))
+
+
+def tree_mean(tree: dict, x: torch.Tensor) -> torch.Tensor:
+    r"""The regression function of ``tree`` at the rows of ``x``:
+    :math:`f(x) = \sum_i \kappa_i P(x \to i)\, \theta_i^\top x`, the mean of
+    :func:`tree_likelihood`.
+
+    :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape ``B``).
+    :param x: inputs ``(N, L)`` (without the intercept column).
+    :returns: ``B + (N,)``.
+    """
+    logits, means, _ = mixture_params(tree, with_bias(x))
+    return (logits.softmax(-1) * means).sum(-1)
+
+
+def gaussian(loc: torch.Tensor, scale: torch.Tensor) -> dist.TorchDistribution:
+    """``Normal(loc, scale).to_event(1)`` for standard deviations ``scale`` of the shape
+    of ``loc``, ``MultivariateNormal(loc, scale_tril=scale)`` for Cholesky factors."""
+    if scale.dim() == loc.dim():
+        return dist.Normal(loc, scale).to_event(1)
+    return dist.MultivariateNormal(loc, scale_tril=scale)
+
+
+def _row_mixtures(leaf: dict, x: torch.Tensor):
+    """The predictive mixtures of rows ``x`` ``(n, L)`` under the trees of
+    :func:`_leaf_tree`, in double precision: log leaf weights normalised within each
+    tree, means and scales, each ``(S, n, K)``. Over trees and leaves together the
+    weights are ``exp(log_w) / S``."""
+    logits, loc, log_scale = _leaf_mixtures(leaf, x)
+    logits, loc = logits.double(), loc.double()
+    scale = log_scale.double().exp().expand_as(loc)
+    return logits - logits.logsumexp(-1, keepdim=True), loc, scale
+
+
+def _stack_trees(samples: dict, depth: int) -> dict:
+    """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
+    ``log_sigma_d``, leading dimension ``S``) in the format of
+    :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``(S,)``."""
+    num = samples["split_0"].shape[0]
+    width = samples["theta_0"].shape[-1]
+    split = [samples[f"split_{d}"].reshape(num, -1) for d in range(depth + 1)]
+    log_exist = [split[0].new_zeros(num, 1)]
+    for d in range(depth):
+        log_exist.append((log_exist[-1] + split[d].log()).repeat_interleave(2, dim=-1))
+    return {
+        "split": torch.cat(split, -1),
+        "log_exist": torch.cat(log_exist, -1),
+        "beta": torch.cat([samples[f"beta_{d}"].reshape(num, -1, width) for d in range(depth)], -2),
+        "theta": torch.cat(
+            [samples[f"theta_{d}"].reshape(num, -1, width) for d in range(depth + 1)], -2
+        ),
+        "log_sigma": torch.cat(
+            [samples[f"log_sigma_{d}"].reshape(num, -1) for d in range(depth + 1)], -1
+        ),
+    }
+
+
+def _leaf_tree(tree: dict) -> dict:
+    """The stacked trees of :func:`_stack_trees` cut to the nodes that are a leaf of at
+    least one of them: ``keep`` ``(K,)`` their heap positions, ``log_kappa`` ``(S, K)``
+    (``-inf`` where a node is no leaf of that tree), ``theta`` ``(S, K, L + 1)`` and
+    ``log_sigma`` ``(S, K)``; ``beta`` ``(S, 2**D - 1, L + 1)`` as before. The other nodes
+    have mixture weight zero in every tree."""
+    log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
+    keep = (log_kappa > -math.inf).any(0).nonzero().flatten()
+    return {
+        "keep": keep,
+        "log_kappa": log_kappa[:, keep],
+        "beta": tree["beta"],
+        "theta": tree["theta"][:, keep],
+        "log_sigma": tree["log_sigma"][:, keep],
+    }
+
+
+def _leaf_mixtures(leaf: dict, x: torch.Tensor):
+    """The mixtures of eq. 27 for rows ``x`` ``(n, L)`` under the trees of
+    :func:`_leaf_tree`, over their ``K`` leaf nodes: unnormalised logits, means and
+    log scales ``(S, n, K)`` (the values :func:`mixture_params`
+    gives at those nodes; its other nodes have weight zero).
+
+    The routing is computed top-down, level by level: a node's log reach is its
+    parent's plus ``logsigmoid(beta^T x)`` (left child) or ``logsigmoid(-beta^T x)``."""
+    x1 = with_bias(x)
+    beta = leaf["beta"]
+    num, n = leaf["log_kappa"].shape[0], x1.shape[0]
+    levels = [x1.new_zeros(num, n, 1)]
+    if beta is not None and beta.shape[-2] > 0:
+        u = torch.matmul(x1, beta.transpose(-1, -2))  # (S, n, 2**D - 1): beta^T x
+        depth = (beta.shape[-2] + 1).bit_length() - 1
+        for d in range(depth):
+            ud = u[..., (1 << d) - 1 : (1 << (d + 1)) - 1]
+            pair = torch.stack([F.logsigmoid(ud), F.logsigmoid(-ud)], -1) + levels[-1].unsqueeze(-1)
+            levels.append(pair.flatten(-2))
+    log_reach = torch.cat(levels, -1)[..., leaf["keep"]]
+    logits = leaf["log_kappa"].unsqueeze(-2) + log_reach
+    means = torch.matmul(x1, leaf["theta"].transpose(-1, -2))
+    return logits, means, leaf["log_sigma"].unsqueeze(-2)
