@@ -16,7 +16,7 @@ from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
-from pyro_trees.guides.rnn_tree import RNNTreeGuide
+from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.fit import isolated_params
 from pyro_trees.models.hme import HME

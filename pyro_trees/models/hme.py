@@ -38,6 +38,7 @@ from pyro.ops.indexing import Vindex
 
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store, follow_data
+from pyro_trees._tree_start import balanced_start, input_scaling
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 
 __all__ = ["HME"]
@@ -136,8 +137,6 @@ class HME(PyroModule):
 
     @torch.no_grad()
     def _lazy_init(self, x: torch.Tensor, y) -> None:
-        from pyro_trees.guides.rnn_tree import balanced_start, input_scaling
-
         if self._init_state == "fresh":
             self._init_state = "pending"
             if adopt_param_store(self):
