@@ -137,6 +137,15 @@ from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store
 from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
 from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
+from pyro_trees.models._hgp_maths import (
+    exact_evidence,
+    exact_posterior,
+    fit_noise_level,
+    homoscedastic_residuals,
+    interpolate_mean,
+    optimal_whitened_q_u,
+    sparse_evidence,
+)
 
 __all__ = ["HGPPrediction", "HeteroscedasticGP"]
 
@@ -378,52 +387,13 @@ class HeteroscedasticGP(PyroModule):
         C = -0.5 * log_prec.sum() - (q * s).sum()
         resid = y - self.mean_constant.to(x.dtype)
         if self.sparse:
-            log_evidence = self._sparse_evidence(x, resid, log_prec)[0]
+            z = self.inducing_points.to(x.dtype)
+            log_evidence = sparse_evidence(self.kernel, z, x, resid, log_prec, self.jitter)[0]
         else:
-            r = torch.exp(-log_prec)
-            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-            L = cholesky(K + torch.diag_embed(r), self.jitter)
-            log_evidence = dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(
-                resid
-            )
+            log_evidence = exact_evidence(self.kernel, x, resid, log_prec, self.jitter)
         per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
         coupling = expected_log_coupling(log_q, self.depth)
         return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling
-
-    def _sparse_evidence(self, x, resid, log_prec):
-        r"""Titsias' collapsed bound on :math:`\log \mathcal{N}(r \mid 0, K + R)` with the
-        inducing inputs :math:`Z`, and the optimal whitened :math:`q(u)`.
-
-        :math:`\log \mathcal{N}(r \mid 0, Q + R) - \tfrac12 \operatorname{tr}(R^{-1}(K - Q))`
-        with :math:`Q = A^\top A`, :math:`A = L_{zz}^{-1} K_{zx}`; the optimal
-        :math:`q(u) = \mathcal{N}(B^{-1} A R^{-1} r, B^{-1})`, :math:`B = I + A R^{-1} A^\top`.
-        Cost :math:`O(N M^2)`.
-
-        :param x: ``(N, L)``.
-        :param resid: ``y`` minus the constant mean, ``(N,)``.
-        :param log_prec: :math:`\log R_{nn}^{-1}`, ``(N,)``.
-        :returns: ``(bound, LB, c)``: a scalar, the Cholesky factor of :math:`B` ``(M, M)``
-            and :math:`L_B^{-1} A R^{-1} r` ``(M,)``.
-        """
-        z = self.inducing_points.to(x.dtype)
-        n = x.shape[0]
-        Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
-        Kzx = kernel_matrix(self.kernel, z, x)[..., 0, :, :]
-        # L^-1 K_zx through the (M, M) triangular inverse: a matmul, forward and backward,
-        # instead of a triangular solve with N right-hand sides (as gp.conditional)
-        eye = torch.eye(Lzz.shape[-1], dtype=x.dtype, device=x.device)
-        A = torch.linalg.solve_triangular(Lzz, eye, upper=False) @ Kzx  # (M, N)
-        prec = torch.exp(log_prec)
-        Ap = A * prec
-        LB = cholesky(eye + Ap @ A.mT, 0.0)
-        c = torch.linalg.solve_triangular(LB, (Ap @ resid).unsqueeze(-1), upper=False)
-        c = c.squeeze(-1)
-        logdet = -log_prec.sum() + 2 * LB.diagonal().log().sum()
-        quad = (resid.pow(2) * prec).sum() - c.pow(2).sum()
-        kdiag = kernel_matrix(self.kernel, x, diag=True)[..., 0, :]
-        trace = (prec * (kdiag - A.pow(2).sum(-2))).sum()
-        bound = -0.5 * (n * math.log(2 * math.pi) + logdet + quad + trace)
-        return bound, LB, c
 
     @torch.no_grad()
     def set_optimal_inducing_posterior(self, x: torch.Tensor, y: torch.Tensor, guide) -> None:
@@ -444,11 +414,9 @@ class HeteroscedasticGP(PyroModule):
         q = guide.tree.leaf_probs(x).to(x.dtype)
         log_prec = torch.logsumexp(q.clamp_min(1e-300).log() - 2 * s, dim=-1)
         resid = y - self.mean_constant.to(x.dtype)
-        _, LB, c = self._sparse_evidence(x, resid, log_prec)
-        eye = torch.eye(LB.shape[0], dtype=x.dtype, device=x.device)
-        LBinv = torch.linalg.solve_triangular(LB, eye, upper=False)
-        guide.u_loc = (LBinv.mT @ c.unsqueeze(-1)).squeeze(-1)
-        guide.u_scale_tril = cholesky(LBinv.mT @ LBinv, 1e-10)
+        z = self.inducing_points.to(x.dtype)
+        _, LB, c = sparse_evidence(self.kernel, z, x, resid, log_prec, self.jitter)
+        guide.u_loc, guide.u_scale_tril = optimal_whitened_q_u(LB, c)
 
     # -- the Pyro model -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
@@ -565,11 +533,8 @@ class HeteroscedasticGP(PyroModule):
         mean_c = self.mean_constant.to(dtype)
         q = guide.tree.leaf_probs(x).to(dtype)
         r = 1.0 / (q @ torch.exp(-2 * s))
-        L = cholesky(kernel_matrix(kernel, x)[..., 0, :, :] + torch.diag_embed(r), self.jitter)
-        Ksx = kernel_matrix(kernel, x_new, x)[..., 0, :, :]
-        alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
-        loc = (Ksx @ alpha).squeeze(-1) + mean_c
-        W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
+        loc, W = exact_posterior(kernel, x, y - mean_c, r, x_new, self.jitter)
+        loc = loc + mean_c
         cov = kernel_matrix(kernel, x_new)[..., 0, :, :] - W.mT @ W
         return dist.MultivariateNormal(loc, scale_tril=cholesky(cov, max(self.jitter, 1e-6)))
 
@@ -595,37 +560,16 @@ class HeteroscedasticGP(PyroModule):
         """
         self._check(x, y)
         sub = torch.linspace(0, x.shape[0] - 1, min(max_points, x.shape[0])).round().long()
-        xs, ys = x[sub], y[sub]
         with torch.no_grad():
-            self.mean_constant = ys.mean()
-        log_noise = torch.tensor(float(torch.log(ys.std() + 1e-6)) - 0.5, dtype=x.dtype)
-        log_noise.requires_grad_(True)
-        params = [log_noise, *self.kernel.parameters()]
-        opt = torch.optim.Adam(params, lr=lr)
-        for _ in range(num_steps):
-            opt.zero_grad()
-            K = kernel_matrix(self.kernel, xs)[..., 0, :, :]
-            eye = torch.eye(xs.shape[0], dtype=x.dtype, device=x.device)
-            L = cholesky(K + torch.exp(2 * log_noise) * eye, self.jitter)
-            resid = ys - ys.mean()
-            loss = -dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(resid)
-            loss.backward()
-            opt.step()
+            self.mean_constant = y[sub].mean()
+        log_noise = fit_noise_level(
+            self.kernel, x[sub], y[sub], jitter=self.jitter, num_steps=num_steps, lr=lr
+        )
         with torch.no_grad():
-            K = kernel_matrix(self.kernel, xs)[..., 0, :, :]
-            eye = torch.eye(xs.shape[0], dtype=x.dtype, device=x.device)
-            L = cholesky(K + torch.exp(2 * log_noise) * eye, self.jitter)
-            alpha = torch.cholesky_solve((ys - ys.mean()).unsqueeze(-1), L)
-            Kxs = kernel_matrix(self.kernel, x, xs)[..., 0, :, :]
-            fmean = (Kxs @ alpha).squeeze(-1) + ys.mean()
             self.leaf_log_scale = torch.full_like(self.leaf_log_scale, float(log_noise))
-            resid = y - fmean
-            # at the fitted points, leave-one-out residuals alpha_i / [K_y^-1]_ii: the
-            # in-sample ones are shrunk towards 0 and would start the noise too low
-            if not loo:
-                return resid.detach()
-            resid[sub] = alpha.squeeze(-1) / torch.cholesky_inverse(L).diagonal()
-        return resid.detach()
+        return homoscedastic_residuals(
+            self.kernel, x, y, sub, log_noise, jitter=self.jitter, loo=loo
+        )
 
     @torch.no_grad()
     def init_from_data(
@@ -661,22 +605,14 @@ class HeteroscedasticGP(PyroModule):
         if self.sparse and getattr(guide, "num_inducing", 0):
             z = self.inducing_points.to(x.dtype)
             sub = torch.linspace(0, x.shape[0] - 1, min(400, x.shape[0])).round().long()
-            fz = self._interpolate_mean(x[sub], (y - resid)[sub], z)
+            fz = interpolate_mean(
+                self.kernel, x[sub], (y - resid)[sub], z, self.mean_constant, self.jitter
+            )
             Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
             target = fz - self.mean_constant.to(x.dtype)
             guide.u_loc = torch.linalg.solve_triangular(
                 Lzz, target.unsqueeze(-1), upper=False
             ).squeeze(-1)
-
-    def _interpolate_mean(self, x, fmean, z):
-        """Kernel-regression of the fitted mean onto ``z`` (for initialising q(u))."""
-        K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-        eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
-        L = cholesky(K + 1e-3 * K.diagonal().mean() * eye, self.jitter)
-        alpha = torch.cholesky_solve((fmean - self.mean_constant).unsqueeze(-1), L)
-        return (kernel_matrix(self.kernel, z, x)[..., 0, :, :] @ alpha).squeeze(-1) + (
-            self.mean_constant
-        )
 
     # -- prediction -----------------------------------------------------------------------
     @torch.no_grad()
@@ -736,12 +672,8 @@ class HeteroscedasticGP(PyroModule):
             self._check(x, y)
             q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
             r = 1.0 / (q @ torch.exp(-2 * s))
-            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-            L = cholesky(K + torch.diag_embed(r), self.jitter)
-            Ksx = kernel_matrix(self.kernel, x_new, x)[..., 0, :, :]
-            alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
-            mean = (Ksx @ alpha).squeeze(-1) + mean_c
-            W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
+            mean, W = exact_posterior(self.kernel, x, y - mean_c, r, x_new, self.jitter)
+            mean = mean + mean_c
             kss = kernel_matrix(self.kernel, x_new, diag=True)[..., 0, :]
             f_var = (kss - W.pow(2).sum(-2)).clamp_min(0.0)
         if routing == "hard":
