@@ -23,6 +23,38 @@ Two ways to feed decisions back into the GRU:
 
 At test time the single most likely tree replaces softmax by max and sigmoid by a step
 (:meth:`RNNTree.rules`): node ``i`` tests ``x_l <= -w_{l0}/w_{l1}``.
+
+.. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
+
+Any model that needs an input-dependent discrete partition of its data can take the
+RNN-Tree as the posterior of that partition. Three lines in the model, three in the
+guide:
+
+1. In the model, inside the data plate, sample the region of each point from the
+   tree-balance prior's per-point marginal and index your per-region parameters with
+   it (it may be an enumerated ``(2**D, 1)`` tensor, so index, don't branch)::
+
+       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
+           leaf = pyro.sample("leaf", BalancedLeaf(depth, n, dtype=x.dtype))
+           pyro.sample("obs", dist.Poisson(rate[leaf]), obs=y[idx])
+
+2. In the guide (the model's signature), sample the same site from the RNN-Tree's leaf
+   logits and mark it for parallel enumeration::
+
+       tree = RNNTree(in_features, depth, feedback="hard")
+       ...
+       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
+           pyro.sample("leaf", dist.Categorical(logits=tree(x[idx])),
+                       infer={"enumerate": "parallel"})
+
+3. Train with :class:`~pyro_trees.infer.TreeELBO` (``TraceEnum_ELBO`` plus the
+   balance prior's coupling). Start the tree balanced with
+   ``tree.init_balanced(x, targets)`` (median cuts, dimensions chosen with any
+   targets you have), read the partition back with ``tree.rules(leaf_values=...)``
+   and route new inputs with ``tree.hard_leaf(x)``.
+
+``tests/models/test_heteroscedastic_gp.py::test_recipe_user_model`` writes such a model
+(Poisson counts whose rate changes by region) and checks that the partition is found.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from pyro_trees.models.dgp import (
 )
 from pyro_trees.models.heteroscedastic_gp import (
     HeteroscedasticGP,
+)
+from pyro_trees.models.hgp_prediction import (
     HGPPrediction,
 )
 from pyro_trees.models.hme import (

@@ -13,7 +13,7 @@ import math
 import pyro.distributions as dist
 import torch
 
-from pyro_trees.gp import cholesky, kernel_matrix
+from pyro_trees.gp import cholesky, conditional, kernel_matrix
 
 
 def exact_evidence(kernel, x, resid, log_prec, jitter: float) -> torch.Tensor:
@@ -134,3 +134,26 @@ def interpolate_mean(kernel, x, fmean, z, mean_constant, jitter: float):
     L = cholesky(K + 1e-3 * K.diagonal().mean() * eye, jitter)
     alpha = torch.cholesky_solve((fmean - mean_constant).unsqueeze(-1), L)
     return (kernel_matrix(kernel, z, x)[..., 0, :, :] @ alpha).squeeze(-1) + mean_constant
+
+
+def exact_f_marginals(kernel, x, resid, r, x_new, jitter: float):
+    """Marginals of :func:`exact_posterior` at ``x_new``: ``(loc, var)``, each ``(N*,)``."""
+    loc, W = exact_posterior(kernel, x, resid, r, x_new, jitter)
+    kss = kernel_matrix(kernel, x_new, diag=True)[..., 0, :]
+    return loc, (kss - W.pow(2).sum(-2)).clamp_min(0.0)
+
+
+def sparse_f_marginals(kernel, x_new, z, u_loc, u_scale_tril, jitter: float):
+    r"""Marginals of ``f - c`` at ``x_new`` ``(N*, L)`` under the whitened
+    :math:`q(u) = \mathcal{N}(` ``u_loc`` ``(M,)``, ``u_scale_tril`` ``(M, M)`` :math:`)`
+    at the inducing inputs ``z`` ``(M, L)``: ``(loc, var)``, each ``(N*,)``."""
+    loc, var = conditional(
+        kernel,
+        x_new,
+        z,
+        u_loc.unsqueeze(-2),
+        u_scale_tril.unsqueeze(-3),
+        whiten=True,
+        jitter=jitter,
+    )
+    return loc[0], var[0]

@@ -76,37 +76,8 @@ owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long, ``"u"`` is
 ``(M,)`` and ``"f"`` is ``(N,)`` (sampled when ``y`` is None); sites broadcast over
 batch dimensions on the left of the plate.
 
-.. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
-
-Any model that needs an input-dependent discrete partition of its data can take the
-RNN-Tree as the posterior of that partition. Three lines in the model, three in the
-guide:
-
-1. In the model, inside the data plate, sample the region of each point from the
-   tree-balance prior's per-point marginal and index your per-region parameters with
-   it (it may be an enumerated ``(2**D, 1)`` tensor, so index, don't branch)::
-
-       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
-           leaf = pyro.sample("leaf", BalancedLeaf(depth, n, dtype=x.dtype))
-           pyro.sample("obs", dist.Poisson(rate[leaf]), obs=y[idx])
-
-2. In the guide (the model's signature), sample the same site from the RNN-Tree's leaf
-   logits and mark it for parallel enumeration::
-
-       tree = RNNTree(in_features, depth, feedback="hard")
-       ...
-       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
-           pyro.sample("leaf", dist.Categorical(logits=tree(x[idx])),
-                       infer={"enumerate": "parallel"})
-
-3. Train with :class:`~pyro_trees.infer.TreeELBO` (``TraceEnum_ELBO`` plus the
-   balance prior's coupling). Start the tree balanced with
-   ``tree.init_balanced(x, targets)`` (median cuts, dimensions chosen with any
-   targets you have), read the partition back with ``tree.rules(leaf_values=...)``
-   and route new inputs with ``tree.hard_leaf(x)``.
-
-``tests/models/test_heteroscedastic_gp.py::test_recipe_user_model`` writes such a model
-(Poisson counts whose rate changes by region) and checks that the partition is found.
+The recipe for an RNN-Tree partition inside your own Pyro model is in the module
+docstring of :mod:`pyro_trees.guides.rnn_tree`.
 
 **References**
 
@@ -122,7 +93,6 @@ regression*, ICML 2011.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import gpytorch
 import pyro
@@ -139,51 +109,18 @@ from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_cou
 from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
 from pyro_trees.models._hgp_maths import (
     exact_evidence,
+    exact_f_marginals,
     exact_posterior,
     fit_noise_level,
     homoscedastic_residuals,
     interpolate_mean,
     optimal_whitened_q_u,
     sparse_evidence,
+    sparse_f_marginals,
 )
+from pyro_trees.models.hgp_prediction import HGPPrediction
 
-__all__ = ["HGPPrediction", "HeteroscedasticGP"]
-
-
-class HGPPrediction(NamedTuple):
-    """Predictive distribution of :meth:`HeteroscedasticGP.predict` at ``N`` inputs.
-
-    :ivar mean: predictive mean of ``f`` (and of ``y``), ``(N,)``.
-    :ivar f_var: variance of ``f``, ``(N,)``.
-    :ivar leaf_probs: routing weights ``(N, 2**D)`` (one-hot for ``routing="hard"``).
-    :ivar leaf_log_scale: :math:`s_\\ell`, ``(2**D,)``.
-    """
-
-    mean: torch.Tensor
-    f_var: torch.Tensor
-    leaf_probs: torch.Tensor
-    leaf_log_scale: torch.Tensor
-
-    @property
-    def noise_var(self) -> torch.Tensor:
-        """Expected noise variance :math:`\\sum_\\ell q_\\ell e^{2 s_\\ell}`, ``(N,)``."""
-        return self.leaf_probs @ torch.exp(2 * self.leaf_log_scale)
-
-    @property
-    def log_sigma(self) -> torch.Tensor:
-        """Noise log standard deviation, ``0.5 * log(noise_var)``, ``(N,)``."""
-        return 0.5 * torch.log(self.noise_var)
-
-    @property
-    def variance(self) -> torch.Tensor:
-        """Variance of ``y``: ``f_var + noise_var``, ``(N,)``."""
-        return self.f_var + self.noise_var
-
-    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
-        """Log predictive density of ``y`` ``(N,)`` under the mixture over leaves, ``(N,)``."""
-        var = self.f_var.unsqueeze(-1) + torch.exp(2 * self.leaf_log_scale)  # (N, 2**D)
-        comp = dist.Normal(self.mean.unsqueeze(-1), var.sqrt()).log_prob(y.unsqueeze(-1))
-        return torch.logsumexp(comp + self.leaf_probs.clamp_min(1e-300).log(), dim=-1)
+__all__ = ["HeteroscedasticGP"]
 
 
 class HeteroscedasticGP(PyroModule):
@@ -652,16 +589,11 @@ class HeteroscedasticGP(PyroModule):
         mean_c = self.mean_constant.to(dtype)
         if self.sparse:
             z = self.inducing_points.to(dtype)
-            loc, var = conditional(
-                self.kernel,
-                x_new,
-                z,
-                guide.u_loc.to(dtype).unsqueeze(-2),
-                guide.u_scale_tril.to(dtype).unsqueeze(-3),
-                whiten=True,
-                jitter=self.jitter,
+            u_loc, u_scale_tril = guide.u_loc.to(dtype), guide.u_scale_tril.to(dtype)
+            mean, f_var = sparse_f_marginals(
+                self.kernel, x_new, z, u_loc, u_scale_tril, self.jitter
             )
-            mean, f_var = loc[0] + mean_c, var[0]
+            mean = mean + mean_c
         else:
             if x is None or y is None:
                 if getattr(guide, "model", None) is not self:
@@ -672,10 +604,8 @@ class HeteroscedasticGP(PyroModule):
             self._check(x, y)
             q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
             r = 1.0 / (q @ torch.exp(-2 * s))
-            mean, W = exact_posterior(self.kernel, x, y - mean_c, r, x_new, self.jitter)
+            mean, f_var = exact_f_marginals(self.kernel, x, y - mean_c, r, x_new, self.jitter)
             mean = mean + mean_c
-            kss = kernel_matrix(self.kernel, x_new, diag=True)[..., 0, :]
-            f_var = (kss - W.pow(2).sum(-2)).clamp_min(0.0)
         if routing == "hard":
             leaf = guide.tree.hard_leaf(x_new)
             probs = torch.nn.functional.one_hot(leaf, self.num_leaves).to(dtype)
