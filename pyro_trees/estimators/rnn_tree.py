@@ -69,6 +69,17 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
     the trained tree was degenerate on the training rows (every row in one leaf, a
     constant or non-finite prediction) and replaced by the greedy start, or is
     ``None``; a greedy start that is degenerate too raises a ``UserWarning``.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import RNNTreeRegressor
+    >>> X = np.linspace(-1, 1, 40).reshape(-1, 1)
+    >>> y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    >>> reg = RNNTreeRegressor(depth=1, hidden_size=4, num_steps=3, random_state=0)
+    >>> reg = reg.fit(X, y)
+    >>> reg.predict(X[:3]).shape
+    (3,)
     """
 
     _multi_output = True
@@ -181,6 +192,17 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
     """Classification with an HME of categorical experts, the tree-balance prior and the
     RNN-Tree guide (Antorán et al.). Options as :class:`RNNTreeRegressor`, without
     ``noise_scale``; ``classes_`` holds the sorted class labels.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import RNNTreeClassifier
+    >>> X = np.linspace(-1, 1, 40).reshape(-1, 1)
+    >>> y = (X[:, 0] > 0).astype(int)
+    >>> clf = RNNTreeClassifier(depth=1, hidden_size=4, num_steps=3, random_state=0)
+    >>> clf = clf.fit(X, y)
+    >>> clf.predict_proba(X[:3]).shape
+    (3, 2)
     """
 
     def _standard_error(self, err: float, n_val: int) -> float:

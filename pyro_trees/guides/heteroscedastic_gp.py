@@ -55,6 +55,16 @@ class HeteroscedasticGPGuide(PyroModule):
     :param str name: parameter-store prefix (default the model's ``name``).
     :param kwargs: passed to :class:`~pyro_trees.guides.RNNTree` (``hidden_size``,
         ``noise``).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro import poutine
+    >>> from pyro_trees.guides import HeteroscedasticGPGuide
+    >>> guide = HeteroscedasticGPGuide(2, depth=2, hidden_size=4)
+    >>> trace = poutine.trace(guide).get_trace(torch.randn(5, 2))
+    >>> trace.nodes["leaf"]["value"].shape
+    torch.Size([5])
     """
 
     def __init__(

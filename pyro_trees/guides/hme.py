@@ -45,6 +45,19 @@ class RNNTreeGuide(PyroModule):
         or ``None`` (no data-dependent start: random splits on unscaled inputs).
     :param str name: parameter-store prefix, e.g. ``"hme"`` gives ``"hme.tree.h0"``.
     :param kwargs: passed to :class:`RNNTree` (``hidden_size``, ``feedback``, ``noise``).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro import poutine
+    >>> from pyro_trees.guides import RNNTreeGuide
+    >>> x, y = torch.randn(6, 2), torch.randn(6)
+    >>> guide = RNNTreeGuide(2, 2, hidden_size=8)
+    >>> trace = poutine.trace(guide).get_trace(x, y)
+    >>> trace.nodes["leaf"]["value"].shape
+    torch.Size([6])
+    >>> guide.initialised
+    True
     """
 
     def __init__(

@@ -92,6 +92,21 @@ class RNNTree(PyroModule):
     ``x_loc``, ``x_scale`` ``(L,)`` (0 and 1 until :meth:`init_scaling` sets them), so
     that split weights live on the unit scale whatever the units of ``x``;
     :meth:`rules` reports thresholds in the units of ``x``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import RNNTree
+    >>> x = torch.randn(5, 2)
+    >>> tree = RNNTree(2, 2, hidden_size=8)
+    >>> tree.init_scaling(x)
+    >>> tree.init_balanced(x)
+    >>> tree(x).shape
+    torch.Size([5, 4])
+    >>> bool(torch.allclose(tree(x).exp().sum(-1), torch.ones(5)))
+    True
+    >>> tree.rules().route(x).shape
+    torch.Size([5])
     """
 
     def __init__(

@@ -141,6 +141,22 @@ class HeteroscedasticGP(PyroModule):
     With its guide, ``HeteroscedasticGPGuide(model)``, it trains by the plain SVI loop
     (module docs); at the first call on data it moves to the data's dtype and device
     and starts with :meth:`init_from_data`.
+
+    .. rubric:: Examples
+
+    >>> import torch, pyro
+    >>> from pyro.infer import SVI, Trace_ELBO
+    >>> from pyro_trees.guides import HeteroscedasticGPGuide
+    >>> from pyro_trees.models import HeteroscedasticGP
+    >>> x = torch.linspace(-1, 1, 12).unsqueeze(-1)
+    >>> y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(12)
+    >>> model = HeteroscedasticGP(in_features=1, depth=1)
+    >>> guide = HeteroscedasticGPGuide(model, hidden_size=4)
+    >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
+    >>> loss = svi.step(x, y)
+    >>> pred = model.predict(torch.zeros(3, 1), guide)
+    >>> pred.mean.shape, pred.leaf_probs.shape
+    (torch.Size([3]), torch.Size([3, 2]))
     """
 
     def __init__(

@@ -17,6 +17,21 @@ class HGPPrediction(NamedTuple):
     :ivar f_var: variance of ``f``, ``(N,)``.
     :ivar leaf_probs: routing weights ``(N, 2**D)`` (one-hot for ``routing="hard"``).
     :ivar leaf_log_scale: :math:`s_\\ell`, ``(2**D,)``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import HGPPrediction
+    >>> pred = HGPPrediction(
+    ...     mean=torch.zeros(2),
+    ...     f_var=torch.full((2,), 0.5),
+    ...     leaf_probs=torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+    ...     leaf_log_scale=torch.tensor([0.0, -1.0]),
+    ... )
+    >>> pred.variance.round(decimals=3)
+    tensor([1.5000, 0.6350])
+    >>> pred.log_prob(torch.zeros(2)).shape
+    torch.Size([2])
     """
 
     mean: torch.Tensor

@@ -65,6 +65,21 @@ class HME(PyroModule):
         two models in one store need different names.
 
     At its first call the model also moves to the dtype and device of ``x``.
+
+    .. rubric:: Examples
+
+    >>> import torch, pyro
+    >>> from pyro.infer import SVI
+    >>> from pyro_trees.guides import RNNTreeGuide
+    >>> from pyro_trees.infer import TreeELBO
+    >>> from pyro_trees.models import HME
+    >>> x = torch.linspace(-1, 1, 16).unsqueeze(-1)
+    >>> y = (x[:, 0] > 0).float()
+    >>> model, guide = HME(1, 2), RNNTreeGuide(1, 2)
+    >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TreeELBO())
+    >>> loss = svi.step(x, y)
+    >>> model.leaf_loc.shape
+    torch.Size([4, 1])
     """
 
     def __init__(
