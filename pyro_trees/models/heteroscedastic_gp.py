@@ -540,10 +540,10 @@ class HeteroscedasticGP(PyroModule):
            fitted mean at the inducing inputs (interpolated from at most 400 points, so
            the start costs no :math:`O(N^3)`).
 
-        Use it: from random network weights the noise tree of the F.3 benchmark
-        collapsed to one or two noise levels in every restart
-        (``benchmarks/results/hgp_noise_random_start*.md``). A guide built from the model
-        (``HeteroscedasticGPGuide(model)``) runs this at the first call on data.
+        Use it: from random network weights the exact bound can collapse the noise tree
+        to one or two noise levels (the user guide's page on this model has the figures).
+        A guide built from the model (``HeteroscedasticGPGuide(model)``) runs this at the
+        first call on data.
         """
         self._started = True
         with torch.enable_grad():
