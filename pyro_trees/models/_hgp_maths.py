@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
+import pyro
 import pyro.distributions as dist
 import torch
 
+from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
 from pyro_trees.gp import cholesky, conditional, kernel_matrix
 
 
@@ -157,3 +159,51 @@ def sparse_f_marginals(kernel, x_new, z, u_loc, u_scale_tril, jitter: float):
         jitter=jitter,
     )
     return loc[0], var[0]
+
+
+def collapsed_bound(
+    kernel, x, resid, log_q, s, depth, *, z, jitter, balance_weight, entropy_weight
+) -> torch.Tensor:
+    r""":math:`\mathcal{L}_2(q(M))` of App. E (``z=None``), or its sparse collapsed form with
+    the inducing inputs ``z`` ``(M, L)`` (Titsias' bound, :func:`sparse_evidence`).
+
+    :param x: ``(N, L)``; ``resid``: ``y`` minus the constant mean, ``(N,)``.
+    :param log_q: normalised leaf log-probabilities ``(N, 2**D)``.
+    :param s: per-leaf log noise scales ``(2**D,)``.
+    :returns: a scalar.
+    """
+    q = log_q.exp()
+    log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
+    C = -0.5 * log_prec.sum() - (q * s).sum()
+    if z is not None:
+        log_evidence = sparse_evidence(kernel, z, x, resid, log_prec, jitter)[0]
+    else:
+        log_evidence = exact_evidence(kernel, x, resid, log_prec, jitter)
+    per_point_kl = ((q * log_q).sum(-1) + depth * math.log(2.0)).sum()
+    coupling = expected_log_coupling(log_q, depth)
+    return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling
+
+
+def sparse_expected_log_lik(kernel, log_q, x, y, z, u, mean, s, depth, jitter, subsample_size):
+    r"""The sparse model's ELBO terms given ``u``, with the routing summed out at the
+    guide's leaf probabilities: per point
+    :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n, e^{2 s_\ell})
+    - \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})`
+    (factor ``"expected_log_lik"``), plus the tree-balance coupling (``"balance"``).
+
+    ``log_q`` maps a batch of inputs ``(B, L)`` to normalised leaf log-probabilities
+    ``(B, 2**D)``; the plate ``"data"`` subsamples ``subsample_size`` of the ``N`` points.
+    Returns ``y``.
+    """
+    n = x.shape[0]
+    with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
+        log_q_b = log_q(x[idx])
+        pyro.sample("leaf", BalancedLeaf(depth, n, dtype=x.dtype, device=x.device).mask(False))
+        loc, var = conditional(kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=jitter)
+        loc, var = loc[..., 0, :, None] + mean, var[..., 0, :, None]
+        comp = dist.Normal(loc, torch.exp(s)).log_prob(y[idx, None]) - 0.5 * var * torch.exp(-2 * s)
+        q = log_q_b.exp()
+        kl = (q * log_q_b).sum(-1) + depth * math.log(2.0)
+        pyro.factor("expected_log_lik", (q * comp).sum(-1) - kl)
+    pyro.factor("balance", expected_log_coupling(log_q_b, depth, scale=n / log_q_b.shape[-2]))
+    return y

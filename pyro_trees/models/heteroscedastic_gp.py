@@ -15,61 +15,14 @@ with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
 :class:`~pyro_trees.guides.RNNTree` (amortised over :math:`x`), held by
 :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
 
-**The plain SVI loop.** Build the guide from the model and train with
-``Trace_ELBO``; at the first step on data the pair moves to the data's dtype and device
-and starts balanced (:meth:`HeteroscedasticGP.init_from_data`)::
-
-    model = HeteroscedasticGP(in_features=1, depth=2)
-    guide = HeteroscedasticGPGuide(model)
-    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
-    for _ in range(150):
-        svi.step(x, y)
-    Predictive(model, guide=guide, num_samples=100)(x_new)  # "f", "leaf", "obs"
-
-The routing expectation is exact in both forms, never sampled: the Gaussian
-log-likelihood is linear in the leaf probabilities :math:`q_{n\ell}` of the guide's
-RNN-Tree, so the model scores it at those probabilities (``pyro.factor``) and the
-``"leaf"`` site it shares with the guide is recorded masked (score 0) during training.
-
-* *Exact GP* (App. E; moderate :math:`N`): with :math:`q(f, M) = q(f)\,q(M)` and
-  :math:`q(f)` at its optimum for the given routing, the model's factor
-  ``"collapsed_bound"`` is
-
-  .. math::
-
-      \mathcal{L}_2(q(M)) = \log \mathcal{N}(y \mid c, K + R) + C
-          - \mathrm{KL}(q(M) \,\|\, p(M)), \qquad
-      R_{nn}^{-1} = \sum_\ell q_{n\ell}\, e^{-2 s_\ell}, \quad
-      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell ,
-
-  so ``Trace_ELBO`` is exactly minus this bound (no Monte Carlo). The only
-  approximation is the KL to the tree-balance prior, whose coupling term is Stirling's
-  (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`). The same number:
-  :meth:`HeteroscedasticGP.collapsed_bound`, and
-  :class:`~pyro_trees.infer.CollapsedELBO` (which also serves a guide built without
-  the model). Cost :math:`O(N^3)` per step.
-* *Sparse* (``inducing_points=Z``, any :math:`N`, minibatches through
-  ``subsample_size``): whitened inducing outputs :math:`u \sim \mathcal{N}(0, I)` with
-  :math:`f(Z) = L_{ZZ} u` (site ``"u"``, a reparameterised draw from the guide's
-  :math:`q(u)`); given :math:`u`, each point's factor ``"expected_log_lik"`` is
-  :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) -
-  \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})` (the SVGP
-  term), and ``"balance"`` is the coupling. With a guide built without the model the
-  same terms come from :class:`~pyro_trees.infer.TreeELBO` enumerating ``"leaf"``.
-  :class:`~pyro_trees.infer.CollapsedELBO` instead trains this model by Titsias'
-  collapsed bound, full batch (:meth:`HeteroscedasticGP.set_optimal_inducing_posterior`
-  then sets :math:`q(u)`).
-
-**Prediction.** ``Predictive(model, guide=guide, ...)`` (sequential or
-``parallel=True``) draws from the posterior predictive: the guide samples ``"u"`` from
-:math:`q(u)` (sparse), or ``"f"`` jointly from :math:`q^*(f)` given the training data
-(exact: :meth:`HeteroscedasticGP.posterior_f`; the guide keeps those data in the param
-store, so that a loaded store predicts too), each point's ``"leaf"`` from the routing
-posterior, and the model ``"obs"``. Without the guide, ``Predictive(model)`` draws from
-the prior. :meth:`HeteroscedasticGP.predict` gives the Gaussian of the function at new
-inputs with the noise of the single most likely tree (``routing="hard"``, the paper's
-App. E) or of the routing posterior (``routing="posterior"``: a mixture over leaves);
-:meth:`HeteroscedasticGP.noise_rules` exports the noise function as rules.
+**Training and prediction.** Build the guide from the model,
+``HeteroscedasticGPGuide(model)``, and train with ``Trace_ELBO`` (class Examples); at the
+first step on data the pair moves to the data's dtype and device and starts balanced
+(:meth:`HeteroscedasticGP.init_from_data`). The routing expectation is exact, never
+sampled. The exact form (App. E) scores the collapsed bound, the sparse form
+(``inducing_points=Z``) the SVGP terms given :math:`u`; what each integrates out and how
+``Predictive`` and :meth:`HeteroscedasticGP.predict` use the guide is on the user guide's
+page of this model (``docs/guide/heteroscedastic_gp.rst``).
 
 **Shapes.** ``x``: ``(N, L)``; ``y``: ``(N,)``. The plate ``"data"`` (``dim=-1``) is
 owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long, ``"u"`` is
@@ -105,10 +58,10 @@ from pyro.params.param_store import param_with_module_name
 
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store
-from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
+from pyro_trees.distributions.tree_balance import BalancedLeaf
 from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
 from pyro_trees.models._hgp_maths import (
-    exact_evidence,
+    collapsed_bound,
     exact_f_marginals,
     exact_posterior,
     fit_noise_level,
@@ -116,6 +69,7 @@ from pyro_trees.models._hgp_maths import (
     interpolate_mean,
     optimal_whitened_q_u,
     sparse_evidence,
+    sparse_expected_log_lik,
     sparse_f_marginals,
 )
 from pyro_trees.models.hgp_prediction import HGPPrediction
@@ -335,18 +289,19 @@ class HeteroscedasticGP(PyroModule):
     def _bound(self, x, y, log_q, balance_weight: float, entropy_weight: float) -> torch.Tensor:
         """:meth:`collapsed_bound` at normalised leaf log-probabilities ``log_q`` ``(N, 2**D)``."""
         s = self.leaf_log_scale.to(x.dtype)
-        q = log_q.exp()
-        log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
-        C = -0.5 * log_prec.sum() - (q * s).sum()
         resid = y - self.mean_constant.to(x.dtype)
-        if self.sparse:
-            z = self.inducing_points.to(x.dtype)
-            log_evidence = sparse_evidence(self.kernel, z, x, resid, log_prec, self.jitter)[0]
-        else:
-            log_evidence = exact_evidence(self.kernel, x, resid, log_prec, self.jitter)
-        per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
-        coupling = expected_log_coupling(log_q, self.depth)
-        return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling
+        return collapsed_bound(
+            self.kernel,
+            x,
+            resid,
+            log_q,
+            s,
+            self.depth,
+            z=self.inducing_points.to(x.dtype) if self.sparse else None,
+            jitter=self.jitter,
+            balance_weight=balance_weight,
+            entropy_weight=entropy_weight,
+        )
 
     @torch.no_grad()
     def set_optimal_inducing_posterior(self, x: torch.Tensor, y: torch.Tensor, guide) -> None:
@@ -418,7 +373,14 @@ class HeteroscedasticGP(PyroModule):
             )
             u = _drop_data_dim(u)
             if y is not None and self.guide is not None:
-                return self._expected_log_lik(kernel, x, y, z, u, mean, s_all, subsample_size)
+                tree = self.guide.tree
+
+                def log_q(x_batch):
+                    return self._check_logits(x_batch, tree(x_batch))
+
+                return sparse_expected_log_lik(
+                    kernel, log_q, x, y, z, u, mean, s_all, self.depth, self.jitter, subsample_size
+                )
         else:
             K = kernel_matrix(kernel, x)[..., 0, :, :]
             f_all = pyro.sample(
@@ -446,32 +408,6 @@ class HeteroscedasticGP(PyroModule):
             return pyro.sample(
                 "obs", dist.Normal(f, torch.exp(s)), obs=None if y is None else y[idx]
             )
-
-    def _expected_log_lik(self, kernel, x, y, z, u, mean, s, subsample_size):
-        r"""The sparse model's ELBO terms given ``u``, with the routing summed out at the
-        guide's leaf probabilities: per point
-        :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n, e^{2 s_\ell})
-        - \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})`
-        (factor ``"expected_log_lik"``), plus the tree-balance coupling (``"balance"``)."""
-        n = x.shape[0]
-        tree = self.guide.tree
-        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            log_q = self._check_logits(x[idx], tree(x[idx]))
-            pyro.sample(
-                "leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device).mask(False)
-            )
-            loc, var = conditional(
-                kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
-            )
-            loc, var = loc[..., 0, :, None] + mean, var[..., 0, :, None]
-            comp = dist.Normal(loc, torch.exp(s)).log_prob(y[idx, None]) - 0.5 * var * torch.exp(
-                -2 * s
-            )
-            q = log_q.exp()
-            kl = (q * log_q).sum(-1) + self.depth * math.log(2.0)
-            pyro.factor("expected_log_lik", (q * comp).sum(-1) - kl)
-        pyro.factor("balance", expected_log_coupling(log_q, self.depth, scale=n / log_q.shape[-2]))
-        return y
 
     @pyro_method
     def posterior_f(self, x_new: torch.Tensor, x: torch.Tensor, y: torch.Tensor, guide):
