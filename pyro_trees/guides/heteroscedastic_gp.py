@@ -10,6 +10,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from pyro_trees._param_store import adopt_param_store, shared_plate
 from pyro_trees.guides.rnn_tree import RNNTree
+from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
 
 __all__ = ["HeteroscedasticGPGuide"]
 
@@ -80,8 +81,6 @@ class HeteroscedasticGPGuide(PyroModule):
     ):
         bound = not isinstance(model, int)
         if bound:
-            from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
-
             if not isinstance(model, HeteroscedasticGP):
                 raise ValueError(
                     f"model must be a HeteroscedasticGP or an input dimension, got {type(model)}"

@@ -1,9 +1,10 @@
 """GP maths of :class:`~pyro_trees.models.HeteroscedasticGP`, as plain functions of tensors.
 
 The exact and the sparse (Titsias) collapsed evidence under a per-point noise :math:`R`,
-the optimal whitened :math:`q(u)`, the exact posterior of ``f`` at new inputs, and the
-homoscedastic fit that starts the model. The model's methods call these with its kernel,
-constant mean and jitter; nothing here touches the param store.
+the optimal whitened :math:`q(u)`, the exact posterior of ``f`` at new inputs, the
+homoscedastic fit and the :math:`q(u)` mean that start the model, and the sparse model's
+expected log-likelihood terms (its factor sites). The model's methods call these with its
+kernel, constant mean and jitter; nothing here touches the param store.
 """
 
 from __future__ import annotations
@@ -128,14 +129,26 @@ def homoscedastic_residuals(kernel, x, y, sub, log_noise, *, jitter: float, loo:
     return resid.detach()
 
 
-def interpolate_mean(kernel, x, fmean, z, mean_constant, jitter: float):
-    """Kernel regression of the fitted mean ``fmean`` ``(N,)`` at ``x`` onto ``z`` ``(M, L)``
-    (for initialising :math:`q(u)`), ``(M,)``."""
-    K = kernel_matrix(kernel, x)[..., 0, :, :]
-    eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+def whitened_mean_at(kernel, x, fmean, z, mean_constant, jitter: float):
+    """The whitened :math:`q(u)` mean ``(M,)`` that puts the fitted mean ``fmean`` ``(N,)``
+    at ``x`` ``(N, L)`` onto the inducing inputs ``z`` ``(M, L)``: kernel regression from
+    at most 400 evenly spaced points (no :math:`O(N^3)`), then :math:`L_{zz}^{-1}`."""
+    sub = torch.linspace(0, x.shape[0] - 1, min(400, x.shape[0])).round().long()
+    xs, fs = x[sub], fmean[sub]
+    K = kernel_matrix(kernel, xs)[..., 0, :, :]
+    eye = torch.eye(xs.shape[0], dtype=xs.dtype, device=xs.device)
     L = cholesky(K + 1e-3 * K.diagonal().mean() * eye, jitter)
-    alpha = torch.cholesky_solve((fmean - mean_constant).unsqueeze(-1), L)
-    return (kernel_matrix(kernel, z, x)[..., 0, :, :] @ alpha).squeeze(-1) + mean_constant
+    alpha = torch.cholesky_solve((fs - mean_constant).unsqueeze(-1), L)
+    fz = (kernel_matrix(kernel, z, xs)[..., 0, :, :] @ alpha).squeeze(-1) + mean_constant
+    Lzz = cholesky(kernel_matrix(kernel, z)[..., 0, :, :], jitter)
+    target = fz - mean_constant.to(x.dtype)
+    return torch.linalg.solve_triangular(Lzz, target.unsqueeze(-1), upper=False).squeeze(-1)
+
+
+def exact_f_joint(kernel, x, resid, r, x_new, jitter: float):
+    """The joint of :func:`exact_posterior` at ``x_new``: ``(loc (N*,), cov (N*, N*))``."""
+    loc, W = exact_posterior(kernel, x, resid, r, x_new, jitter)
+    return loc, kernel_matrix(kernel, x_new)[..., 0, :, :] - W.mT @ W
 
 
 def exact_f_marginals(kernel, x, resid, r, x_new, jitter: float):

@@ -51,33 +51,31 @@ import gpytorch
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroParam
 from pyro.nn.module import pyro_method
-from pyro.params.param_store import param_with_module_name
 
 from pyro_trees import trees
-from pyro_trees._param_store import adopt_param_store
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
+from pyro_trees.models._hgp_base import _HGPBase
 from pyro_trees.models._hgp_maths import (
     collapsed_bound,
+    exact_f_joint,
     exact_f_marginals,
-    exact_posterior,
     fit_noise_level,
     homoscedastic_residuals,
-    interpolate_mean,
     optimal_whitened_q_u,
     sparse_evidence,
     sparse_expected_log_lik,
     sparse_f_marginals,
+    whitened_mean_at,
 )
 from pyro_trees.models.hgp_prediction import HGPPrediction
 
 __all__ = ["HeteroscedasticGP"]
 
 
-class HeteroscedasticGP(PyroModule):
+class HeteroscedasticGP(_HGPBase):
     """GP regression with an RNN-Tree noise model and the tree-balance prior (module docs).
 
     :param int in_features: input dimension :math:`L`.
@@ -175,88 +173,11 @@ class HeteroscedasticGP(PyroModule):
         """``M`` (0 for the exact model)."""
         return int(self.inducing_points.shape[0]) if self.sparse else 0
 
-    # -- checks ------------------------------------------------------------------------
-    def _check(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
-        if not torch.is_tensor(x) or x.dim() != 2 or x.shape[-1] != self.in_features:
-            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-            raise ValueError(f"x must be a tensor of shape (N, {self.in_features}); got {shape}")
-        if x.shape[0] < 1:
-            raise ValueError("x has no rows")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("x contains NaN or infinite values")
-        if y is not None:
-            if not torch.is_tensor(y) or y.dim() != 1 or y.shape[0] != x.shape[0]:
-                shape = tuple(y.shape) if torch.is_tensor(y) else type(y).__name__
-                raise ValueError(f"y must be a tensor of shape ({x.shape[0]},); got {shape}")
-            if not bool(torch.isfinite(y).all()):
-                raise ValueError("y contains NaN or infinite values")
-
-    def _check_logits(self, x: torch.Tensor, leaf_logits: torch.Tensor) -> torch.Tensor:
-        if leaf_logits.shape != (x.shape[0], self.num_leaves):
-            raise ValueError(
-                f"leaf_logits must have shape ({x.shape[0]}, {self.num_leaves}); "
-                f"got {tuple(leaf_logits.shape)}"
-            )
-        return leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
-
-    # -- names, the guide and the lazy start --------------------------------------------
-    def _fullname(self, name: str) -> str:
-        prefix = self.__dict__["_pyro_name"]
-        return f"{prefix}.{name}" if prefix else name
-
-    def _kernel(self):
-        """The kernel, registered as ``"<name>.kernel"`` with its values from the param store."""
-        return pyro.module(self._fullname("kernel"), self.kernel, update_module_params=True)
-
     @property
     def guide(self):
         """The :class:`~pyro_trees.guides.HeteroscedasticGPGuide` built from this model, or
         ``None``."""
         return self.__dict__["_guide"]
-
-    def _bind(self, guide) -> None:
-        if self.__dict__["_guide"] is not None and self.__dict__["_guide"] is not guide:
-            raise ValueError(
-                "this HeteroscedasticGP already has a guide; build one guide per model"
-            )
-        self.__dict__["_guide"] = guide
-
-    def _adopt(self, guide) -> None:
-        """Model, kernel and guide use the tensors the param store holds under their names
-        (a loaded store), registering nothing new."""
-        adopt_param_store(self)
-        adopt_param_store(guide)
-        store = pyro.get_param_store()
-        prefix = self._fullname("kernel")
-        for name, own in list(self.kernel.named_parameters()):
-            stored = store._params.get(param_with_module_name(prefix, name))
-            if stored is not None and stored is not own and stored.shape == own.shape:
-                owner, _, leaf = name.rpartition(".")
-                self.kernel.get_submodule(owner)._parameters[leaf] = stored
-
-    def _require_guide(self):
-        guide = self.__dict__["_guide"]
-        if guide is None:
-            raise ValueError(
-                "the exact HeteroscedasticGP conditioned on y scores the collapsed bound at "
-                "its guide's routing: build the guide as HeteroscedasticGPGuide(model), or "
-                "train with CollapsedELBO"
-            )
-        return guide
-
-    def _maybe_start(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """:meth:`init_from_data` at the first call on data, when the model has a guide and
-        the param store does not hold its parameters yet (trained or loaded ones stay)."""
-        guide = self.__dict__["_guide"]
-        if guide is None or self._started:
-            return
-        self._started = True
-        if self._fullname("leaf_log_scale") in pyro.get_param_store():
-            return
-        self.to(device=x.device, dtype=x.dtype)
-        guide.to(device=x.device, dtype=x.dtype)
-        with poutine.block():
-            self.init_from_data(x, y, guide)
 
     # -- the collapsed bound (App. E) ----------------------------------------------------
     @pyro_method
@@ -420,12 +341,10 @@ class HeteroscedasticGP(PyroModule):
         kernel = self._kernel()
         s = self.leaf_log_scale.to(dtype)
         mean_c = self.mean_constant.to(dtype)
-        q = guide.tree.leaf_probs(x).to(dtype)
-        r = 1.0 / (q @ torch.exp(-2 * s))
-        loc, W = exact_posterior(kernel, x, y - mean_c, r, x_new, self.jitter)
-        loc = loc + mean_c
-        cov = kernel_matrix(kernel, x_new)[..., 0, :, :] - W.mT @ W
-        return dist.MultivariateNormal(loc, scale_tril=cholesky(cov, max(self.jitter, 1e-6)))
+        r = 1.0 / (guide.tree.leaf_probs(x).to(dtype) @ torch.exp(-2 * s))
+        loc, cov = exact_f_joint(kernel, x, y - mean_c, r, x_new, self.jitter)
+        scale_tril = cholesky(cov, max(self.jitter, 1e-6))
+        return dist.MultivariateNormal(loc + mean_c, scale_tril=scale_tril)
 
     # -- initialisation -------------------------------------------------------------------
     def fit_homoscedastic(
@@ -493,15 +412,9 @@ class HeteroscedasticGP(PyroModule):
         self.leaf_log_scale = 0.5 * level.log()
         if self.sparse and getattr(guide, "num_inducing", 0):
             z = self.inducing_points.to(x.dtype)
-            sub = torch.linspace(0, x.shape[0] - 1, min(400, x.shape[0])).round().long()
-            fz = interpolate_mean(
-                self.kernel, x[sub], (y - resid)[sub], z, self.mean_constant, self.jitter
+            guide.u_loc = whitened_mean_at(
+                self.kernel, x, y - resid, z, self.mean_constant, self.jitter
             )
-            Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
-            target = fz - self.mean_constant.to(x.dtype)
-            guide.u_loc = torch.linalg.solve_triangular(
-                Lzz, target.unsqueeze(-1), upper=False
-            ).squeeze(-1)
 
     # -- prediction -----------------------------------------------------------------------
     @torch.no_grad()
