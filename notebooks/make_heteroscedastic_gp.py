@@ -103,7 +103,7 @@ plt.plot(grid, pred.log_sigma + np.log(y_std), label="sparse model, most likely 
 plt.legend(); plt.ylabel("log sigma(x)");"""),
     md("""## 5. The RNN-Tree in your own model
 
-The module docstring of `pyro_trees.models.heteroscedastic_gp` has a recipe for putting the
+The module docstring of `pyro_trees.guides.rnn_tree` has a recipe for putting the
 RNN-Tree guide into any Pyro model that needs an input-dependent discrete partition:
 a `BalancedLeaf` site in the model's data plate, a `Categorical(logits=RNNTree(x))` site in
 the guide marked for parallel enumeration, and `TreeELBO`. The tests

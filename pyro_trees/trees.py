@@ -346,6 +346,24 @@ class DecisionRules:
     :ivar greater: bool tensor ``(2**D - 1,)``: go right iff ``x > threshold`` when
         true, iff ``x < threshold`` when false.
     :ivar leaf_values: list of ``2**D`` strings describing each leaf's prediction.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.trees import DecisionRules
+    >>> rules = DecisionRules(
+    ...     feature=torch.tensor([0]),
+    ...     threshold=torch.tensor([0.5]),
+    ...     greater=torch.tensor([True]),
+    ...     leaf_values=["low", "high"],
+    ... )
+    >>> rules.route(torch.tensor([[0.2], [0.9]]))
+    tensor([0, 1])
+    >>> print(rules.export_text(feature_names=["x"]).rstrip())
+    |--- x <= 0.500
+    |   |--- low
+    |--- x >  0.500
+    |   |--- high
     """
 
     feature: torch.Tensor

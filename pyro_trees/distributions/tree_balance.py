@@ -93,6 +93,17 @@ class TreeBalance(TorchDistribution):
     :param int num_points: number of points :math:`N` routed together.
 
     ``event_shape = (num_points,)``; values are long leaf indices.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import TreeBalance
+    >>> prior = TreeBalance(depth=1, num_points=4)
+    >>> balanced, lopsided = torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 0, 0])
+    >>> bool(prior.log_prob(balanced) > prior.log_prob(lopsided))
+    True
+    >>> prior.event_shape
+    torch.Size([4])
     """
 
     arg_constraints: dict = {}
@@ -190,6 +201,16 @@ class BalancedLeaf(dist.Categorical):
     :class:`~pyro_trees.infer.TreeELBO` recognises it and adds the coupling term
     that makes the joint over the plate :class:`TreeBalance` (``num_points`` is the
     full data size, also under subsampling).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import BalancedLeaf
+    >>> leaf = BalancedLeaf(depth=2, num_points=10)
+    >>> leaf.probs
+    tensor([0.2500, 0.2500, 0.2500, 0.2500])
+    >>> leaf.joint.event_shape
+    torch.Size([10])
     """
 
     def __init__(self, depth: int, num_points: int, *, dtype=None, device=None, validate_args=None):
@@ -222,6 +243,17 @@ class TreeRouting(dist.TorchDistribution):
 
     ``event_shape = (N,)``; ``kl_divergence(TreeRouting, TreeBalance)`` is registered
     (the Stirling approximation, see :func:`tree_balance_kl`).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import TreeBalance, TreeRouting
+    >>> q = TreeRouting(torch.zeros(3, 4))
+    >>> q.event_shape, q.sample().shape
+    (torch.Size([3]), torch.Size([3]))
+    >>> kl = torch.distributions.kl_divergence(q, TreeBalance(2, 3))
+    >>> kl.shape
+    torch.Size([])
     """
 
     arg_constraints = {"logits": constraints.real_vector}

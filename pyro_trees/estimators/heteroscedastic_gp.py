@@ -83,6 +83,18 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
 
     Fitted attributes: ``num_inducing_`` (inducing points used; 0 for the exact GP),
     ``fit_result_`` (the :class:`~pyro_trees.infer.FitResult`), ``model_``, ``guide_``.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import HeteroscedasticGPRegressor
+    >>> X = np.linspace(-1, 1, 20).reshape(-1, 1)
+    >>> y = np.sin(3 * X[:, 0])
+    >>> reg = HeteroscedasticGPRegressor(depth=1, num_steps=2, init_steps=2, random_state=0)
+    >>> reg = reg.fit(X, y)
+    >>> mean, std = reg.predict(X[:3], return_std=True)
+    >>> mean.shape, std.shape
+    ((3,), (3,))
     """
 
     def __init__(

@@ -5,451 +5,14 @@ RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with :class:`~pyro_tree
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
 from sklearn.base import ClassifierMixin, RegressorMixin
-from sklearn.utils.validation import check_is_fitted
 
-from pyro_trees import trees
-from pyro_trees.distributions.tree_balance import expected_log_coupling
-from pyro_trees.estimators._base import TabularEstimator
-from pyro_trees.estimators._rng import local_seed
-from pyro_trees.guides.rnn_tree import RNNTreeGuide
-from pyro_trees.infer.fit import fit as _fit
-from pyro_trees.infer.fit import isolated_params
-from pyro_trees.models.hme import HME
+from pyro_trees.estimators._rnn_tree_base import _RNNTreeBase
 
 __all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
-
-_ROUTINGS = ("hard", "posterior")
-#: Fewest held-out rows worth a validation split.
-_MIN_VALIDATION = 5
-_START_MARGIN = 0.05
-_AUTO_STEPS = 300
-_AUTO_PATIENCE = 5
-
-
-class _ClosedFormTreeELBO(torch.nn.Module):
-    r"""The negative :class:`~pyro_trees.infer.TreeELBO` of an :class:`HME` with the
-    :class:`RNNTreeGuide`, summed over the leaves in closed form:
-
-    .. math:: -\sum_n \sum_\ell q_{n\ell} \log p(y_n \mid \ell)
-        + w_H \sum_n \mathrm{KL}(q_n \,\|\, \mathrm{Unif})
-        - w_B\, \mathbb{E}_q[\log c(M)].
-
-    The same value and gradients as Pyro's enumerated ELBO (the routing site is the
-    only latent variable and its guide is exact), without the tracing, which costs
-    more than the arithmetic on small data. Called as ``loss(x, y, subsample_size)``;
-    :func:`~pyro_trees.infer.fit` takes ``lambda model, guide: _ClosedFormTreeELBO(...)``
-    as its ``loss``.
-    """
-
-    def __init__(self, model, guide, *, balance_weight: float, entropy_weight: float):
-        super().__init__()
-        self.model, self.guide = model, guide
-        self.balance_weight = float(balance_weight)
-        self.entropy_weight = float(entropy_weight)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor, subsample_size: int | None = None):
-        n = x.shape[0]
-        scale = 1.0
-        if subsample_size is not None and subsample_size < n:
-            idx = torch.randperm(n, device=x.device)[:subsample_size]
-            x, y, scale = x[idx], y[idx], n / subsample_size
-        log_q = self.guide.tree(x)  # (B, 2**D), normalised
-        depth = self.model.depth
-        leaves = torch.arange(2**depth, device=x.device).unsqueeze(-1)  # (2**D, 1)
-        loglik = self.model.expert(x, leaves).log_prob(y)  # (2**D, B)
-        q = log_q.exp()
-        elbo = (q * loglik.T).sum()
-        if self.entropy_weight:
-            kl = (q * log_q).sum(-1) + depth * math.log(2.0)
-            elbo = elbo - self.entropy_weight * kl.sum()
-        elbo = scale * elbo
-        if self.balance_weight:
-            elbo = elbo + self.balance_weight * expected_log_coupling(log_q, depth, scale=scale)
-        return -elbo
-
-
-class _RNNTreeBase(TabularEstimator):
-    _likelihood = "gaussian"
-
-    def __init__(
-        self,
-        depth: int = 3,
-        *,
-        hidden_size: int = 32,
-        feedback: str = "hard",
-        experts: str = "constant",
-        init: str = "auto",
-        num_steps: int | None = None,
-        lr: float = 0.03,
-        lr_decay: float = 0.1,
-        optim: str = "adam",
-        batch_size: int | None = None,
-        validation_fraction: float = 0.2,
-        patience: int | None = None,
-        eval_every: int = 10,
-        routing: str = "hard",
-        num_noise_samples: int = 32,
-        balance_weight: float = 1.0,
-        entropy_weight: float = -1.0,
-        refit_leaves: bool | str = "auto",
-        random_state: int | None = None,
-        device=None,
-        dtype: str = "float32",
-        progress: bool = False,
-    ):
-        self.depth = depth
-        self.hidden_size = hidden_size
-        self.feedback = feedback
-        self.experts = experts
-        self.init = init
-        self.num_steps = num_steps
-        self.lr = lr
-        self.lr_decay = lr_decay
-        self.optim = optim
-        self.batch_size = batch_size
-        self.validation_fraction = validation_fraction
-        self.patience = patience
-        self.eval_every = eval_every
-        self.routing = routing
-        self.num_noise_samples = num_noise_samples
-        self.balance_weight = balance_weight
-        self.entropy_weight = entropy_weight
-        self.refit_leaves = refit_leaves
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.progress = progress
-
-    # -- hooks for the two subclasses ---------------------------------------------------
-    def _model_kwargs(self) -> dict:
-        raise NotImplementedError
-
-    def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
-        raise NotImplementedError
-
-    # -- validation --------------------------------------------------------------------
-    def _check_options(self) -> None:
-        if self.init not in ("auto", "balanced", "greedy", "random"):
-            raise ValueError(
-                f"init must be 'auto', 'balanced', 'greedy' or 'random', got {self.init!r}"
-            )
-        if self.refit_leaves not in (True, False, "auto"):
-            raise ValueError(
-                f"refit_leaves must be True, False or 'auto', got {self.refit_leaves!r}"
-            )
-        if self.routing not in _ROUTINGS:
-            raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
-        self._check_early_stopping_options()
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
-
-    # -- fitting -------------------------------------------------------------------------
-    def fit(self, X, y):
-        """Fit the HME and its RNN-Tree routing posterior.
-
-        ``X`` (and the regressor's ``y``) are standardised inside; predictions are in
-        the units of ``y``. With an integer ``random_state`` the fit is reproducible and
-        leaves the global random streams (Python, NumPy, torch) as it found them; with
-        ``None`` it draws from them.
-
-        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
-        :param y: ``(N,)`` class labels (classifier) or targets (regressor; ``(N, K)``
-            for several outputs).
-        :returns: ``self``.
-        :raises ValueError: naming the cause, for invalid options or data.
-        """
-        self._check_options()
-        Xs, y = self._validate_fit(X, y)
-        with local_seed(self.random_state, self.device_):
-            self._fit_seeded(Xs, y)
-        return self
-
-    def _fit_seeded(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
-        n, n_features = Xs.shape
-        width = getattr(self, "n_classes_", None) or getattr(self, "n_outputs_", 1)
-        depth = trees.check_depth(
-            self.depth,
-            num_points=min(n, self.batch_size or n),
-            width=max(width, n_features),
-            dtype=Xs.dtype,
-            device=Xs.device,
-        )
-
-        X_val = y_val = None
-        Xs_all, y_all = Xs, y
-        split = self._held_out_split(n) if self._use_validation(n) else None
-        if split is not None:
-            val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
-            X_val, y_val = Xs[val], y[val]
-            Xs, y = Xs[train], y[train]
-
-        starts = ("greedy", "balanced") if self.init == "auto" else (self.init,)
-        if X_val is None:
-            starts = starts[:1]
-        best = None
-        for init in starts:
-            self._train(Xs, y, X_val, y_val, depth, init)
-            if X_val is None:
-                break
-            err = self._error(X_val, y_val)
-            # a later start replaces an earlier one only if clearly better
-            if best is None or err + self._start_margin(best[0], y_val.shape[0]) < best[0]:
-                state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
-                best = (err, init, state)
-        self.validation_error_ = None
-        if best is not None:
-            err, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_) = best
-            self.validation_error_ = err
-            self._rules = None
-        self.start_ = init
-        if X_val is not None and self.fit_result_.best_step == 0 and init == "greedy":
-            # Training never beat the greedy start on the held-out points: the start
-            # is what the data chose, so grow it on all of them.
-            self._init_tree(Xs_all, y_all, init)
-        elif self.hard_leaf_loc_ is not None or (X_val is not None and self.refit_leaves is True):
-            self._refit_hard_leaves(Xs_all, y_all)
-        self._check_collapse(Xs_all, y_all)
-        self._rules = None
-        _ = self.rules_  # the hard tree, made here once: predicting changes no attribute
-
-    def _use_validation(self, n: int) -> bool:
-        """Hold out ``validation_fraction`` of the rows only if that leaves at least
-        ``_MIN_VALIDATION`` of them (fewer make the choice of a step noise)."""
-        return self.validation_fraction > 0 and self.validation_fraction * n >= _MIN_VALIDATION
-
-    def _num_steps(self, validated: bool) -> int:
-        """``num_steps``, or by default ``_AUTO_STEPS`` (early stopping ends most runs
-        sooner), none where too few rows were left to hold some out."""
-        if self.num_steps is not None:
-            return int(self.num_steps)
-        return _AUTO_STEPS if validated or self.validation_fraction == 0 else 0
-
-    def _new_modules(self, depth: int, like: torch.Tensor) -> None:
-        n_features = self.n_features_in_
-        # init=None: _init_tree starts them; a later call (e.g. Predictive) must not
-        model = HME(n_features, depth, experts=self.experts, init=None, **self._model_kwargs())
-        guide = RNNTreeGuide(
-            n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback, init=None
-        )
-        model.to(device=like.device, dtype=like.dtype)
-        guide.to(device=like.device, dtype=like.dtype)
-        self.model_, self.guide_ = model, guide
-        self._rules = None
-        self.hard_leaf_loc_ = None
-
-    @torch.no_grad()
-    def _init_tree(self, Xs: torch.Tensor, y: torch.Tensor, init: str) -> None:
-        """The data-driven start ``init`` (``"greedy"`` or ``"balanced"``): the tree's
-        splits, then one M-step of the experts on its hard routing (soft routing would
-        smear every expert towards the global mean)."""
-        self._rules = None
-        self.hard_leaf_loc_ = None
-        if init == "random":
-            return
-        model, guide = self.model_, self.guide_
-        depth = model.depth
-        with isolated_params():
-            guide.tree.init_balanced(Xs, y, cuts=init)
-            leaf = guide.tree.hard_leaf(Xs)
-            model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
-        self._rules = None
-
-    def _train(self, Xs, y, X_val, y_val, depth: int, init: str) -> None:
-        """Initialise and train ``model_`` and ``guide_`` on ``(Xs, y)``; with a
-        held-out split, keep the state (the start included) of lowest held-out error
-        and, with ``refit_leaves="auto"``, the leaf refit only where it lowers it."""
-        self._new_modules(depth, Xs)
-        self._init_tree(Xs, y, init)
-        model, guide = self.model_, self.guide_
-
-        val_metric = None
-        if X_val is not None:
-            first = [True]
-
-            def val_metric():
-                self._rules = None
-                self.hard_leaf_loc_ = None
-                if self.refit_leaves is True:
-                    self._refit_hard_leaves(Xs, y)
-                err = self._error(X_val, y_val)
-                if first[0] and init != "random":
-                    # the data-driven start is kept unless training beats it clearly
-                    first[0] = False
-                    err = err - self._start_margin(err, y_val.shape[0])
-                return err
-
-        num_steps = self._num_steps(X_val is not None)
-        patience = None
-        if X_val is not None:
-            patience = _AUTO_PATIENCE if self.patience is None else self.patience
-        gamma = float(self.lr_decay) ** (1.0 / max(1, num_steps))
-        self.fit_result_ = _fit(
-            model,
-            guide,
-            Xs,
-            y,
-            loss=self._loss(),
-            num_steps=num_steps,
-            optim=self.optim,
-            lr=self.lr,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
-            val_metric=val_metric,
-            eval_every=self.eval_every,
-            patience=patience,
-            progress=self.progress,
-            desc=type(self).__name__,
-            subsample_size=self.batch_size,
-        )
-        model.eval()
-        guide.eval()
-        self._rules = None
-        self.hard_leaf_loc_ = None
-        if self.refit_leaves is True:
-            self._refit_hard_leaves(Xs, y)
-        elif self.refit_leaves == "auto" and X_val is not None:
-            # keep the refit only where it lowers the held-out error of the hard tree
-            trained = self._error(X_val, y_val)
-            self._refit_hard_leaves(Xs, y)
-            if self.hard_leaf_loc_ is not None and not self._error(X_val, y_val) < trained:
-                self.hard_leaf_loc_ = None
-                self._rules = None
-
-    def _start_margin(self, err: float, n_val: int) -> float:
-        """How much lower a later candidate's held-out error must be to replace the
-        data-driven start: ``_START_MARGIN`` of it, and at least one standard error of
-        the held-out estimate (on a hundred held-out rows a difference of one or two
-        rows is chance, and a tree chosen by chance loses on new data)."""
-        return max(_START_MARGIN * err, self._standard_error(err, n_val))
-
-    def _standard_error(self, err: float, n_val: int) -> float:
-        raise NotImplementedError
-
-    def _loss(self):
-        weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
-        return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
-
-    @torch.no_grad()
-    def _collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> str | None:
-        """Why the fitted hard tree is degenerate on the training rows, or ``None``:
-        non-finite predictions, every row in one leaf, one prediction for all rows
-        whose targets differ, or a training error no lower than a constant's."""
-        out = self._predict_hard(Xs)
-        if not torch.isfinite(out).all():
-            return "it predicts NaN or infinite values"
-        if torch.unique(self.rules_.route(Xs)).numel() == 1:
-            return "every training row falls in the same leaf"
-        if self._targets_vary(y) and torch.unique(out, dim=0).shape[0] == 1:
-            return f"it predicts {self._constant_name()} for every training row"
-        if self._targets_vary(y) and self._error(Xs, y) >= self._constant_error(y) * (1 - 1e-6):
-            return "its training error is no lower than a constant prediction's"
-        return None
-
-    def _check_collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
-        """Detect a degenerate fit; cure it with the greedy start grown on all rows,
-        and warn if that is degenerate too."""
-        self.collapse_ = reason = self._collapse(Xs, y)
-        if reason is None:
-            return
-        self._init_tree(Xs, y, "greedy")
-        self.start_ = "greedy"
-        reason = self._collapse(Xs, y)
-        if reason is not None:
-            warnings.warn(
-                f"{type(self).__name__}: the fitted tree is degenerate: {reason}, even "
-                "when grown greedily as CART would. The inputs may hold no split that "
-                "separates the targets (constant or duplicated features, too few rows "
-                "for the depth); check X, or try a smaller depth.",
-                UserWarning,
-                stacklevel=4,
-            )
-
-    @torch.no_grad()
-    def _refit_hard_leaves(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
-        """One exact M-step of the constant experts on the most likely tree's partition.
-
-        The experts are trained under soft routing, in which the points near a cut pull
-        each leaf towards its neighbour's value; the hard tree predicts best with the
-        values its own partition of the training points gives (leaf means, or class
-        frequencies with one pseudo-count per class: :meth:`HME.expert_m_step`).
-        Leaves that receive no training point keep the trained expert. Sets
-        ``hard_leaf_loc_`` ``(2**D, width)``; posterior routing keeps the trained
-        experts.
-        """
-        if self.experts != "constant":
-            return
-        with isolated_params():
-            loc = self.model_.leaf_loc.detach().clone()
-            self._rules = None
-            leaf = self.guide_.tree.hard_leaf(Xs)
-        onehot = torch.nn.functional.one_hot(leaf, loc.shape[0]).to(loc.dtype)
-        new, mass = self.model_.expert_m_step(Xs.to(loc.dtype), y, onehot)
-        self.hard_leaf_loc_ = torch.where((mass > 0).unsqueeze(-1), new, loc)
-        self._rules = None
-
-    # -- routing -----------------------------------------------------------------------------
-    @property
-    def rules_(self) -> trees.DecisionRules:
-        """The single most likely tree (thresholds in standardised units)."""
-        check_is_fitted(self, "model_")
-        if self._rules is None:
-            with isolated_params():
-                self._rules = self.guide_.tree.rules(self._leaf_labels())
-        return self._rules
-
-    def _leaf_probs(self, Xs: torch.Tensor, routing: str | None) -> torch.Tensor:
-        routing = self.routing if routing is None else routing
-        if routing not in _ROUTINGS:
-            raise ValueError(f"routing must be one of {_ROUTINGS}, got {routing!r}")
-        if routing == "hard":
-            leaf = self.rules_.route(Xs)
-            return torch.nn.functional.one_hot(leaf, trees.num_leaves(self.model_.depth)).to(
-                Xs.dtype
-            )
-        gen = torch.Generator().manual_seed(0 if self.random_state is None else self.random_state)
-        with isolated_params(), torch.no_grad():
-            return self.guide_.tree.leaf_probs(
-                Xs, num_samples=self.num_noise_samples, generator=gen
-            )
-
-    def _leaf_outputs(self, Xs: torch.Tensor, routing: str | None = None) -> torch.Tensor:
-        routing = self.routing if routing is None else routing
-        hard_loc = getattr(self, "hard_leaf_loc_", None)
-        if routing == "hard" and hard_loc is not None:
-            return hard_loc.to(Xs.dtype).expand(Xs.shape[0], -1, -1)
-        with isolated_params(), torch.no_grad():
-            return self.model_.leaf_outputs(Xs).detach()  # (N, 2**D, width)
-
-    def _leaf_loc(self) -> torch.Tensor:
-        """The hard tree's leaf values ``(2**D, width)`` (for rules and export)."""
-        hard_loc = getattr(self, "hard_leaf_loc_", None)
-        if hard_loc is not None:
-            return hard_loc.detach().cpu()
-        with isolated_params(), torch.no_grad():
-            return self.model_.leaf_loc.detach().cpu()
-
-    def apply(self, X) -> np.ndarray:
-        """Leaf index ``(N,)`` of each input under the most likely tree."""
-        return self.rules_.route(self._validate_predict(X)).cpu().numpy()
-
-    def predict_leaf_proba(self, X) -> np.ndarray:
-        """The routing posterior ``q(leaf | x)`` of each input, ``(N, 2**depth)``."""
-        return self._leaf_probs(self._validate_predict(X), "posterior").cpu().numpy()
-
-    def export_text(self, feature_names=None, decimals: int = 3) -> str:
-        """The most likely tree as text (thresholds in the units of ``X``)."""
-        rules = self.rules_
-        f = rules.feature.cpu()
-        mean = torch.as_tensor(self.x_scaler_.mean)[f].to(rules.threshold.dtype)
-        scale = torch.as_tensor(self.x_scaler_.scale)[f].to(rules.threshold.dtype)
-        raw = trees.DecisionRules(
-            f, rules.threshold.cpu() * scale + mean, rules.greater.cpu(), rules.leaf_values
-        )
-        return raw.export_text(feature_names=feature_names, decimals=decimals)
 
 
 class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
@@ -506,6 +69,17 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
     the trained tree was degenerate on the training rows (every row in one leaf, a
     constant or non-finite prediction) and replaced by the greedy start, or is
     ``None``; a greedy start that is degenerate too raises a ``UserWarning``.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import RNNTreeRegressor
+    >>> X = np.linspace(-1, 1, 40).reshape(-1, 1)
+    >>> y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    >>> reg = RNNTreeRegressor(depth=1, hidden_size=4, num_steps=3, random_state=0)
+    >>> reg = reg.fit(X, y)
+    >>> reg.predict(X[:3]).shape
+    (3,)
     """
 
     _multi_output = True
@@ -618,6 +192,17 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
     """Classification with an HME of categorical experts, the tree-balance prior and the
     RNN-Tree guide (Antorán et al.). Options as :class:`RNNTreeRegressor`, without
     ``noise_scale``; ``classes_`` holds the sorted class labels.
+
+    .. rubric:: Examples
+
+    >>> import numpy as np
+    >>> from pyro_trees.estimators import RNNTreeClassifier
+    >>> X = np.linspace(-1, 1, 40).reshape(-1, 1)
+    >>> y = (X[:, 0] > 0).astype(int)
+    >>> clf = RNNTreeClassifier(depth=1, hidden_size=4, num_steps=3, random_state=0)
+    >>> clf = clf.fit(X, y)
+    >>> clf.predict_proba(X[:3]).shape
+    (3, 2)
     """
 
     def _standard_error(self, err: float, n_val: int) -> float:

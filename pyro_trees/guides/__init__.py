@@ -12,9 +12,11 @@ from pyro_trees.guides.dgp import (
 from pyro_trees.guides.heteroscedastic_gp import (
     HeteroscedasticGPGuide,
 )
+from pyro_trees.guides.hme import (
+    RNNTreeGuide,
+)
 from pyro_trees.guides.rnn_tree import (
     RNNTree,
-    RNNTreeGuide,
 )
 from pyro_trees.guides.tree_vi import (
     TreeVIGuide,

@@ -10,6 +10,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from pyro_trees._param_store import adopt_param_store, shared_plate
 from pyro_trees.guides.rnn_tree import RNNTree
+from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
 
 __all__ = ["HeteroscedasticGPGuide"]
 
@@ -55,6 +56,16 @@ class HeteroscedasticGPGuide(PyroModule):
     :param str name: parameter-store prefix (default the model's ``name``).
     :param kwargs: passed to :class:`~pyro_trees.guides.RNNTree` (``hidden_size``,
         ``noise``).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro import poutine
+    >>> from pyro_trees.guides import HeteroscedasticGPGuide
+    >>> guide = HeteroscedasticGPGuide(2, depth=2, hidden_size=4)
+    >>> trace = poutine.trace(guide).get_trace(torch.randn(5, 2))
+    >>> trace.nodes["leaf"]["value"].shape
+    torch.Size([5])
     """
 
     def __init__(
@@ -70,8 +81,6 @@ class HeteroscedasticGPGuide(PyroModule):
     ):
         bound = not isinstance(model, int)
         if bound:
-            from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
-
             if not isinstance(model, HeteroscedasticGP):
                 raise ValueError(
                     f"model must be a HeteroscedasticGP or an input dimension, got {type(model)}"

@@ -23,292 +23,54 @@ Two ways to feed decisions back into the GRU:
 
 At test time the single most likely tree replaces softmax by max and sigmoid by a step
 (:meth:`RNNTree.rules`): node ``i`` tests ``x_l <= -w_{l0}/w_{l1}``.
+
+.. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
+
+Any model that needs an input-dependent discrete partition of its data can take the
+RNN-Tree as the posterior of that partition. Three lines in the model, three in the
+guide:
+
+1. In the model, inside the data plate, sample the region of each point from the
+   tree-balance prior's per-point marginal and index your per-region parameters with
+   it (it may be an enumerated ``(2**D, 1)`` tensor, so index, don't branch)::
+
+       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
+           leaf = pyro.sample("leaf", BalancedLeaf(depth, n, dtype=x.dtype))
+           pyro.sample("obs", dist.Poisson(rate[leaf]), obs=y[idx])
+
+2. In the guide (the model's signature), sample the same site from the RNN-Tree's leaf
+   logits and mark it for parallel enumeration::
+
+       tree = RNNTree(in_features, depth, feedback="hard")
+       ...
+       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
+           pyro.sample("leaf", dist.Categorical(logits=tree(x[idx])),
+                       infer={"enumerate": "parallel"})
+
+3. Train with :class:`~pyro_trees.infer.TreeELBO` (``TraceEnum_ELBO`` plus the
+   balance prior's coupling). Start the tree balanced with
+   ``tree.init_balanced(x, targets)`` (median cuts, dimensions chosen with any
+   targets you have), read the partition back with ``tree.rules(leaf_values=...)``
+   and route new inputs with ``tree.hard_leaf(x)``.
+
+``tests/models/test_heteroscedastic_gp.py::test_recipe_user_model`` writes such a model
+(Poisson counts whose rate changes by region) and checks that the partition is found.
 """
 
 from __future__ import annotations
 
 import math
 
-import pyro
-import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule
-from pyro.poutine.plate_messenger import PlateMessenger
-from pyro.poutine.runtime import _PYRO_STACK
 from torch import nn
 
 from pyro_trees import trees
-from pyro_trees._param_store import adopt_param_store, follow_data, shared_plate, store_name
+from pyro_trees._tree_start import balanced_start, input_scaling
+from pyro_trees.guides._node_split import _log_right_left, _NodeSplitLogProbs
 
-__all__ = ["RNNTree", "RNNTreeGuide"]
-
-# Elements of one ``(rows, nodes, features)`` block of :class:`_NodeSplitLogProbs`:
-# on CPU about a megabyte in float32, so each block's passes run from cache; on an
-# accelerator, blocks large enough to fill it (64 MB in float32).
-_BLOCK_ELEMENTS = 2**18
-_BLOCK_ELEMENTS_ACCELERATOR = 2**24
-
-
-def _sigmoid_pair(z: torch.Tensor):
-    """``sigmoid(z)`` and ``sigmoid(-z)``, each accurate to relative precision (neither
-    is formed as ``1 - sigmoid``)."""
-    return torch.sigmoid(z), torch.sigmoid(-z)
-
-
-def _log_right_left(x, log_dim, w0, w1):
-    """``log q(m=1)``, ``log q(m=0)`` of eq. 13 through log-sum-exps over the last dim,
-    broadcasting over ``x``: the soft-feedback roll-out's formula, and the reference
-    where :class:`_NodeSplitLogProbs`' probability-space sums underflow."""
-    z = w0 + w1 * x
-    log_right = torch.logsumexp(log_dim + F.logsigmoid(z), dim=-1)
-    log_left = torch.logsumexp(log_dim + F.logsigmoid(-z), dim=-1)
-    return log_right, log_left
-
-
-def _log_space_pairs(x, log_dim, w0, w1, rows, nodes):
-    """:func:`_log_right_left` for the ``(row, node)`` pairs given, ``(P,)`` each."""
-    return _log_right_left(x[rows], log_dim[nodes], w0[nodes], w1[nodes])
-
-
-class _NodeSplitLogProbs(torch.autograd.Function):
-    r"""Eq. 13 at every node for every input: ``log q(m=1)``, ``log q(m=0)``, ``(N, K)``.
-
-    ``x`` is ``(N, L)``; ``log_dim``, ``w0``, ``w1`` are ``(K, L)``. The same values as
-    ``logsumexp(log_dim + logsigmoid(+-(w0 + w1 x)), -1)``, computed blockwise over the
-    rows (the ``(N, K, L)`` intermediates never exist whole; backward recomputes each
-    block) and in probability space, :math:`q_R = \sum_l \pi_l \sigma(z_l)`, one
-    pair of sigmoids per element. A ``(row, node)`` pair whose :math:`q_R` or
-    :math:`q_L` falls below ``finfo.tiny * 2**(3 * finfo.bits / 4)`` (its terms
-    underflowing, as with sharp splits far from every threshold) is redone in log
-    space, forward and backward.
-    Gradients: :math:`\partial \log q_R / \partial z_l =
-    \pi_l \sigma(z_l) \sigma(-z_l) / q_R`, :math:`\partial \log q_L / \partial z_l =
-    -\pi_l \sigma(z_l) \sigma(-z_l) / q_L`, :math:`\partial \log q_R / \partial
-    \log \pi_l = \pi_l \sigma(z_l) / q_R`.
-    """
-
-    @staticmethod
-    def forward(ctx, x, log_dim, w0, w1):
-        n = x.shape[0]
-        block = _BLOCK_ELEMENTS if x.device.type == "cpu" else _BLOCK_ELEMENTS_ACCELERATOR
-        rows = max(1, block // max(1, w0.numel()))
-        finfo = torch.finfo(x.dtype)
-        floor = finfo.tiny * 2.0 ** (finfo.bits - finfo.bits // 4)  # 2**24 / 2**48 over tiny
-        pi = log_dim.exp()
-        log_right = x.new_empty(n, w0.shape[0])
-        log_left = torch.empty_like(log_right)
-        underflow = torch.empty(n, w0.shape[0], dtype=torch.bool, device=x.device)
-        for s in range(0, n, rows):
-            z = torch.addcmul(w0, w1, x[s : s + rows].unsqueeze(-2))  # (B, K, L)
-            sig, sig_neg = _sigmoid_pair(z)
-            right, left = sig.mul_(pi).sum(-1), sig_neg.mul_(pi).sum(-1)
-            underflow[s : s + rows] = (right < floor) | (left < floor)
-            log_right[s : s + rows] = right.clamp_min_(floor).log_()
-            log_left[s : s + rows] = left.clamp_min_(floor).log_()
-        bad_rows, bad_nodes = underflow.nonzero(as_tuple=True)  # redo these in log space
-        if bad_rows.numel():
-            log_right[bad_rows, bad_nodes], log_left[bad_rows, bad_nodes] = _log_space_pairs(
-                x, log_dim, w0, w1, bad_rows, bad_nodes
-            )
-        ctx.save_for_backward(x, log_dim, w0, w1, log_right, log_left, bad_rows, bad_nodes)
-        ctx.rows = rows
-        return log_right, log_left
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_right, grad_left):
-        x, log_dim, w0, w1, log_right, log_left, bad_rows, bad_nodes = ctx.saved_tensors
-        rows = ctx.rows
-        pi = log_dim.exp()
-        grad_log_dim = torch.zeros_like(log_dim)
-        grad_w0 = torch.zeros_like(w0)
-        grad_w1 = torch.zeros_like(w1)
-        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        # d/dq of log q: grad / q; zero on the log-space rows, which are added below
-        c_right = grad_right * log_right.neg().exp_()
-        c_left = grad_left * log_left.neg().exp_()
-        if bad_rows.numel():
-            c_right[bad_rows, bad_nodes] = 0.0
-            c_left[bad_rows, bad_nodes] = 0.0
-        for s in range(0, x.shape[0], rows):
-            xs = x[s : s + rows]
-            cr, cl = c_right[s : s + rows], c_left[s : s + rows]
-            z = torch.addcmul(w0, w1, xs.unsqueeze(-2))
-            sig, sig_neg = _sigmoid_pair(z)
-            cr, cl = cr.unsqueeze(-1), cl.unsqueeze(-1)
-            grad_log_dim += (sig * cr).add_(sig_neg * cl).sum(0)
-            dz = sig.mul_(sig_neg).mul_(cr - cl)  # (B, K, L), without pi
-            grad_w0 += dz.sum(0)
-            grad_w1 += (dz * xs.unsqueeze(-2)).sum(0)
-            if grad_x is not None:
-                grad_x[s : s + rows] = (dz * (w1 * pi)).sum(-2)
-        grad_log_dim *= pi
-        grad_w0 *= pi
-        grad_w1 *= pi
-        if bad_rows.numel():  # autograd through the log-space formula on those pairs
-            with torch.enable_grad():
-                inputs = [t.detach().requires_grad_() for t in (x, log_dim, w0, w1)]
-                out_r, out_l = _log_space_pairs(*inputs, bad_rows, bad_nodes)
-                total = (out_r * grad_right[bad_rows, bad_nodes]).sum()
-                total = total + (out_l * grad_left[bad_rows, bad_nodes]).sum()
-                g_x, g_ld, g_w0, g_w1 = torch.autograd.grad(total, inputs)
-            grad_log_dim += g_ld
-            grad_w0 += g_w0
-            grad_w1 += g_w1
-            if grad_x is not None:
-                grad_x += g_x
-        return grad_x, grad_log_dim, grad_w0, grad_w1
-
-
-def _balanced_cuts(pts: torch.Tensor, like: torch.Tensor):
-    """Per dimension: the cut between distinct values nearest the median, and the spread.
-
-    :param pts: ``(n, L)`` points; ``like``: an ``(L,)`` tensor for dtype and device.
-    :returns: ``(cut, std)``, each ``(L,)``; a constant dimension has cut = its value
-        and std 0; with no points, cuts are 0 and spreads 0.
-    """
-    n = pts.shape[0]
-    if n == 0:
-        return torch.zeros_like(like), torch.zeros_like(like)
-    if n == 1:
-        return pts[0].clone(), torch.zeros_like(like)
-    srt = pts.sort(dim=0).values  # (n, L)
-    changes = srt[1:] > srt[:-1]  # (n - 1, L): a cut can sit between rows i and i + 1
-    pos = torch.arange(1, n, device=pts.device, dtype=pts.dtype).unsqueeze(-1)
-    cost = (pos - n / 2).abs().expand_as(changes).masked_fill(~changes, float("inf"))
-    i = cost.argmin(0)  # (L,)
-    lo = srt.gather(0, i.unsqueeze(0)).squeeze(0)
-    hi = srt.gather(0, (i + 1).unsqueeze(0)).squeeze(0)
-    cut = torch.where(changes.any(0), 0.5 * (lo + hi), srt[0])
-    return cut, pts.std(0)
-
-
-def _impurity(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Impurity times size of the points selected by each column of ``weights`` ``(n, L)``:
-    Gini for long labels, squared error for real targets. Returns ``(L,)``."""
-    if y.dtype in (torch.long, torch.int32, torch.int64, torch.bool):
-        onehot = torch.nn.functional.one_hot(y.long()).to(weights.dtype)  # (n, C)
-        counts = weights.T @ onehot  # (L, C)
-        size = counts.sum(-1)
-        return size - (counts**2).sum(-1) / size.clamp_min(1)
-    y2 = y.reshape(y.shape[0], -1).to(weights.dtype)
-    size = weights.sum(0).unsqueeze(-1)  # (L, 1)
-    total = weights.T @ y2
-    return ((weights.T @ y2**2) - total**2 / size.clamp_min(1)).sum(-1)
-
-
-def _greedy_cuts(pts: torch.Tensor, y: torch.Tensor, min_leaf: int = 1):
-    """Per dimension: the cut that most reduces the impurity of ``y``, as CART grows a node.
-
-    Cuts sit midway between consecutive distinct values and leave at least ``min_leaf``
-    points on each side. Vectorised over dimensions with prefix sums of the sorted
-    targets, ``O(n L (log n + C))``.
-
-    :param pts: ``(n, L)`` points, ``n >= 2``; ``y``: long labels ``(n,)`` or real
-        targets ``(n,)``/``(n, K)``.
-    :returns: ``(cut, gain)``, each ``(L,)``; ``gain`` is ``-inf`` where no admissible
-        cut exists (e.g. a constant dimension).
-    """
-    n, L = pts.shape
-    srt, order = pts.sort(dim=0)  # (n, L)
-    if y.dtype in (torch.long, torch.int32, torch.int64, torch.bool):
-        t = F.one_hot(y.long()).to(pts.dtype)  # (n, C)
-        counts = t[order].cumsum(0)  # (n, L, C): counts left of a cut after row i
-        total = counts[-1]
-        size = torch.arange(1, n + 1, dtype=pts.dtype, device=pts.device)[:, None]
-        left = size - (counts**2).sum(-1) / size
-        right = (n - size) - ((total - counts) ** 2).sum(-1) / (n - size).clamp_min(1)
-        whole = n - (total**2).sum(-1) / n  # (L,)
-    else:
-        t = y.reshape(n, -1).to(pts.dtype)  # (n, K)
-        s1 = t[order].cumsum(0)  # (n, L, K)
-        s2 = (t**2)[order].cumsum(0)
-        size = torch.arange(1, n + 1, dtype=pts.dtype, device=pts.device)[:, None, None]
-        left = (s2 - s1**2 / size).sum(-1)
-        rsize = (n - size).clamp_min(1)
-        right = ((s2[-1] - s2) - (s1[-1] - s1) ** 2 / rsize).sum(-1)
-        whole = (s2[-1] - s1[-1] ** 2 / n).sum(-1)
-    gain = (whole - left - right)[:-1]  # (n - 1, L): cut between rows i and i + 1
-    pos = torch.arange(1, n, device=pts.device)[:, None]
-    ok = (srt[1:] > srt[:-1]) & (pos >= min_leaf) & (n - pos >= min_leaf)
-    gain = gain.masked_fill(~ok, -float("inf"))
-    best, i = gain.max(0)  # (L,)
-    lo = srt.gather(0, i.unsqueeze(0)).squeeze(0)
-    hi = srt.gather(0, (i + 1).unsqueeze(0)).squeeze(0)
-    return 0.5 * (lo + hi), best
-
-
-def _choose_dimension(pts, y, cut, spread) -> int:
-    """The widest dimension, or, with targets, the most informative wide dimension."""
-    if y is None or pts.shape[0] < 2 or float(spread.max()) <= 0:
-        return int(spread.argmax())
-    right = (pts > cut).to(pts.dtype)  # (n, L)
-    ones = torch.ones_like(right)
-    gain = _impurity(y, ones) - _impurity(y, right) - _impurity(y, ones - right)
-    eligible = spread >= 0.75 * spread.max()
-    gain = gain.masked_fill(~eligible, -float("inf"))
-    # A gain below 5 % of the node's impurity is noise (e.g. parity, where no single
-    # split informs): then the widest dimension is taken.
-    if float(gain.max()) <= 0.05 * float(_impurity(y, ones[:, :1])[0]):
-        return int(spread.argmax())
-    return int(gain.argmax())
-
-
-def input_scaling(x: torch.Tensor):
-    """Mean and standard deviation of every input dimension, ``(L,)`` each; a constant
-    (or single-row) dimension gets scale 1."""
-    loc = x.mean(0)
-    scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(loc)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return loc, scale
-
-
-@torch.no_grad()
-def balanced_start(
-    x: torch.Tensor,
-    y: torch.Tensor | None,
-    depth: int,
-    *,
-    sharpness: float = 20.0,
-    dim_margin: float = 3.0,
-    cuts: str = "balanced",
-    min_leaf: int = 1,
-):
-    """The balanced (or greedy) tree of :meth:`RNNTree.init_balanced` on inputs ``x``.
-
-    :param x: ``(N, L)`` inputs, already standardised.
-    :param y: optional targets (see :meth:`RNNTree.init_balanced`).
-    :returns: ``(targets, leaf)``: per internal node the dimension logits, ``w0`` and
-        ``w1`` ``(2**D - 1, 3L)``, and the leaf each point reaches ``(N,)``.
-    """
-    if cuts not in ("balanced", "greedy"):
-        raise ValueError(f"cuts must be 'balanced' or 'greedy', got {cuts!r}")
-    if cuts == "greedy" and y is None:
-        raise ValueError("cuts='greedy' needs the targets y")
-    L = x.shape[-1]
-    n_internal = trees.num_internal(depth)
-    targets = torch.zeros(n_internal, 3 * L, dtype=x.dtype, device=x.device)
-    node_of_point = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
-    for j in range(n_internal):
-        node = j + 1
-        mask = node_of_point == node
-        cut, spread = _balanced_cuts(x[mask], like=x[0])
-        l = None
-        if cuts == "greedy" and int(mask.sum()) >= 2 * max(1, min_leaf):
-            g_cut, gain = _greedy_cuts(x[mask], y[mask], min_leaf=max(1, min_leaf))
-            if float(gain.max()) > 0:
-                l = int(gain.argmax())
-                cut = torch.where(torch.isfinite(gain), g_cut, cut)
-        if l is None:
-            l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)
-        slope = sharpness / spread.clamp_min(1e-2)
-        targets[j, l] = dim_margin + math.log(max(1, L - 1))
-        targets[j, L : 2 * L] = -slope * cut
-        targets[j, 2 * L :] = slope
-        right = x[:, l] > cut[l]
-        node_of_point = torch.where(mask, 2 * node + right.long(), node_of_point)
-    return targets, node_of_point - trees.num_leaves(depth)
+__all__ = ["RNNTree"]
 
 
 class RNNTree(PyroModule):
@@ -330,6 +92,21 @@ class RNNTree(PyroModule):
     ``x_loc``, ``x_scale`` ``(L,)`` (0 and 1 until :meth:`init_scaling` sets them), so
     that split weights live on the unit scale whatever the units of ``x``;
     :meth:`rules` reports thresholds in the units of ``x``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import RNNTree
+    >>> x = torch.randn(5, 2)
+    >>> tree = RNNTree(2, 2, hidden_size=8)
+    >>> tree.init_scaling(x)
+    >>> tree.init_balanced(x)
+    >>> tree(x).shape
+    torch.Size([5, 4])
+    >>> bool(torch.allclose(tree(x).exp().sum(-1), torch.ones(5)))
+    True
+    >>> tree.rules().route(x).shape
+    torch.Size([5])
     """
 
     def __init__(
@@ -647,140 +424,3 @@ class RNNTree(PyroModule):
     def hard_leaf(self, x: torch.Tensor) -> torch.Tensor:
         """Leaf ``(N,)`` of each input under the single most likely tree."""
         return self.rules().route(x)
-
-
-class RNNTreeGuide(PyroModule):
-    """Guide for :class:`~pyro_trees.models.HME`: the RNN-Tree routing posterior.
-
-    ``forward(x, y=None, subsample_size=None)`` has the model's signature and samples
-    the per-point site ``"leaf"`` ``(N,)`` inside the plate ``"data"`` from
-    ``Categorical(logits=RNNTree(x))``, marked for parallel enumeration so that
-    :class:`~pyro_trees.infer.TreeELBO` (or ``TraceEnum_ELBO``) sums it out exactly.
-    Outside enumeration (``pyro.infer.Predictive``, ``poutine.trace``) the site is an
-    ordinary draw from the routing posterior, so posterior predictive draws need nothing
-    else.
-
-    **Lazy initialisation.** At its first call with targets ``y`` (the first
-    ``svi.step(x, y)``) the guide moves to ``x``'s dtype and device, sets the tree's
-    input standardisation (:meth:`RNNTree.init_scaling`) and starts the tree at the
-    balanced tree of ``(x, y)`` (:meth:`RNNTree.init_balanced`, the tree-balance
-    prior's mode), which :class:`~pyro_trees.models.HME` with the same ``init`` starts
-    its experts from. If the param store already holds the guide's parameters (loaded
-    with ``pyro.get_param_store().load``, or trained by an instance of the same
-    ``name``), it uses them and initialises nothing. The standardisation is mirrored in
-    the store as ``"<name>.tree.x_loc"``, ``"<name>.tree.x_scale"``.
-
-    :param int in_features: input dimension.
-    :param int depth: tree depth; must match the model's.
-    :param str init: ``"balanced"`` (median cuts; default), ``"greedy"`` (CART's cuts)
-        or ``None`` (no data-dependent start: random splits on unscaled inputs).
-    :param str name: parameter-store prefix, e.g. ``"hme"`` gives ``"hme.tree.h0"``.
-    :param kwargs: passed to :class:`RNNTree` (``hidden_size``, ``feedback``, ``noise``).
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        depth: int,
-        *,
-        init: str | None = "balanced",
-        name: str | None = None,
-        **kwargs,
-    ):
-        super().__init__(name=name or "")
-        if init not in ("balanced", "greedy", None):
-            raise ValueError(f"init must be 'balanced', 'greedy' or None, got {init!r}")
-        self.init = init
-        self.tree = RNNTree(in_features, depth, **kwargs)
-        self._init_state = "fresh"
-
-    @property
-    def depth(self) -> int:
-        """Depth ``D`` of the tree (``2**D`` leaves)."""
-        return self.tree.depth
-
-    @property
-    def initialised(self) -> bool:
-        """Whether the first-call initialisation has happened (or was adopted)."""
-        return self._init_state == "done"
-
-    def _scaling_names(self) -> dict:
-        return {store_name(self.tree, key): (self.tree, key) for key in ("x_loc", "x_scale")}
-
-    @torch.no_grad()
-    def _lazy_init(self, x: torch.Tensor, y) -> None:
-        if self._init_state == "fresh":
-            self._init_state = "pending"
-            if adopt_param_store(self, buffers=self._scaling_names()):
-                self._init_state = "done"
-                return
-            follow_data(self, x)
-        if self.init is None:
-            self._init_state = "done"
-            return
-        if y is None:
-            return  # initialised at the first call with targets
-        self.tree.init_scaling(x)
-        self.tree.init_balanced(x, y, cuts=self.init)
-        store = pyro.get_param_store()
-        for name, (owner, key) in self._scaling_names().items():
-            store[name] = getattr(owner, key).clone()
-        self._init_state = "done"
-
-    def conditional_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
-        """Eq. 23 per point and node, ``(N, 2**D - 1)``: :meth:`RNNTree.conditional_posteriors`."""
-        return self.tree.conditional_posteriors(x, noise=noise)
-
-    def aggregate_posteriors(self, x: torch.Tensor, *, noise=None) -> torch.Tensor:
-        """Eq. 24 per node over ``x``, ``(2**D - 1,)``: :meth:`RNNTree.aggregate_posteriors`."""
-        return self.tree.aggregate_posteriors(x, noise=noise)
-
-    def rules(self, leaf_values=None) -> trees.DecisionRules:
-        """The single most likely tree, thresholds in the units of ``x``: :meth:`RNNTree.rules`."""
-        return self.tree.rules(leaf_values)
-
-    def _leaf_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Leaf logits ``(N, 2**D)``; under outer vectorised plates (``Predictive(...,
-        parallel=True)``) and a noisy soft-feedback roll-out, one roll-out per element of
-        those plates, ``batch + (N, 2**D)``, so that parallel draws are independent as
-        sequential ones are."""
-        tree = self.tree
-        batch = _outer_plate_shape()
-        if tree.feedback == "hard" or not (tree.training and tree.noise > 0) or not batch:
-            return tree(x)
-        copies = math.prod(batch)
-        logits = tree(x.expand(copies, *x.shape).reshape(-1, x.shape[-1]))
-        return logits.reshape(*batch, x.shape[0], -1)
-
-    def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None):
-        """Sample each point's ``"leaf"`` from :class:`RNNTree` inside the ``"data"`` plate.
-
-        :param torch.Tensor x: inputs ``(N, L)``.
-        :param y: targets as the model takes them; used only by the first-call
-            initialisation.
-        :param int subsample_size: minibatch size of the ``"data"`` plate; must match the
-            model's.
-        """
-        if x.dim() != 2 or x.shape[-1] != self.tree.in_features:
-            raise ValueError(
-                f"x must have shape (N, {self.tree.in_features}); got {tuple(x.shape)}"
-            )
-        if self._init_state != "done":
-            self._lazy_init(x, y)
-        with shared_plate("data", x.shape[0], subsample_size=subsample_size) as idx:
-            logits = self._leaf_logits(x[idx])
-            pyro.sample("leaf", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
-
-
-def _outer_plate_shape() -> tuple:
-    """Sizes of the vectorised plates active outside the ``"data"`` plate (``dim=-1``),
-    aligned on the dims left of it, e.g. ``(S,)`` inside ``Predictive(parallel=True)``;
-    ``()`` when there are none."""
-    sizes = {}
-    for messenger in _PYRO_STACK:
-        if isinstance(messenger, PlateMessenger) and messenger.dim is not None:
-            if messenger.dim < -1:
-                sizes[messenger.dim] = messenger.subsample_size
-    if not sizes:
-        return ()
-    return tuple(sizes.get(d, 1) for d in range(min(sizes), -1))

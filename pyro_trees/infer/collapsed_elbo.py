@@ -33,6 +33,19 @@ class CollapsedELBO(DifferentiableLossELBO):
     :param float balance_weight: weight of the tree-balance coupling (1: the bound).
     :param float entropy_weight: weight of the per-point KL to the uniform leaf
         (1: the bound; see :class:`~pyro_trees.infer.TreeELBO`).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import HeteroscedasticGPGuide
+    >>> from pyro_trees.infer import CollapsedELBO
+    >>> from pyro_trees.models import HeteroscedasticGP
+    >>> x, y = torch.randn(6, 1), torch.randn(6)
+    >>> model = HeteroscedasticGP(1, depth=1)
+    >>> guide = HeteroscedasticGPGuide(1, depth=1, hidden_size=4)
+    >>> loss = CollapsedELBO().differentiable_loss(model, guide, x, y)
+    >>> loss.shape, bool(torch.isfinite(loss))
+    (torch.Size([]), True)
     """
 
     def __init__(

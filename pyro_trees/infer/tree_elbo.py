@@ -55,6 +55,18 @@ class TreeELBO(TraceEnum_ELBO):
 
     Works with plain ``pyro.infer.SVI(model, guide, optim, loss=TreeELBO())`` and, as
     every Pyro ELBO, as ``TreeELBO()(model, guide)`` for module-local parameters.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.guides import RNNTreeGuide
+    >>> from pyro_trees.infer import TreeELBO
+    >>> from pyro_trees.models import HME
+    >>> x, y = torch.randn(8, 1), torch.randn(8)
+    >>> model, guide = HME(1, 2), RNNTreeGuide(1, 2, hidden_size=8)
+    >>> loss = TreeELBO().loss(model, guide, x, y)
+    >>> isinstance(loss, float)
+    True
     """
 
     def __init__(self, *, balance_weight: float = 1.0, entropy_weight: float = 1.0, **kwargs):

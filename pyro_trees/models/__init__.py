@@ -20,6 +20,8 @@ from pyro_trees.models.graph_prior import (
 )
 from pyro_trees.models.heteroscedastic_gp import (
     HeteroscedasticGP,
+)
+from pyro_trees.models.hgp_prediction import (
     HGPPrediction,
 )
 from pyro_trees.models.hme import (

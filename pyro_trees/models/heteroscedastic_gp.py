@@ -15,98 +15,22 @@ with one log noise scale :math:`s_\ell` per leaf (point estimates, the paper's
 :class:`~pyro_trees.guides.RNNTree` (amortised over :math:`x`), held by
 :class:`~pyro_trees.guides.HeteroscedasticGPGuide`.
 
-**The plain SVI loop.** Build the guide from the model and train with
-``Trace_ELBO``; at the first step on data the pair moves to the data's dtype and device
-and starts balanced (:meth:`HeteroscedasticGP.init_from_data`)::
-
-    model = HeteroscedasticGP(in_features=1, depth=2)
-    guide = HeteroscedasticGPGuide(model)
-    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
-    for _ in range(150):
-        svi.step(x, y)
-    Predictive(model, guide=guide, num_samples=100)(x_new)  # "f", "leaf", "obs"
-
-The routing expectation is exact in both forms, never sampled: the Gaussian
-log-likelihood is linear in the leaf probabilities :math:`q_{n\ell}` of the guide's
-RNN-Tree, so the model scores it at those probabilities (``pyro.factor``) and the
-``"leaf"`` site it shares with the guide is recorded masked (score 0) during training.
-
-* *Exact GP* (App. E; moderate :math:`N`): with :math:`q(f, M) = q(f)\,q(M)` and
-  :math:`q(f)` at its optimum for the given routing, the model's factor
-  ``"collapsed_bound"`` is
-
-  .. math::
-
-      \mathcal{L}_2(q(M)) = \log \mathcal{N}(y \mid c, K + R) + C
-          - \mathrm{KL}(q(M) \,\|\, p(M)), \qquad
-      R_{nn}^{-1} = \sum_\ell q_{n\ell}\, e^{-2 s_\ell}, \quad
-      C = \tfrac12 \sum_n \log R_{nn} - \sum_{n,\ell} q_{n\ell}\, s_\ell ,
-
-  so ``Trace_ELBO`` is exactly minus this bound (no Monte Carlo). The only
-  approximation is the KL to the tree-balance prior, whose coupling term is Stirling's
-  (App. B, :func:`~pyro_trees.distributions.expected_log_coupling`). The same number:
-  :meth:`HeteroscedasticGP.collapsed_bound`, and
-  :class:`~pyro_trees.infer.CollapsedELBO` (which also serves a guide built without
-  the model). Cost :math:`O(N^3)` per step.
-* *Sparse* (``inducing_points=Z``, any :math:`N`, minibatches through
-  ``subsample_size``): whitened inducing outputs :math:`u \sim \mathcal{N}(0, I)` with
-  :math:`f(Z) = L_{ZZ} u` (site ``"u"``, a reparameterised draw from the guide's
-  :math:`q(u)`); given :math:`u`, each point's factor ``"expected_log_lik"`` is
-  :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n(u), e^{2 s_\ell}) -
-  \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})` (the SVGP
-  term), and ``"balance"`` is the coupling. With a guide built without the model the
-  same terms come from :class:`~pyro_trees.infer.TreeELBO` enumerating ``"leaf"``.
-  :class:`~pyro_trees.infer.CollapsedELBO` instead trains this model by Titsias'
-  collapsed bound, full batch (:meth:`HeteroscedasticGP.set_optimal_inducing_posterior`
-  then sets :math:`q(u)`).
-
-**Prediction.** ``Predictive(model, guide=guide, ...)`` (sequential or
-``parallel=True``) draws from the posterior predictive: the guide samples ``"u"`` from
-:math:`q(u)` (sparse), or ``"f"`` jointly from :math:`q^*(f)` given the training data
-(exact: :meth:`HeteroscedasticGP.posterior_f`; the guide keeps those data in the param
-store, so that a loaded store predicts too), each point's ``"leaf"`` from the routing
-posterior, and the model ``"obs"``. Without the guide, ``Predictive(model)`` draws from
-the prior. :meth:`HeteroscedasticGP.predict` gives the Gaussian of the function at new
-inputs with the noise of the single most likely tree (``routing="hard"``, the paper's
-App. E) or of the routing posterior (``routing="posterior"``: a mixture over leaves);
-:meth:`HeteroscedasticGP.noise_rules` exports the noise function as rules.
+**Training and prediction.** Build the guide from the model,
+``HeteroscedasticGPGuide(model)``, and train with ``Trace_ELBO`` (class Examples); at the
+first step on data the pair moves to the data's dtype and device and starts balanced
+(:meth:`HeteroscedasticGP.init_from_data`). The routing expectation is exact, never
+sampled. The exact form (App. E) scores the collapsed bound, the sparse form
+(``inducing_points=Z``) the SVGP terms given :math:`u`; what each integrates out and how
+``Predictive`` and :meth:`HeteroscedasticGP.predict` use the guide is on the user guide's
+page of this model (``docs/guide/heteroscedastic_gp.rst``).
 
 **Shapes.** ``x``: ``(N, L)``; ``y``: ``(N,)``. The plate ``"data"`` (``dim=-1``) is
 owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long, ``"u"`` is
 ``(M,)`` and ``"f"`` is ``(N,)`` (sampled when ``y`` is None); sites broadcast over
 batch dimensions on the left of the plate.
 
-.. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
-
-Any model that needs an input-dependent discrete partition of its data can take the
-RNN-Tree as the posterior of that partition. Three lines in the model, three in the
-guide:
-
-1. In the model, inside the data plate, sample the region of each point from the
-   tree-balance prior's per-point marginal and index your per-region parameters with
-   it (it may be an enumerated ``(2**D, 1)`` tensor, so index, don't branch)::
-
-       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
-           leaf = pyro.sample("leaf", BalancedLeaf(depth, n, dtype=x.dtype))
-           pyro.sample("obs", dist.Poisson(rate[leaf]), obs=y[idx])
-
-2. In the guide (the model's signature), sample the same site from the RNN-Tree's leaf
-   logits and mark it for parallel enumeration::
-
-       tree = RNNTree(in_features, depth, feedback="hard")
-       ...
-       with pyro.plate("data", n, subsample_size=b, dim=-1) as idx:
-           pyro.sample("leaf", dist.Categorical(logits=tree(x[idx])),
-                       infer={"enumerate": "parallel"})
-
-3. Train with :class:`~pyro_trees.infer.TreeELBO` (``TraceEnum_ELBO`` plus the
-   balance prior's coupling). Start the tree balanced with
-   ``tree.init_balanced(x, targets)`` (median cuts, dimensions chosen with any
-   targets you have), read the partition back with ``tree.rules(leaf_values=...)``
-   and route new inputs with ``tree.hard_leaf(x)``.
-
-``tests/models/test_heteroscedastic_gp.py::test_recipe_user_model`` writes such a model
-(Poisson counts whose rate changes by region) and checks that the partition is found.
+The recipe for an RNN-Tree partition inside your own Pyro model is in the module
+docstring of :mod:`pyro_trees.guides.rnn_tree`.
 
 **References**
 
@@ -122,62 +46,36 @@ regression*, ICML 2011.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import gpytorch
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroParam
 from pyro.nn.module import pyro_method
-from pyro.params.param_store import param_with_module_name
 
 from pyro_trees import trees
-from pyro_trees._param_store import adopt_param_store
-from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
+from pyro_trees.distributions.tree_balance import BalancedLeaf
 from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
+from pyro_trees.models._hgp_base import _HGPBase
+from pyro_trees.models._hgp_maths import (
+    collapsed_bound,
+    exact_f_joint,
+    exact_f_marginals,
+    fit_noise_level,
+    homoscedastic_residuals,
+    optimal_whitened_q_u,
+    sparse_evidence,
+    sparse_expected_log_lik,
+    sparse_f_marginals,
+    whitened_mean_at,
+)
+from pyro_trees.models.hgp_prediction import HGPPrediction
 
-__all__ = ["HGPPrediction", "HeteroscedasticGP"]
-
-
-class HGPPrediction(NamedTuple):
-    """Predictive distribution of :meth:`HeteroscedasticGP.predict` at ``N`` inputs.
-
-    :ivar mean: predictive mean of ``f`` (and of ``y``), ``(N,)``.
-    :ivar f_var: variance of ``f``, ``(N,)``.
-    :ivar leaf_probs: routing weights ``(N, 2**D)`` (one-hot for ``routing="hard"``).
-    :ivar leaf_log_scale: :math:`s_\\ell`, ``(2**D,)``.
-    """
-
-    mean: torch.Tensor
-    f_var: torch.Tensor
-    leaf_probs: torch.Tensor
-    leaf_log_scale: torch.Tensor
-
-    @property
-    def noise_var(self) -> torch.Tensor:
-        """Expected noise variance :math:`\\sum_\\ell q_\\ell e^{2 s_\\ell}`, ``(N,)``."""
-        return self.leaf_probs @ torch.exp(2 * self.leaf_log_scale)
-
-    @property
-    def log_sigma(self) -> torch.Tensor:
-        """Noise log standard deviation, ``0.5 * log(noise_var)``, ``(N,)``."""
-        return 0.5 * torch.log(self.noise_var)
-
-    @property
-    def variance(self) -> torch.Tensor:
-        """Variance of ``y``: ``f_var + noise_var``, ``(N,)``."""
-        return self.f_var + self.noise_var
-
-    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
-        """Log predictive density of ``y`` ``(N,)`` under the mixture over leaves, ``(N,)``."""
-        var = self.f_var.unsqueeze(-1) + torch.exp(2 * self.leaf_log_scale)  # (N, 2**D)
-        comp = dist.Normal(self.mean.unsqueeze(-1), var.sqrt()).log_prob(y.unsqueeze(-1))
-        return torch.logsumexp(comp + self.leaf_probs.clamp_min(1e-300).log(), dim=-1)
+__all__ = ["HeteroscedasticGP"]
 
 
-class HeteroscedasticGP(PyroModule):
+class HeteroscedasticGP(_HGPBase):
     """GP regression with an RNN-Tree noise model and the tree-balance prior (module docs).
 
     :param int in_features: input dimension :math:`L`.
@@ -195,6 +93,22 @@ class HeteroscedasticGP(PyroModule):
     With its guide, ``HeteroscedasticGPGuide(model)``, it trains by the plain SVI loop
     (module docs); at the first call on data it moves to the data's dtype and device
     and starts with :meth:`init_from_data`.
+
+    .. rubric:: Examples
+
+    >>> import torch, pyro
+    >>> from pyro.infer import SVI, Trace_ELBO
+    >>> from pyro_trees.guides import HeteroscedasticGPGuide
+    >>> from pyro_trees.models import HeteroscedasticGP
+    >>> x = torch.linspace(-1, 1, 12).unsqueeze(-1)
+    >>> y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(12)
+    >>> model = HeteroscedasticGP(in_features=1, depth=1)
+    >>> guide = HeteroscedasticGPGuide(model, hidden_size=4)
+    >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
+    >>> loss = svi.step(x, y)
+    >>> pred = model.predict(torch.zeros(3, 1), guide)
+    >>> pred.mean.shape, pred.leaf_probs.shape
+    (torch.Size([3]), torch.Size([3, 2]))
     """
 
     def __init__(
@@ -259,88 +173,11 @@ class HeteroscedasticGP(PyroModule):
         """``M`` (0 for the exact model)."""
         return int(self.inducing_points.shape[0]) if self.sparse else 0
 
-    # -- checks ------------------------------------------------------------------------
-    def _check(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
-        if not torch.is_tensor(x) or x.dim() != 2 or x.shape[-1] != self.in_features:
-            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-            raise ValueError(f"x must be a tensor of shape (N, {self.in_features}); got {shape}")
-        if x.shape[0] < 1:
-            raise ValueError("x has no rows")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("x contains NaN or infinite values")
-        if y is not None:
-            if not torch.is_tensor(y) or y.dim() != 1 or y.shape[0] != x.shape[0]:
-                shape = tuple(y.shape) if torch.is_tensor(y) else type(y).__name__
-                raise ValueError(f"y must be a tensor of shape ({x.shape[0]},); got {shape}")
-            if not bool(torch.isfinite(y).all()):
-                raise ValueError("y contains NaN or infinite values")
-
-    def _check_logits(self, x: torch.Tensor, leaf_logits: torch.Tensor) -> torch.Tensor:
-        if leaf_logits.shape != (x.shape[0], self.num_leaves):
-            raise ValueError(
-                f"leaf_logits must have shape ({x.shape[0]}, {self.num_leaves}); "
-                f"got {tuple(leaf_logits.shape)}"
-            )
-        return leaf_logits - leaf_logits.logsumexp(-1, keepdim=True)
-
-    # -- names, the guide and the lazy start --------------------------------------------
-    def _fullname(self, name: str) -> str:
-        prefix = self.__dict__["_pyro_name"]
-        return f"{prefix}.{name}" if prefix else name
-
-    def _kernel(self):
-        """The kernel, registered as ``"<name>.kernel"`` with its values from the param store."""
-        return pyro.module(self._fullname("kernel"), self.kernel, update_module_params=True)
-
     @property
     def guide(self):
         """The :class:`~pyro_trees.guides.HeteroscedasticGPGuide` built from this model, or
         ``None``."""
         return self.__dict__["_guide"]
-
-    def _bind(self, guide) -> None:
-        if self.__dict__["_guide"] is not None and self.__dict__["_guide"] is not guide:
-            raise ValueError(
-                "this HeteroscedasticGP already has a guide; build one guide per model"
-            )
-        self.__dict__["_guide"] = guide
-
-    def _adopt(self, guide) -> None:
-        """Model, kernel and guide use the tensors the param store holds under their names
-        (a loaded store), registering nothing new."""
-        adopt_param_store(self)
-        adopt_param_store(guide)
-        store = pyro.get_param_store()
-        prefix = self._fullname("kernel")
-        for name, own in list(self.kernel.named_parameters()):
-            stored = store._params.get(param_with_module_name(prefix, name))
-            if stored is not None and stored is not own and stored.shape == own.shape:
-                owner, _, leaf = name.rpartition(".")
-                self.kernel.get_submodule(owner)._parameters[leaf] = stored
-
-    def _require_guide(self):
-        guide = self.__dict__["_guide"]
-        if guide is None:
-            raise ValueError(
-                "the exact HeteroscedasticGP conditioned on y scores the collapsed bound at "
-                "its guide's routing: build the guide as HeteroscedasticGPGuide(model), or "
-                "train with CollapsedELBO"
-            )
-        return guide
-
-    def _maybe_start(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """:meth:`init_from_data` at the first call on data, when the model has a guide and
-        the param store does not hold its parameters yet (trained or loaded ones stay)."""
-        guide = self.__dict__["_guide"]
-        if guide is None or self._started:
-            return
-        self._started = True
-        if self._fullname("leaf_log_scale") in pyro.get_param_store():
-            return
-        self.to(device=x.device, dtype=x.dtype)
-        guide.to(device=x.device, dtype=x.dtype)
-        with poutine.block():
-            self.init_from_data(x, y, guide)
 
     # -- the collapsed bound (App. E) ----------------------------------------------------
     @pyro_method
@@ -373,57 +210,19 @@ class HeteroscedasticGP(PyroModule):
     def _bound(self, x, y, log_q, balance_weight: float, entropy_weight: float) -> torch.Tensor:
         """:meth:`collapsed_bound` at normalised leaf log-probabilities ``log_q`` ``(N, 2**D)``."""
         s = self.leaf_log_scale.to(x.dtype)
-        q = log_q.exp()
-        log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
-        C = -0.5 * log_prec.sum() - (q * s).sum()
         resid = y - self.mean_constant.to(x.dtype)
-        if self.sparse:
-            log_evidence = self._sparse_evidence(x, resid, log_prec)[0]
-        else:
-            r = torch.exp(-log_prec)
-            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-            L = cholesky(K + torch.diag_embed(r), self.jitter)
-            log_evidence = dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(
-                resid
-            )
-        per_point_kl = ((q * log_q).sum(-1) + self.depth * math.log(2.0)).sum()
-        coupling = expected_log_coupling(log_q, self.depth)
-        return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling
-
-    def _sparse_evidence(self, x, resid, log_prec):
-        r"""Titsias' collapsed bound on :math:`\log \mathcal{N}(r \mid 0, K + R)` with the
-        inducing inputs :math:`Z`, and the optimal whitened :math:`q(u)`.
-
-        :math:`\log \mathcal{N}(r \mid 0, Q + R) - \tfrac12 \operatorname{tr}(R^{-1}(K - Q))`
-        with :math:`Q = A^\top A`, :math:`A = L_{zz}^{-1} K_{zx}`; the optimal
-        :math:`q(u) = \mathcal{N}(B^{-1} A R^{-1} r, B^{-1})`, :math:`B = I + A R^{-1} A^\top`.
-        Cost :math:`O(N M^2)`.
-
-        :param x: ``(N, L)``.
-        :param resid: ``y`` minus the constant mean, ``(N,)``.
-        :param log_prec: :math:`\log R_{nn}^{-1}`, ``(N,)``.
-        :returns: ``(bound, LB, c)``: a scalar, the Cholesky factor of :math:`B` ``(M, M)``
-            and :math:`L_B^{-1} A R^{-1} r` ``(M,)``.
-        """
-        z = self.inducing_points.to(x.dtype)
-        n = x.shape[0]
-        Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
-        Kzx = kernel_matrix(self.kernel, z, x)[..., 0, :, :]
-        # L^-1 K_zx through the (M, M) triangular inverse: a matmul, forward and backward,
-        # instead of a triangular solve with N right-hand sides (as gp.conditional)
-        eye = torch.eye(Lzz.shape[-1], dtype=x.dtype, device=x.device)
-        A = torch.linalg.solve_triangular(Lzz, eye, upper=False) @ Kzx  # (M, N)
-        prec = torch.exp(log_prec)
-        Ap = A * prec
-        LB = cholesky(eye + Ap @ A.mT, 0.0)
-        c = torch.linalg.solve_triangular(LB, (Ap @ resid).unsqueeze(-1), upper=False)
-        c = c.squeeze(-1)
-        logdet = -log_prec.sum() + 2 * LB.diagonal().log().sum()
-        quad = (resid.pow(2) * prec).sum() - c.pow(2).sum()
-        kdiag = kernel_matrix(self.kernel, x, diag=True)[..., 0, :]
-        trace = (prec * (kdiag - A.pow(2).sum(-2))).sum()
-        bound = -0.5 * (n * math.log(2 * math.pi) + logdet + quad + trace)
-        return bound, LB, c
+        return collapsed_bound(
+            self.kernel,
+            x,
+            resid,
+            log_q,
+            s,
+            self.depth,
+            z=self.inducing_points.to(x.dtype) if self.sparse else None,
+            jitter=self.jitter,
+            balance_weight=balance_weight,
+            entropy_weight=entropy_weight,
+        )
 
     @torch.no_grad()
     def set_optimal_inducing_posterior(self, x: torch.Tensor, y: torch.Tensor, guide) -> None:
@@ -444,11 +243,9 @@ class HeteroscedasticGP(PyroModule):
         q = guide.tree.leaf_probs(x).to(x.dtype)
         log_prec = torch.logsumexp(q.clamp_min(1e-300).log() - 2 * s, dim=-1)
         resid = y - self.mean_constant.to(x.dtype)
-        _, LB, c = self._sparse_evidence(x, resid, log_prec)
-        eye = torch.eye(LB.shape[0], dtype=x.dtype, device=x.device)
-        LBinv = torch.linalg.solve_triangular(LB, eye, upper=False)
-        guide.u_loc = (LBinv.mT @ c.unsqueeze(-1)).squeeze(-1)
-        guide.u_scale_tril = cholesky(LBinv.mT @ LBinv, 1e-10)
+        z = self.inducing_points.to(x.dtype)
+        _, LB, c = sparse_evidence(self.kernel, z, x, resid, log_prec, self.jitter)
+        guide.u_loc, guide.u_scale_tril = optimal_whitened_q_u(LB, c)
 
     # -- the Pyro model -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
@@ -497,7 +294,14 @@ class HeteroscedasticGP(PyroModule):
             )
             u = _drop_data_dim(u)
             if y is not None and self.guide is not None:
-                return self._expected_log_lik(kernel, x, y, z, u, mean, s_all, subsample_size)
+                tree = self.guide.tree
+
+                def log_q(x_batch):
+                    return self._check_logits(x_batch, tree(x_batch))
+
+                return sparse_expected_log_lik(
+                    kernel, log_q, x, y, z, u, mean, s_all, self.depth, self.jitter, subsample_size
+                )
         else:
             K = kernel_matrix(kernel, x)[..., 0, :, :]
             f_all = pyro.sample(
@@ -526,32 +330,6 @@ class HeteroscedasticGP(PyroModule):
                 "obs", dist.Normal(f, torch.exp(s)), obs=None if y is None else y[idx]
             )
 
-    def _expected_log_lik(self, kernel, x, y, z, u, mean, s, subsample_size):
-        r"""The sparse model's ELBO terms given ``u``, with the routing summed out at the
-        guide's leaf probabilities: per point
-        :math:`\sum_\ell q_{n\ell}[\log\mathcal{N}(y_n \mid \mu_n, e^{2 s_\ell})
-        - \tfrac12 v_n e^{-2 s_\ell}] - \mathrm{KL}(q_n \,\|\, \mathrm{Unif})`
-        (factor ``"expected_log_lik"``), plus the tree-balance coupling (``"balance"``)."""
-        n = x.shape[0]
-        tree = self.guide.tree
-        with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:
-            log_q = self._check_logits(x[idx], tree(x[idx]))
-            pyro.sample(
-                "leaf", BalancedLeaf(self.depth, n, dtype=x.dtype, device=x.device).mask(False)
-            )
-            loc, var = conditional(
-                kernel, x[idx], z, u.unsqueeze(-2), whiten=True, jitter=self.jitter
-            )
-            loc, var = loc[..., 0, :, None] + mean, var[..., 0, :, None]
-            comp = dist.Normal(loc, torch.exp(s)).log_prob(y[idx, None]) - 0.5 * var * torch.exp(
-                -2 * s
-            )
-            q = log_q.exp()
-            kl = (q * log_q).sum(-1) + self.depth * math.log(2.0)
-            pyro.factor("expected_log_lik", (q * comp).sum(-1) - kl)
-        pyro.factor("balance", expected_log_coupling(log_q, self.depth, scale=n / log_q.shape[-2]))
-        return y
-
     @pyro_method
     def posterior_f(self, x_new: torch.Tensor, x: torch.Tensor, y: torch.Tensor, guide):
         """The exact model's posterior of ``f`` at ``x_new`` ``(N*, L)`` given the training
@@ -563,15 +341,10 @@ class HeteroscedasticGP(PyroModule):
         kernel = self._kernel()
         s = self.leaf_log_scale.to(dtype)
         mean_c = self.mean_constant.to(dtype)
-        q = guide.tree.leaf_probs(x).to(dtype)
-        r = 1.0 / (q @ torch.exp(-2 * s))
-        L = cholesky(kernel_matrix(kernel, x)[..., 0, :, :] + torch.diag_embed(r), self.jitter)
-        Ksx = kernel_matrix(kernel, x_new, x)[..., 0, :, :]
-        alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
-        loc = (Ksx @ alpha).squeeze(-1) + mean_c
-        W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
-        cov = kernel_matrix(kernel, x_new)[..., 0, :, :] - W.mT @ W
-        return dist.MultivariateNormal(loc, scale_tril=cholesky(cov, max(self.jitter, 1e-6)))
+        r = 1.0 / (guide.tree.leaf_probs(x).to(dtype) @ torch.exp(-2 * s))
+        loc, cov = exact_f_joint(kernel, x, y - mean_c, r, x_new, self.jitter)
+        scale_tril = cholesky(cov, max(self.jitter, 1e-6))
+        return dist.MultivariateNormal(loc + mean_c, scale_tril=scale_tril)
 
     # -- initialisation -------------------------------------------------------------------
     def fit_homoscedastic(
@@ -595,37 +368,16 @@ class HeteroscedasticGP(PyroModule):
         """
         self._check(x, y)
         sub = torch.linspace(0, x.shape[0] - 1, min(max_points, x.shape[0])).round().long()
-        xs, ys = x[sub], y[sub]
         with torch.no_grad():
-            self.mean_constant = ys.mean()
-        log_noise = torch.tensor(float(torch.log(ys.std() + 1e-6)) - 0.5, dtype=x.dtype)
-        log_noise.requires_grad_(True)
-        params = [log_noise, *self.kernel.parameters()]
-        opt = torch.optim.Adam(params, lr=lr)
-        for _ in range(num_steps):
-            opt.zero_grad()
-            K = kernel_matrix(self.kernel, xs)[..., 0, :, :]
-            eye = torch.eye(xs.shape[0], dtype=x.dtype, device=x.device)
-            L = cholesky(K + torch.exp(2 * log_noise) * eye, self.jitter)
-            resid = ys - ys.mean()
-            loss = -dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(resid)
-            loss.backward()
-            opt.step()
+            self.mean_constant = y[sub].mean()
+        log_noise = fit_noise_level(
+            self.kernel, x[sub], y[sub], jitter=self.jitter, num_steps=num_steps, lr=lr
+        )
         with torch.no_grad():
-            K = kernel_matrix(self.kernel, xs)[..., 0, :, :]
-            eye = torch.eye(xs.shape[0], dtype=x.dtype, device=x.device)
-            L = cholesky(K + torch.exp(2 * log_noise) * eye, self.jitter)
-            alpha = torch.cholesky_solve((ys - ys.mean()).unsqueeze(-1), L)
-            Kxs = kernel_matrix(self.kernel, x, xs)[..., 0, :, :]
-            fmean = (Kxs @ alpha).squeeze(-1) + ys.mean()
             self.leaf_log_scale = torch.full_like(self.leaf_log_scale, float(log_noise))
-            resid = y - fmean
-            # at the fitted points, leave-one-out residuals alpha_i / [K_y^-1]_ii: the
-            # in-sample ones are shrunk towards 0 and would start the noise too low
-            if not loo:
-                return resid.detach()
-            resid[sub] = alpha.squeeze(-1) / torch.cholesky_inverse(L).diagonal()
-        return resid.detach()
+        return homoscedastic_residuals(
+            self.kernel, x, y, sub, log_noise, jitter=self.jitter, loo=loo
+        )
 
     @torch.no_grad()
     def init_from_data(
@@ -643,10 +395,10 @@ class HeteroscedasticGP(PyroModule):
            fitted mean at the inducing inputs (interpolated from at most 400 points, so
            the start costs no :math:`O(N^3)`).
 
-        Use it: from random network weights the noise tree of the F.3 benchmark
-        collapsed to one or two noise levels in every restart
-        (``benchmarks/results/hgp_noise_random_start*.md``). A guide built from the model
-        (``HeteroscedasticGPGuide(model)``) runs this at the first call on data.
+        Use it: from random network weights the exact bound can collapse the noise tree
+        to one or two noise levels (the user guide's page on this model has the figures).
+        A guide built from the model (``HeteroscedasticGPGuide(model)``) runs this at the
+        first call on data.
         """
         self._started = True
         with torch.enable_grad():
@@ -660,23 +412,9 @@ class HeteroscedasticGP(PyroModule):
         self.leaf_log_scale = 0.5 * level.log()
         if self.sparse and getattr(guide, "num_inducing", 0):
             z = self.inducing_points.to(x.dtype)
-            sub = torch.linspace(0, x.shape[0] - 1, min(400, x.shape[0])).round().long()
-            fz = self._interpolate_mean(x[sub], (y - resid)[sub], z)
-            Lzz = cholesky(kernel_matrix(self.kernel, z)[..., 0, :, :], self.jitter)
-            target = fz - self.mean_constant.to(x.dtype)
-            guide.u_loc = torch.linalg.solve_triangular(
-                Lzz, target.unsqueeze(-1), upper=False
-            ).squeeze(-1)
-
-    def _interpolate_mean(self, x, fmean, z):
-        """Kernel-regression of the fitted mean onto ``z`` (for initialising q(u))."""
-        K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-        eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
-        L = cholesky(K + 1e-3 * K.diagonal().mean() * eye, self.jitter)
-        alpha = torch.cholesky_solve((fmean - self.mean_constant).unsqueeze(-1), L)
-        return (kernel_matrix(self.kernel, z, x)[..., 0, :, :] @ alpha).squeeze(-1) + (
-            self.mean_constant
-        )
+            guide.u_loc = whitened_mean_at(
+                self.kernel, x, y - resid, z, self.mean_constant, self.jitter
+            )
 
     # -- prediction -----------------------------------------------------------------------
     @torch.no_grad()
@@ -716,16 +454,11 @@ class HeteroscedasticGP(PyroModule):
         mean_c = self.mean_constant.to(dtype)
         if self.sparse:
             z = self.inducing_points.to(dtype)
-            loc, var = conditional(
-                self.kernel,
-                x_new,
-                z,
-                guide.u_loc.to(dtype).unsqueeze(-2),
-                guide.u_scale_tril.to(dtype).unsqueeze(-3),
-                whiten=True,
-                jitter=self.jitter,
+            u_loc, u_scale_tril = guide.u_loc.to(dtype), guide.u_scale_tril.to(dtype)
+            mean, f_var = sparse_f_marginals(
+                self.kernel, x_new, z, u_loc, u_scale_tril, self.jitter
             )
-            mean, f_var = loc[0] + mean_c, var[0]
+            mean = mean + mean_c
         else:
             if x is None or y is None:
                 if getattr(guide, "model", None) is not self:
@@ -736,14 +469,8 @@ class HeteroscedasticGP(PyroModule):
             self._check(x, y)
             q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
             r = 1.0 / (q @ torch.exp(-2 * s))
-            K = kernel_matrix(self.kernel, x)[..., 0, :, :]
-            L = cholesky(K + torch.diag_embed(r), self.jitter)
-            Ksx = kernel_matrix(self.kernel, x_new, x)[..., 0, :, :]
-            alpha = torch.cholesky_solve((y - mean_c).unsqueeze(-1), L)
-            mean = (Ksx @ alpha).squeeze(-1) + mean_c
-            W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
-            kss = kernel_matrix(self.kernel, x_new, diag=True)[..., 0, :]
-            f_var = (kss - W.pow(2).sum(-2)).clamp_min(0.0)
+            mean, f_var = exact_f_marginals(self.kernel, x, y - mean_c, r, x_new, self.jitter)
+            mean = mean + mean_c
         if routing == "hard":
             leaf = guide.tree.hard_leaf(x_new)
             probs = torch.nn.functional.one_hot(leaf, self.num_leaves).to(dtype)

@@ -38,6 +38,7 @@ from pyro.ops.indexing import Vindex
 
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store, follow_data
+from pyro_trees._tree_start import balanced_start, input_scaling
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 
 __all__ = ["HME"]
@@ -64,6 +65,21 @@ class HME(PyroModule):
         two models in one store need different names.
 
     At its first call the model also moves to the dtype and device of ``x``.
+
+    .. rubric:: Examples
+
+    >>> import torch, pyro
+    >>> from pyro.infer import SVI
+    >>> from pyro_trees.guides import RNNTreeGuide
+    >>> from pyro_trees.infer import TreeELBO
+    >>> from pyro_trees.models import HME
+    >>> x = torch.linspace(-1, 1, 16).unsqueeze(-1)
+    >>> y = (x[:, 0] > 0).float()
+    >>> model, guide = HME(1, 2), RNNTreeGuide(1, 2)
+    >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TreeELBO())
+    >>> loss = svi.step(x, y)
+    >>> model.leaf_loc.shape
+    torch.Size([4, 1])
     """
 
     def __init__(
@@ -136,8 +152,6 @@ class HME(PyroModule):
 
     @torch.no_grad()
     def _lazy_init(self, x: torch.Tensor, y) -> None:
-        from pyro_trees.guides.rnn_tree import balanced_start, input_scaling
-
         if self._init_state == "fresh":
             self._init_state = "pending"
             if adopt_param_store(self):

@@ -215,7 +215,7 @@ def test_refit_leaves_predicts_each_leafs_majority_class(parity_fit):
 
 
 def test_closed_form_loss_matches_tree_elbo():
-    from pyro_trees.estimators.rnn_tree import _ClosedFormTreeELBO
+    from pyro_trees.estimators._rnn_tree_base import _ClosedFormTreeELBO
     from pyro_trees.guides import RNNTreeGuide
     from pyro_trees.infer import TreeELBO
     from pyro_trees.infer.fit import isolated_params

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pyro_trees import trees
-from pyro_trees.guides import RNNTree, RNNTreeGuide, rnn_tree
+from pyro_trees.guides import RNNTree, RNNTreeGuide, _node_split
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +51,7 @@ def test_split_dimension_is_marginalised():
 def test_blockwise_split_log_probs_match_the_direct_formula(monkeypatch, dtype):
     """Values and gradients of the blockwise eq. 13 equal autograd through the
     direct ``(N, K, L)`` formula, across block boundaries and with sharp splits."""
-    monkeypatch.setattr(rnn_tree, "_BLOCK_ELEMENTS", 7 * 4 * 3)  # 7-row blocks; N = 30
+    monkeypatch.setattr(_node_split, "_BLOCK_ELEMENTS", 7 * 4 * 3)  # 7-row blocks; N = 30
     torch.manual_seed(0)
     x = torch.randn(30, 3, dtype=dtype)
     # rows 3 and 17 lie so far out that every sigmoid of one side underflows: these
@@ -68,7 +68,7 @@ def test_blockwise_split_log_probs_match_the_direct_formula(monkeypatch, dtype):
         torch.logsumexp(log_dim + F.logsigmoid(z), -1),
         torch.logsumexp(log_dim + F.logsigmoid(-z), -1),
     )
-    blockwise = rnn_tree._NodeSplitLogProbs.apply(x, log_dim, w0, w1)
+    blockwise = _node_split._NodeSplitLogProbs.apply(x, log_dim, w0, w1)
     inputs = (x, log_dim, w0, w1)
     for out_d, out_b in zip(direct, blockwise, strict=True):
         torch.testing.assert_close(out_b, out_d)
@@ -80,7 +80,7 @@ def test_blockwise_split_log_probs_match_the_direct_formula(monkeypatch, dtype):
     for grad_d, grad_b in zip(grads_d, grads_b, strict=True):
         torch.testing.assert_close(grad_b, grad_d, **tol)
     if dtype == torch.float64:
-        assert torch.autograd.gradcheck(rnn_tree._NodeSplitLogProbs.apply, inputs)
+        assert torch.autograd.gradcheck(_node_split._NodeSplitLogProbs.apply, inputs)
 
 
 def test_hard_tree_rules_agree_with_the_limit_of_the_soft_tree():
@@ -267,7 +267,7 @@ def _brute_force_best_cut(x, y, classification):
 
 @pytest.mark.parametrize("classification", [True, False])
 def test_greedy_cuts_match_a_brute_force_search(classification):
-    from pyro_trees.guides.rnn_tree import _greedy_cuts
+    from pyro_trees._tree_start import _greedy_cuts
 
     torch.manual_seed(1)
     x = torch.randint(0, 7, (40, 3)).double()  # ties: cuts only between distinct values
