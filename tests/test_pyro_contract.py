@@ -32,6 +32,7 @@ import torch
 from pyro import poutine
 from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoGuideList, AutoNormal
+from pyro.poutine.subsample_messenger import _Subsample
 
 Args = tuple[tuple, dict]
 
@@ -721,3 +722,24 @@ def test_param_store_save_load_reproduces_predictions(case, fitted, tmp_path):
     after = predict(model2, guide2)
     for site in case.observed:
         torch.testing.assert_close(after[site], before[site], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_guide_base_gives_posterior_draws_and_quantiles(case, fitted):
+    from pyro_trees.guides import TreeGuide
+
+    model, guide, (args, kwargs), _ = fitted(case)
+    assert isinstance(guide, TreeGuide)
+    guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+    latents = {
+        n
+        for n, s in guide_trace.nodes.items()
+        if s["type"] == "sample" and not s["is_observed"] and not isinstance(s["fn"], _Subsample)
+    }
+    draws = guide.sample_posterior(*args, num_samples=4, **kwargs)
+    assert latents <= set(draws), sorted(latents - set(draws))
+    for site, value in draws.items():
+        assert value.shape[0] == 4 and torch.isfinite(value.double()).all(), site
+    bands = guide.quantiles([0.1, 0.9], *args, num_samples=20, **kwargs)
+    for site, value in bands.items():
+        assert value.shape[0] == 2 and bool((value[0] <= value[1]).all()), site

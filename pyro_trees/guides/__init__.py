@@ -1,5 +1,8 @@
 """Guide families, each with the signature of its model."""
 
+from pyro_trees.guides.base import (
+    TreeGuide,
+)
 from pyro_trees.guides.bayesian_hme import (
     BayesianHMEGuide,
     RestartPlate,
@@ -49,6 +52,7 @@ __all__ = [
     "RNNTreeGuide",
     "RestartPlate",
     "TemperatureSchedule",
+    "TreeGuide",
     "TreeVIGuide",
     "TreeVIMixtureGuide",
     "VaRTGuide",

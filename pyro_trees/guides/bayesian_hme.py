@@ -40,6 +40,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroModule, PyroParam
 
+from pyro_trees.guides.base import TreeGuide
 from pyro_trees.models.bayesian_hme_vb_run import init_state, run_vb
 from pyro_trees.models.bayesian_hme_vb_updates import VBData, update_experts, update_noise
 
@@ -99,7 +100,7 @@ class RestartPlate(PyroModule):
             return self.model(*args, **kwargs)
 
 
-class BayesianHMEGuide(AutoGuide):
+class BayesianHMEGuide(TreeGuide, AutoGuide):
     """Full-covariance Gaussian weights and Gamma precisions for a Bayesian HME.
 
     An :class:`~pyro.infer.autoguide.AutoGuide` (so it composes in

@@ -35,7 +35,8 @@ from pyro.distributions.transforms import LowerCholeskyAffine
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from ._joint_slice import JointGaussianSlice
+from pyro_trees.guides._joint_slice import JointGaussianSlice
+from pyro_trees.guides.base import TreeGuide
 
 __all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide", "JointGaussianSlice"]
 
@@ -53,7 +54,7 @@ def _check_model(model, inducing: str, cls: str):
         )
 
 
-class _PerSiteGaussianGuide(PyroModule):
+class _PerSiteGaussianGuide(TreeGuide, PyroModule):
     """A Gaussian per model site, each with ``{name}_loc`` ``(P, M)`` and
     ``{name}_scale_tril`` ``(P, M, M)`` parameters; sites are independent."""
 
@@ -122,7 +123,7 @@ class DGPFactorisedGuide(_PerSiteGaussianGuide):
             )
 
 
-class DGPJointGuide(PyroModule):
+class DGPJointGuide(TreeGuide, PyroModule):
     """Jointly Gaussian inducing outputs across layers, :math:`q(U_1..U_L) = N(\\mu, \\Sigma)`.
 
     The vector :math:`U` concatenates the flattened ``u_i`` (``T = sum_i P_i M_i``).

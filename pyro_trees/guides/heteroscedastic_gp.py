@@ -9,13 +9,14 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
 from pyro_trees._param_store import adopt_param_store, shared_plate
+from pyro_trees.guides.base import TreeGuide
 from pyro_trees.guides.rnn_tree import RNNTree
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
 
 __all__ = ["HeteroscedasticGPGuide"]
 
 
-class HeteroscedasticGPGuide(PyroModule):
+class HeteroscedasticGPGuide(TreeGuide, PyroModule):
     """The routing posterior of the noise tree, plus :math:`q(u)` for the sparse model.
 
     Build it from the model, ``HeteroscedasticGPGuide(model)``: depth, inputs and

@@ -13,12 +13,13 @@ from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store, follow_data, shared_plate, store_name
+from pyro_trees.guides.base import TreeGuide
 from pyro_trees.guides.rnn_tree import RNNTree
 
 __all__ = ["RNNTreeGuide"]
 
 
-class RNNTreeGuide(PyroModule):
+class RNNTreeGuide(TreeGuide, PyroModule):
     """Guide for :class:`~pyro_trees.models.HME`: the RNN-Tree routing posterior.
 
     ``forward(x, y=None, subsample_size=None)`` has the model's signature and samples

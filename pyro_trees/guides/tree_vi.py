@@ -64,6 +64,7 @@ from pyro_trees._forest import TreePlan, parents_and_depths, validate_parents
 from pyro_trees._param_store import prepare, shared_plate
 from pyro_trees.distributions.soft_tree_normal import SoftTreeNormal
 from pyro_trees.distributions.tree_normal import TreeNormal
+from pyro_trees.guides.base import TreeGuide
 from pyro_trees.guides.tree_vi_nets import PairNet
 from pyro_trees.validation import as_tensor, check_finite, check_index
 
@@ -130,7 +131,7 @@ def tree_batches(parents, batch_size: int, *, generator: torch.Generator | None 
     return list(order.split(batch_size))
 
 
-class TreeVIGuide(PyroModule):
+class TreeVIGuide(TreeGuide, PyroModule):
     """Amortised TreeVI guide for a latent site of shape ``batch + (N, D)``.
 
     ``x`` holds one row per instance on its second-to-last axis: ``(N, F)`` for

@@ -23,6 +23,7 @@ from torch.distributions import constraints
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.guides._vart_memory import _guide_param_count, _require_memory
+from pyro_trees.guides.base import TreeGuide
 from pyro_trees.models.vart import VaRT, node_weights, weighted
 
 __all__ = ["TemperatureSchedule", "VaRTGuide"]
@@ -72,7 +73,7 @@ class TemperatureSchedule:
         return _cb
 
 
-class VaRTGuide(AutoGuide):
+class VaRTGuide(TreeGuide, AutoGuide):
     r"""Variational family over trees truncated at depth ``depth`` (Sec. 2.4).
 
     For every internal position :math:`i < 2^D` (heap order),
