@@ -17,8 +17,8 @@ from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.hme import RNNTreeGuide
+from pyro_trees.infer.fit import EarlyStopping, isolated_params
 from pyro_trees.infer.fit import fit as _fit
-from pyro_trees.infer.fit import isolated_params
 from pyro_trees.models.hme import HME
 
 _ROUTINGS = ("hard", "posterior")
@@ -296,11 +296,10 @@ class _RNNTreeBase(TabularEstimator):
             optim=self.optim,
             lr=self.lr,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
-            val_metric=val_metric,
-            eval_every=self.eval_every,
-            patience=patience,
-            progress=self.progress,
-            desc=type(self).__name__,
+            early_stopping=None
+            if val_metric is None
+            else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
+            progress=self.progress and type(self).__name__,
             subsample_size=self.batch_size,
         )
         model.eval()

@@ -24,8 +24,8 @@ from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
 from pyro_trees.infer.collapsed_elbo import CollapsedELBO
+from pyro_trees.infer.fit import EarlyStopping, isolated_params
 from pyro_trees.infer.fit import fit as _fit
-from pyro_trees.infer.fit import isolated_params
 from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
 from pyro_trees.validation import check_level
@@ -266,11 +266,10 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             loss=loss,
             num_steps=self.num_steps,
             optim=optimizer,
-            val_metric=val_metric,
-            eval_every=self.eval_every,
-            patience=self.patience,
-            progress=self.progress,
-            desc="HeteroscedasticGP",
+            early_stopping=None
+            if val_metric is None
+            else EarlyStopping(val_metric, eval_every=self.eval_every, patience=self.patience),
+            progress=self.progress and "HeteroscedasticGP",
             callback=callback,
             **kwargs,
         )

@@ -21,7 +21,7 @@ from pyro_trees.estimators._vart_export import _export_text, _split_importances
 from pyro_trees.estimators._vart_posterior import _PosteriorTrees
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
-from pyro_trees.infer.fit import fit
+from pyro_trees.infer.fit import EarlyStopping, fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.models._vart_mixture import tree_mean
 from pyro_trees.models.vart import VaRT
@@ -351,9 +351,9 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                         return float((pred - yva).pow(2).mean().sqrt())
 
                 val = {
-                    "val_metric": val_rmse,
-                    "eval_every": int(self.eval_every),
-                    "patience": self.patience,
+                    "early_stopping": EarlyStopping(
+                        val_rmse, eval_every=int(self.eval_every), patience=self.patience
+                    )
                 }
             seed = self._seed() if seed is None else int(seed)
             with local_seed(seed, X.device):  # the global streams are left alone
@@ -366,8 +366,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
                     optim="clipped_adam",
                     lr=self.lr,
-                    progress=self.progress,
-                    desc="VaRT" if num_steps is None else "VaRT refit",
+                    progress=self.progress and ("VaRT" if num_steps is None else "VaRT refit"),
                     callback=schedule.callback(self.guide_),
                     **val,
                     **kwargs,

@@ -151,20 +151,23 @@ def _set_cuda_rng_state(states) -> None:
 
 
 class EarlyStopping:
-    """Scores the run on a validation criterion, keeps the best state and says when to stop.
+    """Early stopping for :func:`fit`: score the run on a validation criterion every
+    ``eval_every`` steps, keep the best state, stop when it no longer improves.
 
-    :param evaluate: callable returning the criterion (a float, lower is better).
-    :param modules: the modules whose states are snapshotted and restored.
-    :param FitResult result: where the scores (``val_losses``, ``best_step``,
-        ``best_val``) are written.
+    :param metric: callable returning the criterion (a float, lower is better), e.g. an
+        error on held-out rows; or ``None`` with ``val_args``.
+    :param val_args: the model's arguments on a validation split: the criterion is then
+        the fit's loss on them (with ``val_kwargs``, by default the training keyword
+        arguments without ``subsample_size``).
     :param int eval_every: steps between evaluations.
     :param patience: stop after this many evaluations without an improvement of
         ``min_delta`` (``None``: never stop, only keep the best state).
     :param float min_delta: the smallest decrease that counts as an improvement.
 
     The starting state is a candidate too (:meth:`score_start`): a good initialisation
-    (a greedy tree, a warm start) is kept when training never matches it. :func:`fit`
-    builds one from ``val_args`` or ``val_metric``, ``eval_every`` and ``patience``.
+    (a greedy tree, a warm start) is kept when training never matches it. The best state
+    is restored at the end of the fit. :func:`fit` binds it to the run
+    (:meth:`bind`); one object may serve several fits in turn.
 
     .. rubric:: Examples
 
@@ -172,8 +175,9 @@ class EarlyStopping:
     >>> from pyro_trees.infer import EarlyStopping, FitResult
     >>> net = torch.nn.Linear(1, 1)
     >>> scores = iter([3.0, 2.0, 2.5, 2.6])  # the criterion at steps 0, 1, 2 and 3
+    >>> stopping = EarlyStopping(lambda: next(scores), eval_every=1, patience=2)
     >>> result = FitResult()
-    >>> stopping = EarlyStopping(lambda: next(scores), [net], result, eval_every=1, patience=2)
+    >>> stopping.bind([net], result)
     >>> stopping.score_start()
     >>> [stopping.after_step(step, last=False) for step in (1, 2, 3)]
     [False, False, True]
@@ -182,15 +186,52 @@ class EarlyStopping:
     >>> stopping.restore()  # net's weights as they were after step 1
     """
 
-    def __init__(self, evaluate, modules, result, *, eval_every=20, patience=None, min_delta=0.0):
-        self.evaluate = evaluate
-        self.modules = list(modules)
-        self.result = result
+    def __init__(
+        self,
+        metric: Callable[[], float] | None = None,
+        *,
+        val_args: Sequence | None = None,
+        val_kwargs: dict | None = None,
+        eval_every: int = 20,
+        patience: int | None = None,
+        min_delta: float = 0.0,
+    ):
+        if (metric is None) == (val_args is None):
+            raise ValueError("EarlyStopping needs a criterion: a metric or val_args (one)")
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        self.metric = metric
+        self.val_args = val_args
+        self.val_kwargs = val_kwargs
         self.eval_every = eval_every
         self.patience = patience
         self.min_delta = min_delta
+        self.evaluate = metric
+        self.modules: list = []
+        self.result = FitResult()
         self.best_state: list[dict] | None = None
         self.bad_evals = 0
+
+    def bind(self, modules, result, loss=None, kwargs=None, device=None) -> None:
+        """Attach to a run: the ``modules`` to snapshot, the ``result`` to write the scores
+        in (``val_losses``, ``best_step``, ``best_val``) and, for ``val_args``, the run's
+        differentiable ``loss`` (``loss(*args, **kwargs) -> tensor``) and training
+        ``kwargs``; the bookkeeping of an earlier run is cleared."""
+        self.modules, self.result = list(modules), result
+        self.best_state, self.bad_evals = None, 0
+        if self.val_args is None:
+            self.evaluate = self.metric
+            return
+        val_args = _to_device(self.val_args, device)
+        val_kwargs = dict((kwargs or {}) if self.val_kwargs is None else self.val_kwargs)
+        val_kwargs = _to_device(val_kwargs, device)
+        val_kwargs.pop("subsample_size", None)
+
+        def evaluate() -> float:
+            with torch.no_grad():
+                return float(loss(*val_args, **val_kwargs))
+
+        self.evaluate = evaluate
 
     def score_start(self) -> None:
         """Score the starting state as step 0."""
@@ -325,22 +366,14 @@ def fit(
     num_steps: int = 1000,
     optim="clipped_adam",
     lr: float = 1e-2,
-    optim_args: dict | None = None,
     lr_scheduler: Callable | None = None,
-    val_args: Sequence | None = None,
-    val_kwargs: dict | None = None,
-    val_metric: Callable[[], float] | None = None,
-    eval_every: int = 20,
-    patience: int | None = None,
-    min_delta: float = 0.0,
-    device=None,
-    seed: int | None = None,
-    progress: bool = True,
-    desc: str = "fit",
-    checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int = 500,
+    early_stopping: EarlyStopping | None = None,
+    checkpoint: Checkpoint | str | os.PathLike | None = None,
     resume: str | os.PathLike | None = None,
     callback: Callable[[int, float], object] | None = None,
+    seed: int | None = None,
+    device=None,
+    progress: bool | str = True,
     **kwargs,
 ) -> FitResult:
     """Train ``model`` and ``guide`` by stochastic variational inference.
@@ -358,27 +391,20 @@ def fit(
         ``"adamw"``, ``"radam"`` (the optimiser of Antorán et al.), ``"sgd"``, an
         optimiser class or a callable ``params -> optimiser``.
     :param float lr: learning rate.
-    :param dict optim_args: further optimiser arguments (``clip_norm``, ``lrd``, ...).
     :param lr_scheduler: callable ``optimiser -> torch.optim.lr_scheduler.LRScheduler``,
         stepped after every gradient step.
-    :param val_args: arguments of the model on a validation split; the criterion is
-        the loss on them, unless ``val_metric`` is given.
-    :param val_metric: callable returning a float to minimise (e.g. validation error).
-    :param int eval_every: steps between validation evaluations.
-    :param patience: stop after this many evaluations without improvement of
-        ``min_delta``; the best parameters are restored at the end. The starting
-        state is scored too, and kept only if no later evaluation matches it.
-    :param device: move the model, the guide and tensor arguments there first.
-    :param seed: seed for :func:`pyro.set_rng_seed`.
-    :param bool progress: show a tqdm progress bar with the loss.
-    :param checkpoint: path written every ``checkpoint_every`` steps and at the end (before
-        early stopping's best state is restored, so that resuming a finished run with a
-        larger ``num_steps`` continues it as one longer run would have) with
+    :param EarlyStopping early_stopping: a validation criterion, how often to score it
+        and how patient to be; the best parameters are restored at the end.
+    :param checkpoint: a :class:`Checkpoint`, or a path (written every 500 steps), that
+        receives the training state and, at the end, the final one (before early
+        stopping's best state is restored, so that resuming a finished run with a larger
+        ``num_steps`` continues it as one longer run would have):
         ``{"model", "guide", "optimizer", "scheduler", "step", "result", "best_state",
-        "bad_evals", "rng"}`` (a plain ``torch.save``; ``"scheduler"`` is ``None``
-        without ``lr_scheduler``, ``"best_state"`` without validation; ``"rng"`` holds
-        :func:`pyro.util.get_rng_state`, the CPU generators, and ``"cuda_rng"`` the
-        states of every CUDA device's generator when CUDA is in use, else ``None``).
+        "bad_evals", "rng", "cuda_rng"}`` (a plain ``torch.save``; ``"scheduler"`` is
+        ``None`` without ``lr_scheduler``, ``"best_state"`` without early stopping;
+        ``"rng"`` holds :func:`pyro.util.get_rng_state`, the CPU generators, and
+        ``"cuda_rng"`` the states of every CUDA device's generator when CUDA is in use,
+        else ``None``).
     :param resume: a checkpoint to continue from: loads the model's, the guide's, the
         optimiser's and the scheduler's states, the history, early stopping's best
         state and count, and the random generators (these override ``seed``), then
@@ -387,6 +413,9 @@ def fit(
         without a scheduler state (written by an older version) restarts the schedule
         from the saved learning rate.
     :param callback: called as ``callback(step, loss)``; returning ``True`` stops.
+    :param seed: seed for :func:`pyro.set_rng_seed`.
+    :param device: move the model, the guide and tensor arguments there first.
+    :param progress: show a tqdm progress bar with the loss (a string: its label).
     :returns: a :class:`FitResult`; the model and guide hold the learnt parameters.
 
     Pressing Ctrl-C stops cleanly and keeps what was learnt (``stopped ==
@@ -394,10 +423,6 @@ def fit(
     """
     if num_steps < 0:
         raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-    if eval_every < 1:
-        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
-    if patience is not None and (val_args is None and val_metric is None):
-        raise ValueError("patience needs a validation criterion: pass val_args or val_metric")
     if seed is not None:
         pyro.set_rng_seed(seed)
     loss = Trace_ELBO() if loss is None else loss
@@ -405,11 +430,7 @@ def fit(
     if device is not None:
         for m in modules:
             m.to(device)
-        args, kwargs, val_args, val_kwargs = _to_device(
-            (args, kwargs, val_args, val_kwargs), device
-        )
-    val_kwargs = dict(kwargs if val_kwargs is None else val_kwargs)
-    val_kwargs.pop("subsample_size", None)
+        args, kwargs = _to_device((args, kwargs), device)
 
     result = FitResult()
     with isolated_params():
@@ -419,25 +440,11 @@ def fit(
         params = [p for p in elbo.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model and guide have no trainable parameters")
-        optimizer = make_optimizer(params, optim, lr, **(optim_args or {}))
+        optimizer = make_optimizer(params, optim, lr)
         scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
-
-        def evaluate() -> float:
-            if val_metric is not None:
-                return float(val_metric())
-            with torch.no_grad():
-                return float(elbo(*val_args, **val_kwargs))
-
-        stopping = None
-        if val_metric is not None or val_args is not None:
-            stopping = EarlyStopping(
-                evaluate,
-                modules,
-                result,
-                eval_every=eval_every,
-                patience=patience,
-                min_delta=min_delta,
-            )
+        stopping = early_stopping
+        if stopping is not None:
+            stopping.bind(modules, result, elbo, kwargs, device)
         start_step = 0
         if resume is not None:
             result, start_step = resume_from(
@@ -445,7 +452,9 @@ def fit(
             )
         elif stopping is not None:
             stopping.score_start()
-        saver = Checkpoint(checkpoint, checkpoint_every) if checkpoint is not None else None
+        saver = checkpoint
+        if saver is not None and not isinstance(saver, Checkpoint):
+            saver = Checkpoint(saver)
 
         def saved() -> dict:
             return {
@@ -483,6 +492,7 @@ def fit(
         if progress:
             from tqdm.auto import tqdm
 
+            desc = progress if isinstance(progress, str) else "fit"
             bar = tqdm(total=num_steps, initial=start_step, desc=desc, leave=False)
         t0 = time.perf_counter()
         try:

@@ -170,7 +170,8 @@ def fit_restarts(
     :param fit_kwargs: options of :func:`~pyro_trees.infer.fit` (``num_steps``, ``lr``,
         ``loss``, ``lr_scheduler``, ...) and the model's keyword arguments (``seed`` is
         this function's own); ``loss`` may not be given both here and by ``make``;
-        ``desc`` defaults to ``"restart r/R"``.
+        a progress bar is labelled ``"restart r/R"`` unless ``progress`` is ``False`` or a
+        label.
     :returns: a :class:`RestartsResult`.
     """
     if isinstance(num_restarts, bool) or int(num_restarts) != num_restarts or num_restarts < 1:
@@ -197,7 +198,8 @@ def fit_restarts(
             if "loss" in options:
                 raise ValueError("loss given both by make(seed) and as a fit option")
             options["loss"] = loss
-        options.setdefault("desc", f"restart {r + 1}/{num_restarts}")
+        if options.get("progress", True) is True:
+            options["progress"] = f"restart {r + 1}/{num_restarts}"
         results.append(fit(model, guide, *args, **options))
         pyro.set_rng_seed(int(seed))
         if score is not None:

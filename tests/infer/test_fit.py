@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pyro_trees.guides import RNNTreeGuide
-from pyro_trees.infer import TreeELBO, fit
+from pyro_trees.infer import EarlyStopping, TreeELBO, fit
 from pyro_trees.models import HME
 
 
@@ -47,9 +47,7 @@ def test_early_stopping_restores_the_best_parameters():
         y,
         loss=TreeELBO(),
         num_steps=200,
-        val_metric=lambda: next(values),
-        eval_every=5,
-        patience=3,
+        early_stopping=EarlyStopping(lambda: next(values), eval_every=5, patience=3),
         progress=False,
     )
     assert result.stopped == "early_stopping"
@@ -69,9 +67,7 @@ def test_early_stopping_keeps_the_starting_state_when_it_is_best():
         loss=TreeELBO(),
         num_steps=50,
         lr=0.1,
-        val_metric=lambda: next(values),
-        eval_every=5,
-        patience=2,
+        early_stopping=EarlyStopping(lambda: next(values), eval_every=5, patience=2),
         progress=False,
     )
     assert result.best_step == 0 and result.val_losses[0] == (0, 1.0)
@@ -89,9 +85,7 @@ def test_a_tie_with_the_starting_state_keeps_the_trained_one():
         y,
         loss=TreeELBO(),
         num_steps=50,
-        val_metric=lambda: next(values),
-        eval_every=5,
-        patience=2,
+        early_stopping=EarlyStopping(lambda: next(values), eval_every=5, patience=2),
         progress=False,
     )
     assert result.best_step == 5 and result.best_val == 1.0
@@ -214,7 +208,10 @@ def test_resume_keeps_early_stopping_state(tmp_path):
         done[0] = step + 1
 
     model, guide, full = _run(
-        0, num_steps=40, val_metric=val_metric, eval_every=5, patience=3, callback=count
+        0,
+        num_steps=40,
+        early_stopping=EarlyStopping(val_metric, eval_every=5, patience=3),
+        callback=count,
     )
     assert full.stopped == "early_stopping" and full.num_steps == 25 and full.best_step == 10
 
@@ -228,9 +225,7 @@ def test_resume_keeps_early_stopping_state(tmp_path):
     _, _, part = _run(
         0,
         num_steps=40,
-        val_metric=val_metric,
-        eval_every=5,
-        patience=3,
+        early_stopping=EarlyStopping(val_metric, eval_every=5, patience=3),
         callback=interrupt,
         checkpoint=path,
     )
@@ -239,9 +234,7 @@ def test_resume_keeps_early_stopping_state(tmp_path):
     model2, guide2, resumed = _run(
         1,
         num_steps=40,
-        val_metric=val_metric,
-        eval_every=5,
-        patience=3,
+        early_stopping=EarlyStopping(val_metric, eval_every=5, patience=3),
         callback=count,
         resume=path,
     )
@@ -274,8 +267,12 @@ def test_pickled_model_and_guide_are_a_checkpoint():
 
 def test_bad_arguments():
     model, guide, x, y = _problem()
-    with pytest.raises(ValueError, match="patience"):
-        fit(model, guide, x, y, loss=TreeELBO(), patience=3, progress=False)
+    with pytest.raises(ValueError, match="criterion"):
+        EarlyStopping(patience=3)
+    with pytest.raises(ValueError, match="criterion"):
+        EarlyStopping(lambda: 0.0, val_args=(x, y))
+    with pytest.raises(ValueError, match="eval_every"):
+        EarlyStopping(lambda: 0.0, eval_every=0)
     with pytest.raises(ValueError, match="optimiser"):
         fit(model, guide, x, y, loss=TreeELBO(), optim="nope", progress=False)
 
@@ -310,7 +307,9 @@ def test_resuming_a_finished_run_extends_it(tmp_path):
     def count(step, loss):
         done[0] = step + 1
 
-    common = dict(val_metric=lambda: scripted[done[0]], eval_every=5, callback=count)
+    common = dict(
+        early_stopping=EarlyStopping(lambda: scripted[done[0]], eval_every=5), callback=count
+    )
     model, guide, full = _run(0, num_steps=40, **common)
     assert full.best_step == 30
     path = tmp_path / "ckpt.pt"
@@ -333,7 +332,8 @@ def test_early_stopping_alone_keeps_the_best_state_and_counts_patience():
     module = torch.nn.Linear(1, 1)
     values = iter([3.0, 2.0, 2.5, 2.6])
     result = FitResult()
-    stopping = EarlyStopping(lambda: next(values), [module], result, eval_every=2, patience=2)
+    stopping = EarlyStopping(lambda: next(values), eval_every=2, patience=2)
+    stopping.bind([module], result)
     stopping.score_start()
     with torch.no_grad():
         module.weight.fill_(1.0)
@@ -372,3 +372,31 @@ def test_checkpoint_alone_writes_every_n_steps(tmp_path):
     saver.after_step(3, lambda: {"x": 3})
     assert torch.load(path) == {"step": 3, "x": 3}
     assert not (tmp_path / "run.pt.tmp").exists()
+
+
+def test_early_stopping_on_the_validation_loss():
+    model, guide, x, y = _problem()
+    stopping = EarlyStopping(val_args=(x[::2], y[::2]), eval_every=5, patience=2)
+    result = fit(
+        model, guide, x, y, loss=TreeELBO(), num_steps=30, early_stopping=stopping, progress=False
+    )
+    assert result.val_losses[0][0] == 0 and len(result.val_losses) >= 2
+    assert all(math.isfinite(v) for _, v in result.val_losses)
+    assert result.best_val == min(v for _, v in result.val_losses)
+
+
+def test_checkpoint_path_or_object_and_progress_label(tmp_path):
+    from pyro_trees.infer import Checkpoint
+
+    model, guide, x, y = _problem()
+    fit(
+        model,
+        guide,
+        x,
+        y,
+        loss=TreeELBO(),
+        num_steps=4,
+        checkpoint=Checkpoint(tmp_path / "a.pt", every=2),
+        progress="label",
+    )
+    assert torch.load(tmp_path / "a.pt", weights_only=False)["step"] == 4
