@@ -12,6 +12,10 @@ from pyro_trees.infer.bayesian_hme_vb import (
     grow_selection,
     select_topology,
 )
+from pyro_trees.infer.checkpoint import (
+    Checkpoint,
+    resume_from,
+)
 from pyro_trees.infer.collapsed_elbo import (
     CollapsedELBO,
 )
@@ -21,13 +25,11 @@ from pyro_trees.infer.dgp import (
     layer_samples,
 )
 from pyro_trees.infer.fit import (
-    Checkpoint,
     EarlyStopping,
     FitResult,
     fit,
     isolated_params,
     make_optimizer,
-    resume_from,
     train_steps,
 )
 from pyro_trees.infer.restarts import (
