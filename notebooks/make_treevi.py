@@ -206,7 +206,7 @@ n, d = (20_000 if SMOKE else 1_000_000), 10
 chain = torch.arange(-1, n - 1)
 q = TreeNormal(torch.zeros(n, d), torch.ones(n, d), chain, torch.full((n, d), 0.9))
 for method in ("paths", "jump"):
-    qm = TreeNormal(q.loc, q.scale, q._plan, q.rho, method=method)
+    qm = TreeNormal(q.loc, q.scale, q.parents, q.rho, method=method)
     qm.rsample()  # builds the plan once
     t0 = time.perf_counter(); z = qm.rsample(); t = time.perf_counter() - t0
     print(f"chain of {n} nodes, D={d}, height {q.height}: method={method!r} rsample {t:.3f} s")
