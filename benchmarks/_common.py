@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import gzip
 import json
 import os
 import platform
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._records import RESULTS, read_record, record_paths
 
 __all__ = [
     "LR_SCHEDULE_TEXT",
@@ -69,22 +68,6 @@ def environment(device=None) -> dict:
         "gpytorch": gpytorch_version,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
     }
-
-
-def read_record(path) -> dict:
-    """A result record, ``NAME.json`` or gzipped ``NAME.json.gz`` (the large per-row
-    records are kept compressed)."""
-    path = Path(path)
-    if path.suffix == ".gz":
-        return json.loads(gzip.decompress(path.read_bytes()))
-    return json.loads(path.read_text())
-
-
-def record_paths(pattern: str) -> list[Path]:
-    """The result records matching ``pattern`` (a glob ending in ``.json``), plain or
-    gzipped, sorted by name."""
-    found = [*RESULTS.glob(pattern), *RESULTS.glob(pattern + ".gz")]
-    return sorted(found, key=lambda p: p.name)
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:

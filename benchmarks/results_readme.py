@@ -20,23 +20,17 @@ from __future__ import annotations
 
 import argparse
 import ast
-import gzip
 import json
 import re
 import shlex
 import sys
 from pathlib import Path
 
+from benchmarks._records import RESULTS, read_record
+
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+
 README = RESULTS / "README.md"
-
-
-def read_record(path: Path) -> dict:
-    """A result record, plain ``.json`` or gzipped ``.json.gz``."""
-    if path.suffix == ".gz":
-        return json.loads(gzip.decompress(path.read_bytes()))
-    return json.loads(path.read_text())
 
 
 # section order; a script not listed comes after these, alphabetically

@@ -31,10 +31,13 @@ __all__ = [
 ]
 
 
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
 def store_name(module: PyroModule, attr: str) -> str:
     """The param-store name of ``module``'s attribute ``attr`` (prefix included)."""
-    prefix = module.__dict__["_pyro_name"]
-    return f"{prefix}.{attr}" if prefix else attr
+    return _join(module.__dict__["_pyro_name"], attr)
 
 
 def _store_entries(module: PyroModule):
@@ -93,16 +96,16 @@ def adopt_param_store(module: PyroModule, *, buffers: dict | None = None) -> boo
     return True
 
 
-def follow_data(module: torch.nn.Module, x: torch.Tensor) -> None:
-    """Move ``module`` to ``x``'s floating dtype and device if it is elsewhere."""
+def follow_data(module: torch.nn.Module, x) -> None:
+    """Move ``module`` to ``x``'s floating dtype and device if it is elsewhere (in place,
+    so that the parameter store and an optimiser keep the same tensors); a non-floating
+    ``x`` (indices, ``None``) moves nothing."""
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return
     for p in list(module.parameters()) + list(module.buffers()):
         if p.is_floating_point() and (p.dtype != x.dtype or p.device != x.device):
             module.to(dtype=x.dtype, device=x.device)
             return
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
 
 
 def _store_names(module: nn.Module, prefix: str | None = None):
@@ -141,13 +144,7 @@ def prepare(module: PyroModule, x) -> None:
     :raises ValueError: if the store holds a parameter of this name with another shape
         (two different instances under one ``name``).
     """
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        ref = next(
-            (t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()),
-            None,
-        )
-        if ref is not None and (ref.dtype != x.dtype or ref.device != x.device):
-            module.to(device=x.device, dtype=x.dtype)
+    follow_data(module, x)
     store = pyro.get_param_store()
     if not len(store._params):
         return

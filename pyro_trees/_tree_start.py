@@ -110,6 +110,13 @@ def _choose_dimension(pts, y, cut, spread) -> int:
     return int(gain.argmax())
 
 
+def check_init(init) -> None:
+    """Refuse a start other than ``"balanced"``, ``"greedy"`` or ``None`` (the HME model's
+    and the RNN-Tree guide's ``init``, which must agree)."""
+    if init not in ("balanced", "greedy", None):
+        raise ValueError(f"init must be 'balanced', 'greedy' or None, got {init!r}")
+
+
 def input_scaling(x: torch.Tensor):
     """Mean and standard deviation of every input dimension, ``(L,)`` each; a constant
     (or single-row) dimension gets scale 1."""

@@ -13,6 +13,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store, follow_data, shared_plate, store_name
+from pyro_trees._tree_start import check_init
 from pyro_trees.guides.base import TreeGuide
 from pyro_trees.guides.rnn_tree import RNNTree
 
@@ -71,8 +72,7 @@ class RNNTreeGuide(TreeGuide, PyroModule):
         **kwargs,
     ):
         super().__init__(name=name or "")
-        if init not in ("balanced", "greedy", None):
-            raise ValueError(f"init must be 'balanced', 'greedy' or None, got {init!r}")
+        check_init(init)
         self.init = init
         self.tree = RNNTree(in_features, depth, **kwargs)
         self._init_state = "fresh"

@@ -38,7 +38,7 @@ from pyro.ops.indexing import Vindex
 
 from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store, follow_data
-from pyro_trees._tree_start import balanced_start, input_scaling
+from pyro_trees._tree_start import balanced_start, check_init, input_scaling
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 
 __all__ = ["HME"]
@@ -96,8 +96,7 @@ class HME(PyroModule):
         name: str | None = None,
     ):
         super().__init__(name=name or "")
-        if init not in ("balanced", "greedy", None):
-            raise ValueError(f"init must be 'balanced', 'greedy' or None, got {init!r}")
+        check_init(init)
         self.init = init
         self._init_state = "fresh"
         if likelihood not in ("gaussian", "categorical"):
