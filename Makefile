@@ -2,6 +2,7 @@
 #   make demo   creates .venv, installs, fits the models on their papers' toy problems
 #   make test   same install, runs the whole test suite
 #   make docs   same install plus Sphinx, builds the user guide and API reference into docs/_build/html
+#   make notebooks  rebuilds and executes the teaching notebooks (full mode, outputs committed)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ PYRO_TREES_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(HOME)/.cache
 export PYRO_TREES_DATA
 DEMO_OUT ?= demo_output
 
-.PHONY: install demo test docs lint clean
+.PHONY: install demo test docs lint clean notebooks
 
 install: $(VENV)/.installed
 
@@ -43,3 +44,8 @@ lint: install
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache docs/_build
+
+# Rebuild every teaching notebook from its builder and execute it in full mode
+# (at most 3 minutes each); the outputs are written into the committed notebooks.
+notebooks: install
+	$(BIN)/python notebooks/build.py

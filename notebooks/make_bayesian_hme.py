@@ -4,6 +4,7 @@ from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from _nb import save
 
 cells = [
     new_markdown_cell(
@@ -149,6 +150,5 @@ fig.colorbar(sc, ax=axes, label="end-effector error"); plt.show()"""
     ),
 ]
 
-nb = new_notebook(cells=cells)
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbformat.write(nb, Path(__file__).with_name("bayesian_hme.ipynb"))
+if __name__ == "__main__":
+    save(__file__, cells)

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import nbformat as nbf
+from _nb import save
 
 cells = []
 
@@ -258,7 +259,5 @@ plt.scatter(x[:, 0], y, s=8, c="k")
 plt.legend();
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, Path(__file__).with_name("dgp.ipynb"))
+if __name__ == "__main__":
+    save(__file__, cells)

@@ -6,6 +6,7 @@ Run: python notebooks/make_heteroscedastic_gp.py
 from pathlib import Path
 
 import nbformat as nbf
+from _nb import save
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
@@ -109,7 +110,6 @@ a `BalancedLeaf` site in the model's data plate, a `Categorical(logits=RNNTree(x
 the guide marked for parallel enumeration, and `TreeELBO`. The tests
 (`tests/models/test_heteroscedastic_gp.py::test_recipe_user_model`) do it for Poisson counts."""),
 ]
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3",
-                                                               "display_name": "Python 3",
-                                                               "language": "python"}})
-nbf.write(nb, Path(__file__).with_name("heteroscedastic_gp.ipynb"))
+
+if __name__ == "__main__":
+    save(__file__, cells)

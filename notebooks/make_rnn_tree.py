@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import nbformat as nbf
+from _nb import save
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
@@ -104,7 +105,6 @@ try:
 except ImportError:
     pass"""),
 ]
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3",
-                                                               "display_name": "Python 3",
-                                                               "language": "python"}})
-nbf.write(nb, Path(__file__).with_name("rnn_tree.ipynb"))
+
+if __name__ == "__main__":
+    save(__file__, cells)

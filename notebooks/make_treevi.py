@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import nbformat as nbf
+from _nb import save
 
 cells = []
 
@@ -212,7 +213,5 @@ for method in ("paths", "jump"):
     print(f"chain of {n} nodes, D={d}, height {q.height}: method={method!r} rsample {t:.3f} s")
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, Path(__file__).with_name("treevi.ipynb"))
+if __name__ == "__main__":
+    save(__file__, cells)

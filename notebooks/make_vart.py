@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import nbformat as nbf
+from _nb import save
 
 cells = []
 
@@ -175,7 +176,5 @@ for a, color, truth in ((1, "tab:red", d["f1"]), (0, "tab:blue", d["f0"])):
 plt.title("80 % bands of E[Y(a) | x]"); plt.show()
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, Path(__file__).with_name("vart.ipynb"))
+if __name__ == "__main__":
+    save(__file__, cells)
