@@ -7,6 +7,7 @@ The build needs no network. Links into the torch, Pyro, GPyTorch and NumPy docs
 """
 
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.abspath(".."))
@@ -23,7 +24,22 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
+    "myst_nb",
 ]
+
+# The teaching notebooks are rendered with the outputs committed beside them
+# (``make notebooks`` executes them); the docs build never runs a notebook. They are
+# copied from ../notebooks into docs/notebooks (not committed) at every build.
+nb_execution_mode = "off"
+myst_enable_extensions = ["dollarmath", "amsmath"]
+NOTEBOOKS = ("rnn_tree", "bayesian_hme", "vart", "heteroscedastic_gp", "dgp", "treevi")
+_here = os.path.dirname(os.path.abspath(__file__))
+os.makedirs(os.path.join(_here, "notebooks"), exist_ok=True)
+for _name in NOTEBOOKS:
+    shutil.copyfile(
+        os.path.join(_here, "..", "notebooks", f"{_name}.ipynb"),
+        os.path.join(_here, "notebooks", f"{_name}.ipynb"),
+    )
 
 if os.environ.get("PYRO_TREES_DOCS_INTERSPHINX"):
     extensions.append("sphinx.ext.intersphinx")
@@ -47,7 +63,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_inherit_docstrings = True
 
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 html_theme = "alabaster"
 html_theme_options = {"description": "Tree-structured models and guides for Pyro"}
 
