@@ -30,6 +30,9 @@ about a minute and a half on two CPU cores.
 """),
     code(r"""
 import os
+import warnings
+
+warnings.filterwarnings("ignore", message=".*IProgress.*")  # tqdm without ipywidgets
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -323,7 +326,11 @@ noisy in the first steps, the best one comes at step 20, and training stops with
 that has found none of the steps. Training on every row for the full 1,000 steps (the
 paper's setting, `validation_fraction=0.0`) recovers the function. The printed rules are
 the most probable tree's: each leaf is a line in $x$ (value at the training mean of $x$,
-noise scale, slope).
+noise scale, slope). Read them against the figure above: the most probable tree need not
+have one leaf per step (a leaf with a steep slope can cover two steps, the soft routing
+of its neighbours does the rest), and a leaf may sit beyond the data (its tiny noise scale
+then says nothing). The posterior mean over trees is what predicts; the single tree is a
+summary.
 """),
     md(r"""
 ## 6. Where it fails: treatment effects under partial overlap
