@@ -27,8 +27,7 @@ This lecture:
 6. where it fails: from a random start the bound collapses the tree, and why;
 7. things to try, references.
 
-`PYRO_TREES_SMOKE=1` runs it with tiny sizes (the tests do); the full run takes about a
-minute and a half on two CPU cores.
+`PYRO_TREES_SMOKE=1` runs it with tiny sizes (the tests do); the full run takes under a minute of computation on two CPU cores.
 """),
     code(r"""
 import os

@@ -26,7 +26,7 @@ This lecture:
 7. things to try, references.
 
 `PYRO_TREES_SMOKE=1` runs everything with tiny sizes (the tests do); the full run takes
-about a minute and a half on two CPU cores.
+about a minute of computation on two CPU cores.
 """),
     code(r"""
 import os
