@@ -402,8 +402,11 @@ Two errors add up, and the figure shows both:
    there, so the tree continues it with its linear leaves: the control line
    extrapolated to high $x$ lies *above* the concave $\sqrt{x}$, the treated line
    extrapolated to low $x$ lies *below* the convex $e^{0.06x}$, and both bias the CATE
-   *downwards*. The posterior bands do not widen there enough to say so: a variational
-   posterior over shared leaves is not aware that one arm is missing.
+   *downwards*. The posterior bands do not widen there enough to say so: in a leaf that
+   holds one arm only, the data say nothing about the weight of the treatment column, so
+   the prior sets it, and the mean-field guide keeps its narrow spread. This is a limit of
+   any regression-based estimate without overlap, not a bug to tune away (BART, in the
+   same place, also extrapolates).
 2. **Shrinkage of the arm difference where both arms are seen.** With $A$ as one more
    input, the arms share leaves and routing; the difference between them is a slope in
    each leaf, pulled towards zero by the prior (at $\lambda = 1$) and blurred by soft
@@ -441,6 +444,9 @@ read a 90 % variational interval as a 90 % guarantee.
    predictive means of Section 5.
 3. Draw the causal toy with `setting="overlap"` (the arms cover the same range of $x$).
    Which of the two errors of Section 6 goes away, and does the interval cover the truth?
+   Then refit the partial toy with `lam=1e-3`: the ATE moves towards the truth because
+   each leaf's linear extrapolation is trusted more. Is the interval more honest, or only
+   narrower?
 4. Give the hand-written stump a split indicator: a relaxed Bernoulli $s$ in the guide and
    the mixture $(1-s)\,\mathcal N(\theta_0, \sigma) + s\,[\dots]$ in the model. When does the
    posterior prefer no split?
