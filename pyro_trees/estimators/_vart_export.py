@@ -44,6 +44,13 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
     their training means. Leaves (linear models) print their prediction at the
     training mean of the inputs, their noise scale and their three largest slopes.
 
+    Unreachable regions are not printed: a split on a single feature (every split in
+    1-D) whose one side is empty given its ancestors' single-feature rules (say
+    ``x > 2`` under ``x <= 1``) sends every point the same way, so it is left out and
+    its reachable side printed in its place. A side that is empty only by the printed
+    thresholds of oblique splits, which hold where the other inputs sit at their means,
+    is kept and marked, since points away from the means can reach it.
+
     :param guide: the fitted :class:`~pyro_trees.guides.VaRTGuide` (standardised units).
     :param x_scaler: the inputs' ``mean`` and ``scale`` ``(L,)``.
     :param y_scaler: the target's ``mean`` and ``scale``.
@@ -75,8 +82,9 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
         )
 
     lines: list[str] = []
+    n_feat = mu.shape[-1] - 1
 
-    def visit(i: int, level: int) -> None:
+    def visit(i: int, level: int, box: dict) -> None:
         indent = "|   " * level + "|--- "
         if i - 1 >= n_int or not split[i - 1]:
             lines.append(indent + leaf(i))
@@ -86,11 +94,28 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
         share = float(b[j].abs() / b[:-1].abs().sum().clamp_min(1e-300))
         t_std = -float(b[-1]) / float(b[j]) if float(b[j]) != 0 else math.inf
         t = float(xm[j] + xs[j] * t_std)
-        left_op, right_op = (">", "<=") if float(b[j]) > 0 else ("<=", "> ")
-        lines.append(f"{indent}{name(j)} {left_op} {t:.{decimals}f}  [{share:.0%}]")
-        visit(2 * i, level + 1)
-        lines.append(f"{indent}{name(j)} {right_op} {t:.{decimals}f}  [{share:.0%}]")
-        visit(2 * i + 1, level + 1)
+        exact = share >= 1.0 - 1e-9 or n_feat == 1
+        # the children's intervals of feature j: (lo, hi], exact flags of the bounds
+        lo, hi = box.get(j, ((-math.inf, True), (math.inf, True)))
+        cut = (t, exact)
+        upper = (max(lo, cut, key=lambda v: v[0]), hi)  # x_j > t
+        lower = (lo, min(hi, cut, key=lambda v: v[0]))  # x_j <= t
+        left, right = (upper, lower) if float(b[j]) > 0 else (lower, upper)
+        children = []
+        for child, (c_lo, c_hi), op in (
+            (2 * i, left, ">" if float(b[j]) > 0 else "<="),
+            (2 * i + 1, right, "<=" if float(b[j]) > 0 else "> "),
+        ):
+            empty = c_lo[0] >= c_hi[0]
+            children.append((child, (c_lo, c_hi), op, empty, empty and c_lo[1] and c_hi[1]))
+        if any(c[4] for c in children):  # one side is empty: the split is vacuous, fold it
+            child, bounds, *_ = next(c for c in children if not c[4])
+            visit(child, level, {**box, j: bounds})
+            return
+        for child, bounds, op, empty, _ in children:
+            note = "  (empty where the other inputs sit at their means)" if empty else ""
+            lines.append(f"{indent}{name(j)} {op} {t:.{decimals}f}  [{share:.0%}]{note}")
+            visit(child, level + 1, {**box, j: bounds})
 
-    visit(1, 0)
+    visit(1, 0, {})
     return "\n".join(lines) + "\n"
