@@ -185,6 +185,7 @@ def test_fit_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path):
     procs_one = _start("fit", 1, one, BATCH="16", FORCE_GROUP="1")
     assert _wait(procs_two, "fit", two) == [0, 0]
     assert _wait(procs_one, "fit", one) == [0]
+    assert (two / "checkpoint0.pt").exists() and not (two / "checkpoint1.pt").exists()
     r0, r1 = (torch.load(two / f"rank{r}.pt") for r in range(2))
     ref = torch.load(one / "rank0.pt")
     for key, value in r0["fit"]["params"].items():
