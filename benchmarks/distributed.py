@@ -85,6 +85,7 @@ def main() -> None:
     from benchmarks._common import markdown_table, write_results
 
     records = []
+    load_before = os.getloadavg()[0]
     for w in [int(p) for p in args.procs.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rank0.json")
@@ -109,6 +110,7 @@ def main() -> None:
             subprocess.run(cmd, check=True, env=env, timeout=1800)
             with open(out) as f:
                 records.append(json.load(f))
+        records[-1]["load_average_after"] = os.getloadavg()[0]
         print(records[-1], flush=True)
     base = records[0]["seconds_per_epoch"]
     for r in records:
@@ -123,6 +125,7 @@ def main() -> None:
             "rmse",
             "final_loss_per_row",
             "seconds_with_startup",
+            "load_average_after",
         ],
     )
     cores = os.cpu_count()
@@ -135,13 +138,15 @@ def main() -> None:
         + (", so 4 processes oversubscribe them" if cores and cores < 4 else "")
         + ". Speed-up: seconds per epoch at 1 process over those at W processes. With W "
         "processes an epoch takes W times fewer steps, so the RMSE after one epoch "
-        "reflects fewer (larger-batch) updates. The RMSE floor is the noise sd, 0.1.\n"
+        "reflects fewer (larger-batch) updates. The RMSE floor is the noise sd, 0.1. "
+        f"Load average (1 min) before the run: {load_before:.1f}, on {cores} cores.\n"
     )
     payload = {
         "rows": args.rows,
         "epochs": args.epochs,
         "batch_per_process": BATCH,
         "device": args.device or "cpu",
+        "load_average_before": load_before,
         "records": records,
     }
     print(write_results("distributed", payload, md, device=args.device))
