@@ -24,6 +24,16 @@ from pyro_trees.infer.dgp import (
     dgp_predict,
     layer_samples,
 )
+from pyro_trees.infer.distributed import (
+    RankSubsample,
+    all_reduce_sum,
+    average_gradients,
+    broadcast_parameters,
+    check_same_across_ranks,
+    is_main,
+    rank_subsample,
+    world,
+)
 from pyro_trees.infer.fit import (
     EarlyStopping,
     FitResult,
@@ -36,6 +46,9 @@ from pyro_trees.infer.restarts import (
     RestartsResult,
     elbo_estimate,
     fit_restarts,
+)
+from pyro_trees.infer.stream import (
+    Stream,
 )
 from pyro_trees.infer.tree_elbo import (
     TreeELBO,
@@ -72,13 +85,19 @@ __all__ = [
     "MixtureTreeELBO",
     "ModelSelection",
     "PairwiseELBO",
+    "RankSubsample",
     "RestartsResult",
     "SVIRestarts",
+    "Stream",
     "TreeELBO",
     "VBData",
     "VBState",
     "VaRTELBO",
     "acyclicity",
+    "all_reduce_sum",
+    "average_gradients",
+    "broadcast_parameters",
+    "check_same_across_ranks",
     "collapse_ratio",
     "dgp_predict",
     "elbo_estimate",
@@ -86,6 +105,7 @@ __all__ = [
     "fit_restarts",
     "fit_svi_restarts",
     "grow_selection",
+    "is_main",
     "isolated_params",
     "layer_samples",
     "learn_guide_tree",
@@ -97,9 +117,11 @@ __all__ = [
     "parents_from_edges",
     "parents_to_adjacency",
     "parents_to_probs",
+    "rank_subsample",
     "restart_elbos",
     "select_topology",
     "similarity_dfs_tree",
     "soft_tree_elbo",
     "train_steps",
+    "world",
 ]
