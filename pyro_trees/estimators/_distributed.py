@@ -1,0 +1,168 @@
+"""The estimators' side of data-parallel training under ``torchrun``.
+
+Every estimator's ``fit`` runs on the processes of the default process group when one
+is initialised (or when ``torchrun`` set ``WORLD_SIZE > 1``); the gradient steps go
+through :func:`pyro_trees.infer.fit`, which splits each minibatch across the ranks and
+averages the gradients. What is not a gradient step is decided here, the same way on
+every rank:
+
+* **default** (``fit(X, y)``, every rank passes the same rows): every rank computes the
+  same statistics from the same rows, so nothing needs reducing; the results are those
+  of one process.
+* **sharded** (``fit(X, y, sharded=True)``, each rank passes only its own rows): sums,
+  counts, minima and maxima are all-reduced (the standardisation's means and scales,
+  the global row count, held-out errors, sufficient statistics of closed-form updates),
+  rows that a rule needs together (the coverage scores of a calibration) are gathered,
+  and what cannot be reduced exactly (a data-driven initialisation that picks rows, a
+  greedy tree) is computed on rank 0's rows and broadcast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["Ranks"]
+
+
+def _world() -> tuple[int, int]:
+    # replaced by pyro_trees.infer.distributed.world once the core lands
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _checksum(y):
+    """A value that differs, almost surely, between two different target vectors."""
+    if y is None:
+        return None
+    try:
+        return float(np.asarray(y, dtype=np.float64).sum())
+    except (TypeError, ValueError):  # class labels of any hashable kind
+        return hashlib.sha1("\x00".join(map(str, np.ravel(y))).encode()).hexdigest()
+
+
+class Ranks:
+    """The processes of one ``fit`` and how their rows relate.
+
+    :param bool sharded: each rank holds its own rows (else every rank holds all rows).
+
+    ``size`` is 1 outside ``torchrun``; then every reduction is the identity.
+    """
+
+    def __init__(self, sharded: bool = False):
+        if not isinstance(sharded, bool):
+            raise ValueError(f"sharded must be True or False, got {sharded!r}")
+        self.rank, self.size = _world()
+        self.sharded = sharded
+        #: rows differ across ranks: statistics must be reduced
+        self.spread = sharded and self.size > 1
+
+    # -- reductions ------------------------------------------------------------------
+    def _reduce(self, value, op) -> torch.Tensor:
+        t = torch.as_tensor(value)
+        if not self.spread:
+            return t
+        device = t.device
+        out = t.detach().to(_comm_device(), torch.float64).clone()
+        dist.all_reduce(out, op=op)
+        return out.to(device)
+
+    def sum(self, value) -> torch.Tensor:
+        """The sum over ranks (float64; the value itself when rows are not spread)."""
+        return self._reduce(value, dist.ReduceOp.SUM)
+
+    def min(self, value) -> torch.Tensor:
+        """The elementwise minimum over ranks."""
+        return self._reduce(value, dist.ReduceOp.MIN)
+
+    def max(self, value) -> torch.Tensor:
+        """The elementwise maximum over ranks."""
+        return self._reduce(value, dist.ReduceOp.MAX)
+
+    def count(self, n: int) -> int:
+        """The global number of rows from this rank's ``n``."""
+        return int(self.sum(float(n)).item())
+
+    def mean_error(self, total, n: int) -> float:
+        """``sum(total) / sum(n)`` over ranks: a held-out mean from per-rank sums."""
+        both = self.sum(torch.tensor([float(total), float(n)], dtype=torch.float64))
+        return float(both[0] / both[1].clamp_min(1.0))
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``rows`` concatenated in rank order (the rows themselves when
+        not spread)."""
+        if not self.spread:
+            return rows
+        parts = self.gather_object(rows.detach().cpu())
+        return torch.cat(parts).to(rows.device)
+
+    def gather_object(self, obj) -> list:
+        """Every rank's picklable ``obj``, in rank order."""
+        if not self.spread:
+            return [obj]
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj):
+        """Rank 0's ``obj`` on every rank (when spread)."""
+        if not self.spread:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def broadcast_modules(self, *modules: torch.nn.Module) -> None:
+        """Give every module rank 0's parameters and buffers (when spread)."""
+        if not self.spread:
+            return
+        states = self.broadcast_object(
+            [{k: v.cpu() for k, v in m.state_dict().items()} for m in modules]
+        )
+        for m, s in zip(modules, states, strict=True):
+            m.load_state_dict(s)
+
+    def check_data(self, X: np.ndarray, y) -> None:
+        """Check that the ranks' data fit together: the same number of features and,
+        unless sharded, the same rows (counts and checksums of ``X`` and ``y``).
+
+        :raises ValueError: naming the first rank that differs from rank 0 and how.
+        """
+        if self.size == 1:
+            return
+        mine = (X.shape[1],)
+        if not self.sharded:
+            mine = (X.shape[1], X.shape[0], float(X.sum()), _checksum(y))
+        out = [None] * self.size
+        dist.all_gather_object(out, mine)
+        for r, theirs in enumerate(out):
+            if theirs[0] != out[0][0]:
+                raise ValueError(f"rank {r} passed {theirs[0]} features, rank 0 passed {out[0][0]}")
+            if theirs != out[0]:
+                raise ValueError(
+                    f"rank {r} passed other rows than rank 0 ({theirs[1]} rows vs "
+                    f"{out[0][1]}, or other values): without sharded=True every rank must "
+                    "pass the same X and y; with sharded=True each passes its own shard"
+                )
+
+    # -- standardisation ---------------------------------------------------------------
+    def moments(self, values: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """Global ``(count, mean, std)`` (``ddof=1``) of the rows of ``values`` over
+        ranks, in two passes (the mean first, then the squared deviations from it, so
+        that large offsets keep their precision)."""
+        values = np.asarray(values, dtype=np.float64)
+        n = self.count(values.shape[0])
+        mean = self.sum(torch.from_numpy(values.sum(axis=0))).numpy() / n
+        ss = self.sum(torch.from_numpy(((values - mean) ** 2).sum(axis=0))).numpy()
+        std = np.sqrt(ss / (n - 1)) if n > 1 else np.zeros_like(mean)
+        return n, np.asarray(mean), np.asarray(std)
