@@ -134,9 +134,21 @@ class TabularEstimator(BaseEstimator):
         ``validation_fraction`` is 0."""
         if self.validation_fraction == 0:
             return None
-        perm = np.random.default_rng(self.random_state).permutation(n)
+        seed = self.random_state
+        ranks = getattr(self, "ranks_", None)
+        if seed is None and ranks is not None and ranks.size > 1:  # the same on every rank
+            seed = ranks.shared(int(np.random.default_rng().integers(2**62)))
+        perm = np.random.default_rng(seed).permutation(n)
         n_val = max(1, int(round(self.validation_fraction * n)))
         return perm[:n_val], perm[n_val:]
+
+    def _shared_seed(self):
+        """``random_state``; under ``torchrun`` with ``random_state=None``, a seed drawn
+        from rank 0's torch stream and shared, so that every rank fits the same way
+        (call after :meth:`_validate_fit`)."""
+        if self.random_state is not None or self.ranks_.size == 1:
+            return self.random_state
+        return self.ranks_.shared(int(torch.randint(2**31, ()).item()))
 
     # -- fit ----------------------------------------------------------------------------
     def _validate_fit(self, X, y, *, min_samples: int = 2, sharded: bool = False):
@@ -157,7 +169,7 @@ class TabularEstimator(BaseEstimator):
             few rows, a single class, a constant target, non-numeric values...).
         """
         self.dtype_, self.device_ = self._torch_options()
-        self.ranks_ = ranks = Ranks(sharded)
+        self.ranks_ = ranks = Ranks(sharded, self.device_)
         classifier = is_classifier(self)
         X, y = validate_data(
             self,

@@ -25,14 +25,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["Ranks"]
+from pyro_trees.infer.distributed import rank_subsample, world
+from pyro_trees.infer.vart_elbo import VaRTELBO, vart_elbo
 
-
-def _world() -> tuple[int, int]:
-    # replaced by pyro_trees.infer.distributed.world once the core lands
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+__all__ = ["RankRows", "RankVaRTELBO", "Ranks"]
 
 
 def _comm_device() -> torch.device:
@@ -55,31 +51,39 @@ class Ranks:
     """The processes of one ``fit`` and how their rows relate.
 
     :param bool sharded: each rank holds its own rows (else every rank holds all rows).
+    :param device: the device the fit trains on (picks the backend when
+        :func:`~pyro_trees.infer.distributed.world` forms the process group).
 
     ``size`` is 1 outside ``torchrun``; then every reduction is the identity.
     """
 
-    def __init__(self, sharded: bool = False):
+    def __init__(self, sharded: bool = False, device=None):
         if not isinstance(sharded, bool):
             raise ValueError(f"sharded must be True or False, got {sharded!r}")
-        self.rank, self.size = _world()
+        self.rank, self.size = world(device)
         self.sharded = sharded
         #: rows differ across ranks: statistics must be reduced
         self.spread = sharded and self.size > 1
 
     # -- reductions ------------------------------------------------------------------
-    def _reduce(self, value, op) -> torch.Tensor:
+    def _reduce(self, value, op, always: bool = False) -> torch.Tensor:
         t = torch.as_tensor(value)
-        if not self.spread:
+        if not (self.spread or (always and self.size > 1)):
             return t
         device = t.device
         out = t.detach().to(_comm_device(), torch.float64).clone()
         dist.all_reduce(out, op=op)
-        return out.to(device)
+        return out.to(device, t.dtype if t.is_floating_point() else torch.float64)
 
     def sum(self, value) -> torch.Tensor:
-        """The sum over ranks (float64; the value itself when rows are not spread)."""
+        """The sum over ranks, in float64, returned in the value's floating dtype (the
+        value itself when rows are not spread)."""
         return self._reduce(value, dist.ReduceOp.SUM)
+
+    def all_sum(self, value) -> torch.Tensor:
+        """The sum over ranks whenever there are several, also when every rank holds
+        every row (for computations that split the rows themselves)."""
+        return self._reduce(value, dist.ReduceOp.SUM, always=True)
 
     def min(self, value) -> torch.Tensor:
         """The elementwise minimum over ranks."""
@@ -97,6 +101,13 @@ class Ranks:
         """``sum(total) / sum(n)`` over ranks: a held-out mean from per-rank sums."""
         both = self.sum(torch.tensor([float(total), float(n)], dtype=torch.float64))
         return float(both[0] / both[1].clamp_min(1.0))
+
+    def first(self, value):
+        """The first rank's non-``None`` ``value`` (in rank order), the same on every
+        rank: a finding of one shard (a degenerate fit, say) counts for all."""
+        if not self.spread:
+            return value
+        return next((v for v in self.gather_object(value) if v is not None), None)
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Every rank's ``rows`` concatenated in rank order (the rows themselves when
@@ -117,6 +128,15 @@ class Ranks:
     def broadcast_object(self, obj):
         """Rank 0's ``obj`` on every rank (when spread)."""
         if not self.spread:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def shared(self, obj):
+        """Rank 0's picklable ``obj`` on every rank whenever there are several (a seed
+        drawn from a rank's own random stream, say)."""
+        if self.size == 1:
             return obj
         box = [obj]
         dist.broadcast_object_list(box, src=0)
@@ -162,7 +182,65 @@ class Ranks:
         that large offsets keep their precision)."""
         values = np.asarray(values, dtype=np.float64)
         n = self.count(values.shape[0])
-        mean = self.sum(torch.from_numpy(values.sum(axis=0))).numpy() / n
-        ss = self.sum(torch.from_numpy(((values - mean) ** 2).sum(axis=0))).numpy()
+        mean = self.sum(torch.as_tensor(np.asarray(values.sum(axis=0)))).numpy() / n
+        ss = self.sum(torch.as_tensor(np.asarray(((values - mean) ** 2).sum(axis=0)))).numpy()
         std = np.sqrt(ss / (n - 1)) if n > 1 else np.zeros_like(mean)
         return n, np.asarray(mean), np.asarray(std)
+
+
+class RankRows:
+    """The rows each rank's loss reads at each call, for the estimators' own losses
+    (which draw their minibatches themselves rather than through ``pyro.plate``).
+
+    Called as ``rows(n, subsample_size)`` with this rank's row count ``n`` and the
+    per-rank minibatch size (``None``: full batch); returns ``(idx, num_rows)``: the
+    rows to read and the number of rows the likelihood stands for (it is scaled by
+    ``num_rows / len(idx)``), so that the average of the ranks' losses is an
+    unbiased estimate of the full-data loss. ``(None, None)`` in one process: the loss
+    draws as it always did.
+
+    * every rank holds all rows: a full batch is split ``r::W`` (each rank's part
+      scaled by ``W``, so the averaged loss is the full-batch loss); a minibatch is
+      rank ``r``'s block of the step's global batch
+      (:func:`~pyro_trees.infer.distributed.rank_subsample`).
+    * sharded: each rank reads its own rows (all of them, or a minibatch from a
+      permutation of its shard), scaled by ``W n_r / b``.
+
+    :param Ranks ranks: the processes of the fit.
+    :param int seed: seed of the minibatch permutations.
+    """
+
+    def __init__(self, ranks: Ranks, seed: int = 0):
+        self.ranks, self.seed, self.step = ranks, int(seed), 0
+
+    def __call__(self, n: int, subsample_size: int | None):
+        ranks = self.ranks
+        if ranks.size == 1:
+            return None, None
+        w = ranks.size
+        full = subsample_size is None or (not ranks.sharded and w * subsample_size >= n)
+        if full:
+            idx = torch.arange(n) if ranks.sharded else torch.arange(ranks.rank, n, w)
+            return idx, w * idx.numel()
+        step, self.step = self.step, self.step + 1
+        if ranks.sharded:
+            b = min(int(subsample_size), n)
+            return rank_subsample(n, b, step, self.seed, rank=0, world_size=1), w * n
+        return rank_subsample(n, int(subsample_size), step, self.seed), n
+
+
+class RankVaRTELBO(VaRTELBO):
+    """:class:`~pyro_trees.infer.VaRTELBO` reading this rank's rows of :class:`RankRows`
+    (``subsample_size`` per rank)."""
+
+    def __init__(self, rows: RankRows):
+        super().__init__()
+        self.rows = rows
+
+    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None):
+        idx, num_rows = self.rows(x.shape[0], subsample_size)
+        if idx is None:
+            return super().differentiable_loss(model, guide, x, y, subsample_size)
+        model._check_x(x, y)
+        idx = idx.to(x.device)
+        return -vart_elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)

@@ -15,6 +15,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
 from pyro_trees.estimators._vart_export import _export_text, _split_importances
@@ -271,11 +272,13 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
         rule = self._calibration_rule()
         check_level(self.calibration_level, "calibration_level")
+        if sharded and self.elbo == "trace":
+            raise ValueError("sharded=True needs elbo='vectorised' (the default)")
         X, y = self._validate_fit(X, y, sharded=sharded)
         ranks = self.ranks_
         n = X.shape[0]
         if self.random_state is None:  # unseeded: a seed from the global torch stream
-            self.seed_ = int(torch.randint(2**31, ()).item())
+            self.seed_ = ranks.shared(int(torch.randint(2**31, ()).item()))
         else:
             self.seed_ = int(self.random_state)
         gen = torch.Generator().manual_seed(self._seed())
@@ -352,7 +355,9 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             schedule = TemperatureSchedule(
                 max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
             )
-            kwargs = {} if batch >= n_train else {"subsample_size": batch}
+            # under torchrun the batch is split across the ranks (subsample_size per rank)
+            per_rank = max(batch // ranks.size, 1)
+            kwargs = {} if batch >= n_train else {"subsample_size": per_rank}
             val = {}
             steps = int(self.num_steps) if num_steps is None else int(num_steps)
             if n_val and num_steps is None:
@@ -370,6 +375,9 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     )
                 }
             seed = self._seed() if seed is None else int(seed)
+            loss = Trace_ELBO()
+            if self.elbo == "vectorised":
+                loss = RankVaRTELBO(RankRows(ranks, seed)) if ranks.size > 1 else VaRTELBO()
             with local_seed(seed, X.device):  # the global streams are left alone
                 self.fit_result_ = fit(
                     self.model_,
@@ -377,7 +385,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     Xtr,
                     ytr,
                     num_steps=steps,
-                    loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
+                    loss=loss,
                     optim="clipped_adam",
                     lr=self.lr,
                     progress=self.progress and ("VaRT" if num_steps is None else "VaRT refit"),
