@@ -80,6 +80,8 @@ def cases():
             lambda: HeteroscedasticGPRegressor(depth=1, num_steps=5, init_steps=2, random_state=0),
             "reg",
         ),
+        # every rank must pass the same rows without sharded=True: rank 1 passes others
+        "mismatch": (lambda: VaRTRegressor(num_steps=2, **small), "reg"),
         "causal": (
             lambda: VaRTCausal(VaRTRegressor(num_steps=30, validation_fraction=0, **small)),
             "causal",
@@ -96,6 +98,8 @@ def run(out_dir: str) -> None:
     for name, (make, kind) in cases().items():
         sharded = name.endswith("_sharded")
         rows = slice(rank, None, size) if sharded else slice(None)
+        if name == "mismatch":
+            rows = slice(rank, None)
         est = make()
         t0 = time.perf_counter()
         try:
