@@ -47,6 +47,9 @@ from pyro_trees.infer.restarts import (
     elbo_estimate,
     fit_restarts,
 )
+from pyro_trees.infer.stream import (
+    Stream,
+)
 from pyro_trees.infer.tree_elbo import (
     TreeELBO,
 )
@@ -85,6 +88,7 @@ __all__ = [
     "RankSubsample",
     "RestartsResult",
     "SVIRestarts",
+    "Stream",
     "TreeELBO",
     "VBData",
     "VBState",

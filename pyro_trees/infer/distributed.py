@@ -33,7 +33,6 @@ __all__ = [
     "check_same_across_ranks",
     "is_main",
     "rank_subsample",
-    "timeout",
     "world",
 ]
 
@@ -242,6 +241,7 @@ class RankSubsample(Messenger):
             world_size = w if world_size is None else world_size
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.step = 0
+        self.used = False  # whether a plate was given rows
         self._cache: dict = {}
 
     def _process_message(self, msg) -> None:
@@ -257,6 +257,7 @@ class RankSubsample(Messenger):
                 fn.size, fn.subsample_size, self.step, self.seed, self.rank, self.world_size
             )
         msg["value"] = self._cache[key].to(fn.device)
+        self.used = True
 
 
 def _flat(tensors) -> torch.Tensor:

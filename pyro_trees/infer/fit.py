@@ -25,7 +25,9 @@ from pyro.infer import Trace_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
 from pyro.util import get_rng_state
 
+from pyro_trees.infer._fit_data import TrainingData, _to_device, local_device
 from pyro_trees.infer.checkpoint import Checkpoint, _cuda_rng_state, resume_from
+from pyro_trees.infer.distributed import is_main
 
 __all__ = [
     "EarlyStopping",
@@ -115,18 +117,6 @@ def make_optimizer(params, optim="clipped_adam", lr: float = 1e-2, **optim_args)
     if callable(optim):
         return optim(params)
     raise ValueError(f"optim must be a name, an optimiser class or a callable, got {optim!r}")
-
-
-def _to_device(value, device):
-    if device is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(_to_device(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    return value
 
 
 def _snapshot(*modules: torch.nn.Module) -> list[dict]:
@@ -297,7 +287,21 @@ def fit(
     ``model(*args, **kwargs)`` and ``guide(*args, **kwargs)`` are called at every step;
     minibatches come from the model's and guide's own ``pyro.plate(...,
     subsample_size=...)`` (pass ``subsample_size=`` through ``kwargs`` when the model
-    takes it).
+    takes it). In place of tensors, ``args`` may be one :class:`Stream` of minibatches
+    (a ``DataLoader``, with the global row count): no process then holds all rows.
+
+    **Several processes.** Launched by ``torchrun`` (or with a process group already
+    initialised), ``fit`` trains data-parallel (see :mod:`pyro_trees.infer.distributed`):
+    every rank passes the same tensors (or its own shard through a :class:`Stream`);
+    each plate with ``subsample_size`` gives every rank its own disjoint rows
+    (:class:`RankSubsample`; ``subsample_size`` is per rank, the global batch is
+    ``world_size`` times larger); the loss keeps the scale of the global data; the
+    gradients (and the reported loss) are averaged across ranks before each step.
+    Every rank starts from rank 0's parameters and random state, so parameters stay
+    identical on every rank; only rank 0 shows progress and writes checkpoints; early
+    stopping and ``callback`` decide for all ranks at once; a checkpoint resumes with any
+    number of ranks (the path must be readable by every rank). Without ``seed`` the
+    minibatch order comes from a seed drawn on rank 0.
 
     :param model: a Pyro model, usually a :class:`~pyro.nn.PyroModule`.
     :param guide: its guide, with the same signature.
@@ -343,24 +347,28 @@ def fit(
         pyro.set_rng_seed(seed)
     loss = Trace_ELBO() if loss is None else loss
     modules = [m for m in (model, guide) if isinstance(m, torch.nn.Module)]
+    device = local_device(device)
     if device is not None:
         for m in modules:
             m.to(device)
         args, kwargs = _to_device((args, kwargs), device)
+    data = TrainingData(args, kwargs, seed, device)
 
     result = FitResult()
     with isolated_params():
         elbo = loss(model, guide)
         # A first evaluation creates lazily initialised parameters.
-        elbo(*args, **kwargs)
+        data.loss(elbo, 0, warm_up=True)
         params = [p for p in elbo.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model and guide have no trainable parameters")
+        data.start(params, modules)  # every rank starts from rank 0's parameters
         optimizer = make_optimizer(params, optim, lr)
         scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
         stopping = early_stopping
         if stopping is not None:
             stopping.bind(modules, result, elbo, kwargs, device)
+            stopping.evaluate = data.mean(stopping.evaluate)
         start_step = 0
         if resume is not None:
             result, start_step = resume_from(
@@ -368,7 +376,7 @@ def fit(
             )
         elif stopping is not None:
             stopping.score_start()
-        saver = checkpoint
+        saver = checkpoint if is_main() else None  # rank 0 writes
         if saver is not None and not isinstance(saver, Checkpoint):
             saver = Checkpoint(saver)
 
@@ -387,15 +395,16 @@ def fit(
 
         def step_fn() -> float:
             optimizer.zero_grad()
-            value = elbo(*args, **kwargs)
+            value = data.loss(elbo, len(result.losses))
             value.backward()
+            value = data.reduce(params, float(value.detach()))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            return float(value.detach())
+            return value
 
         def after_step(step: int, loss_value: float) -> bool:
-            if callback is not None and callback(step, loss_value) is True:
+            if callback is not None and data.agree(callback(step, loss_value) is True):
                 return True
             if stopping is not None and stopping.after_step(step + 1, step + 1 == num_steps):
                 result.stopped = "early_stopping"
@@ -405,7 +414,7 @@ def fit(
             return False
 
         bar = None
-        if progress:
+        if progress and is_main():
             from tqdm.auto import tqdm
 
             desc = progress if isinstance(progress, str) else "fit"
