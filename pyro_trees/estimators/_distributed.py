@@ -19,7 +19,9 @@ every rank:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import warnings
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from pyro_trees.infer.distributed import rank_subsample, world
 from pyro_trees.infer.vart_elbo import VaRTELBO, vart_elbo
 
-__all__ = ["RankRows", "RankVaRTELBO", "Ranks"]
+__all__ = ["RankRows", "RankVaRTELBO", "Ranks", "fit_args", "rank_fit"]
 
 
 def _comm_device() -> torch.device:
@@ -229,15 +231,36 @@ class RankRows:
         return rank_subsample(n, int(subsample_size), step, self.seed), n
 
 
+@contextlib.contextmanager
+def rank_fit(ranks: Ranks):
+    """Around :func:`~pyro_trees.infer.fit` with a loss that reads :class:`RankRows`:
+    silences fit's warning that no ``pyro.plate`` subsamples the rows (the loss splits
+    them itself)."""
+    with warnings.catch_warnings():
+        if ranks.size > 1:
+            warnings.filterwarnings("ignore", message="no plate subsamples its rows")
+        yield
+
+
+def fit_args(ranks: Ranks, *tensors) -> tuple:
+    """:func:`~pyro_trees.infer.fit`'s positional arguments: ``tensors``, or none when
+    the ranks hold shards of different sizes (``fit`` checks that every rank passes
+    tensors of the same shapes; the loss then holds this rank's rows itself)."""
+    return () if ranks.spread else tensors
+
+
 class RankVaRTELBO(VaRTELBO):
     """:class:`~pyro_trees.infer.VaRTELBO` reading this rank's rows of :class:`RankRows`
-    (``subsample_size`` per rank)."""
+    (``subsample_size`` per rank); called without ``x``, it reads ``data`` (this rank's
+    shard, see :func:`fit_args`)."""
 
-    def __init__(self, rows: RankRows):
+    def __init__(self, rows: RankRows, data: tuple | None = None):
         super().__init__()
-        self.rows = rows
+        self.rows, self.data = rows, data
 
-    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None):
+    def differentiable_loss(self, model, guide, x=None, y=None, subsample_size=None):
+        if x is None and self.data is not None:
+            x, y = self.data
         idx, num_rows = self.rows(x.shape[0], subsample_size)
         if idx is None:
             return super().differentiable_loss(model, guide, x, y, subsample_size)

@@ -15,7 +15,7 @@ from sklearn.utils.validation import check_is_fitted
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TabularEstimator
-from pyro_trees.estimators._distributed import RankRows
+from pyro_trees.estimators._distributed import RankRows, fit_args, rank_fit
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
@@ -45,13 +45,17 @@ class _ClosedFormTreeELBO(torch.nn.Module):
     as its ``loss``.
     """
 
-    def __init__(self, model, guide, *, balance_weight: float, entropy_weight: float, rows=None):
+    def __init__(
+        self, model, guide, *, balance_weight: float, entropy_weight: float, rows=None, data=None
+    ):
         super().__init__()
-        self.model, self.guide, self.rows = model, guide, rows
+        self.model, self.guide, self.rows, self.data = model, guide, rows, data
         self.balance_weight = float(balance_weight)
         self.entropy_weight = float(entropy_weight)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, subsample_size: int | None = None):
+    def forward(self, x=None, y=None, subsample_size: int | None = None):
+        if x is None:  # sharded under torchrun: this rank's rows (fit_args)
+            x, y = self.data
         n = x.shape[0]
         scale = 1.0
         idx, num_rows = (None, None) if self.rows is None else self.rows(n, subsample_size)
@@ -309,22 +313,22 @@ class _RNNTreeBase(TabularEstimator):
         batch = self.batch_size
         if batch is not None and self.ranks_.size > 1:  # under torchrun: per rank
             batch = max(batch // self.ranks_.size, 1)
-        self.fit_result_ = _fit(
-            model,
-            guide,
-            Xs,
-            y,
-            loss=self._loss(),
-            num_steps=num_steps,
-            optim=self.optim,
-            lr=self.lr,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
-            early_stopping=None
-            if val_metric is None
-            else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
-            progress=self.progress and type(self).__name__,
-            subsample_size=batch,
-        )
+        with rank_fit(self.ranks_):
+            self.fit_result_ = _fit(
+                model,
+                guide,
+                *fit_args(self.ranks_, Xs, y),
+                loss=self._loss((Xs, y)),
+                num_steps=num_steps,
+                optim=self.optim,
+                lr=self.lr,
+                lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
+                early_stopping=None
+                if val_metric is None
+                else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
+                progress=self.progress and type(self).__name__,
+                subsample_size=batch,
+            )
         model.eval()
         guide.eval()
         self._rules = None
@@ -349,11 +353,14 @@ class _RNNTreeBase(TabularEstimator):
     def _standard_error(self, err: float, n_val: int) -> float:
         raise NotImplementedError
 
-    def _loss(self):
+    def _loss(self, data=None):
+        """The closed-form loss; under ``torchrun`` it reads this rank's rows of ``data``
+        (:class:`~pyro_trees.estimators._distributed.RankRows`)."""
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
         ranks = self.ranks_
         seed = 0 if self.random_state is None else int(self.random_state)
         weights["rows"] = RankRows(ranks, seed) if ranks.size > 1 else None
+        weights["data"] = data
         return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
 
     @torch.no_grad()

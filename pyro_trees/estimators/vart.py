@@ -15,7 +15,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
-from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO
+from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
 from pyro_trees.estimators._vart_export import _export_text, _split_importances
@@ -377,13 +377,14 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             seed = self._seed() if seed is None else int(seed)
             loss = Trace_ELBO()
             if self.elbo == "vectorised":
-                loss = RankVaRTELBO(RankRows(ranks, seed)) if ranks.size > 1 else VaRTELBO()
-            with local_seed(seed, X.device):  # the global streams are left alone
+                loss = VaRTELBO()
+                if ranks.size > 1:
+                    loss = RankVaRTELBO(RankRows(ranks, seed), data=(Xtr, ytr))
+            with local_seed(seed, X.device), rank_fit(ranks):  # global streams left alone
                 self.fit_result_ = fit(
                     self.model_,
                     self.guide_,
-                    Xtr,
-                    ytr,
+                    *fit_args(ranks, Xtr, ytr),
                     num_steps=steps,
                     loss=loss,
                     optim="clipped_adam",
