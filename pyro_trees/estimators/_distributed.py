@@ -8,7 +8,9 @@ every rank:
 
 * **default** (``fit(X, y)``, every rank passes the same rows): every rank computes the
   same statistics from the same rows, so nothing needs reducing; the results are those
-  of one process.
+  of one process. (The estimators' own losses split each minibatch across the ranks
+  with :class:`RankRows`; the closed-form VB of the Bayesian HME gives each rank rows
+  ``r::W`` and all-reduces its sums, :meth:`Ranks.all_sum`.)
 * **sharded** (``fit(X, y, sharded=True)``, each rank passes only its own rows): sums,
   counts, minima and maxima are all-reduced (the standardisation's means and scales,
   the global row count, held-out errors, sufficient statistics of closed-form updates),
@@ -27,16 +29,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pyro_trees.infer.distributed import rank_subsample, world
+from pyro_trees.infer._fit_data import _comm_device
+from pyro_trees.infer.distributed import _collective, rank_subsample, world
 from pyro_trees.infer.vart_elbo import VaRTELBO, vart_elbo
 
 __all__ = ["RankRows", "RankVaRTELBO", "Ranks", "fit_args", "rank_fit"]
-
-
-def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _checksum(y):
@@ -74,7 +71,8 @@ class Ranks:
             return t
         device = t.device
         out = t.detach().to(_comm_device(), torch.float64).clone()
-        dist.all_reduce(out, op=op)
+        with _collective("reducing a statistic of the rows"):
+            dist.all_reduce(out, op=op)
         return out.to(device, t.dtype if t.is_floating_point() else torch.float64)
 
     def sum(self, value) -> torch.Tensor:
@@ -124,7 +122,8 @@ class Ranks:
         if not self.spread:
             return [obj]
         out = [None] * self.size
-        dist.all_gather_object(out, obj)
+        with _collective("gathering rows' results"):
+            dist.all_gather_object(out, obj)
         return out
 
     def broadcast_object(self, obj):
@@ -132,7 +131,8 @@ class Ranks:
         if not self.spread:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        with _collective("broadcasting rank 0's result"):
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def shared(self, obj):
@@ -141,7 +141,8 @@ class Ranks:
         if self.size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        with _collective("sharing rank 0's seed"):
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def broadcast_modules(self, *modules: torch.nn.Module) -> None:
@@ -166,7 +167,8 @@ class Ranks:
         if not self.sharded:
             mine = (X.shape[1], X.shape[0], float(X.sum()), _checksum(y))
         out = [None] * self.size
-        dist.all_gather_object(out, mine)
+        with _collective("comparing the ranks' data"):
+            dist.all_gather_object(out, mine)
         for r, theirs in enumerate(out):
             if theirs[0] != out[0][0]:
                 raise ValueError(f"rank {r} passed {theirs[0]} features, rank 0 passed {out[0][0]}")
