@@ -53,6 +53,8 @@ def _worker(args) -> None:
         "stopping_steps": None
         if est.stopping_result_ is None
         else len(est.stopping_result_.losses),
+        "train_s": est.fit_result_.seconds
+        + (0.0 if est.stopping_result_ is None else est.stopping_result_.seconds),
         "checksum": hashlib.sha1(np.ascontiguousarray(pred).tobytes()).hexdigest(),
         "n_train": int((~te).sum()),
         "n_test": int(te.sum()),
@@ -110,20 +112,27 @@ def main(argv=None):
                 "fit s": first["fit_s"],
                 "steps (final fit)": first["steps"],
                 "steps (early stopping)": first["stopping_steps"],
+                "train ms/step": 1000
+                * first["train_s"]
+                / (first["steps"] + (first["stopping_steps"] or 0)),
                 "same on every rank": len({r["checksum"] for r in ranks}) == 1,
             }
         )
         print(rows[-1], flush=True)
-    base = rows[0]["fit s"]
+    base = rows[0]["fit s"], rows[0]["train ms/step"]
     for row in rows:
-        row["speed-up"] = base / row["fit s"]
+        row["speed-up (fit)"] = base[0] / row["fit s"]
+        row["speed-up (per step)"] = base[1] / row["train ms/step"]
     md = (
         f"`VaRTRegressor(random_state=0)` (defaults) on `uci/{args.dataset}` (split 0), "
         "fitted on P processes launched by `torchrun` (gloo, CPU, one torch thread "
         "each); every rank passes the same rows and trains on its part of each global "
         "minibatch of 2048 rows. `fit s` is rank 0's wall time of `fit` (early stopping, "
-        "refit and the noise calibration included); `speed-up` is the one-process time "
-        "over P processes' time in this run. 1-minute load average at the end: "
+        "refit and the noise calibration included); `train ms/step` is the time of the "
+        "gradient steps of both fits (early stopping's and the refit's) per step; the "
+        "speed-ups are the one-process figures over P processes' in this run (early "
+        "stopping may stop the runs after different numbers of steps). 1-minute load "
+        "average at the end: "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine: the "
         "processes compete with other work, compare ratios, not seconds).\n\n"
         + markdown_table(rows)
