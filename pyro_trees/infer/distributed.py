@@ -18,6 +18,7 @@ instead of hanging. ``PYRO_TREES_DIST_BACKEND`` overrides the backend chosen by
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from datetime import timedelta
 
@@ -202,10 +203,16 @@ def rank_subsample(
         )
     per_epoch = size // glob
     epoch, within = divmod(int(step), per_epoch)
-    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + epoch) % (2**63))
-    perm = torch.randperm(size, generator=gen)
+    perm = _permutation(int(size), int(seed), epoch)
     start = within * glob + rank * subsample_size
-    return perm[start : start + subsample_size]
+    return perm[start : start + subsample_size].clone()
+
+
+@functools.lru_cache(maxsize=2)
+def _permutation(size: int, seed: int, epoch: int) -> torch.Tensor:
+    """The shuffled rows of one epoch (kept: a step only slices it)."""
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
+    return torch.randperm(size, generator=gen)
 
 
 class RankSubsample(Messenger):

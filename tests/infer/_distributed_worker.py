@@ -30,10 +30,20 @@ def data(n: int = N):
     return x, y
 
 
-def train(x, y, batch: int, steps: int = 6):
+def train(x, y, batch: int, steps: int = 6, checkpoint=None):
     model = VaRT(L)
     guide = VaRTGuide(model, depth=2)
-    result = fit(model, guide, x, y, subsample_size=batch, num_steps=steps, seed=1, progress=False)
+    result = fit(
+        model,
+        guide,
+        x,
+        y,
+        subsample_size=batch,
+        num_steps=steps,
+        seed=1,
+        progress=False,
+        checkpoint=checkpoint,
+    )
     return {"params": dict(guide.state_dict()), "losses": result.losses}
 
 
@@ -62,7 +72,9 @@ def main(mode: str, out: str) -> None:
         batch = int(os.environ.get("BATCH", "8"))
 
         def run():
-            state = {"fit": train(*data(), batch), "stream": stream_train(rank, size, batch)}
+            ck = os.path.join(out, f"checkpoint{rank}.pt")  # only rank 0 writes
+            state = {"fit": train(*data(), batch, checkpoint=ck)}
+            state["stream"] = stream_train(rank, size, batch)
             torch.save(state, os.path.join(out, f"rank{rank}.pt"))
 
         _record(out, f"rank{rank}.err", run)

@@ -90,6 +90,24 @@ def test_primitives_in_one_process():
     check_same_across_ranks(3, "anything")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL may be usable here")
+def test_an_unavailable_backend_is_an_error_naming_the_rank(monkeypatch):
+    env = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PYRO_TREES_DIST_BACKEND", "nccl")
+    with pytest.raises(RuntimeError, match=r"rank 1: backend 'nccl' unavailable"):
+        world()
+    monkeypatch.delenv("RANK")
+    with pytest.raises(RuntimeError, match="RANK unset"):
+        world()
+    monkeypatch.setenv("PYRO_TREES_DIST_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="PYRO_TREES_DIST_TIMEOUT"):
+        from pyro_trees.infer.distributed import timeout
+
+        timeout()
+
+
 def test_stream_needs_a_plate_and_a_reiterable():
     from pyro.infer.autoguide import AutoNormal
 
@@ -185,6 +203,7 @@ def test_fit_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path):
     procs_one = _start("fit", 1, one, BATCH="16", FORCE_GROUP="1")
     assert _wait(procs_two, "fit", two) == [0, 0]
     assert _wait(procs_one, "fit", one) == [0]
+    assert (two / "checkpoint0.pt").exists() and not (two / "checkpoint1.pt").exists()
     r0, r1 = (torch.load(two / f"rank{r}.pt") for r in range(2))
     ref = torch.load(one / "rank0.pt")
     for key, value in r0["fit"]["params"].items():
