@@ -53,6 +53,10 @@ def cases():
             "reg",
         ),
         "rnn_clf": (lambda: RNNTreeClassifier(depth=2, num_steps=30, random_state=0), "clf"),
+        "rnn_clf_sharded": (
+            lambda: RNNTreeClassifier(depth=2, num_steps=30, random_state=0),
+            "clf",
+        ),
         "hme": (
             lambda: BayesianHMERegressor(
                 max_experts=3, n_restarts=2, n_iter=15, grow=1, random_state=0
@@ -116,6 +120,10 @@ def run(out_dir: str) -> None:
                 pred = est.predict(Xt)
                 err = float(np.sqrt(np.mean((pred - ft) ** 2)))
             results[name] = {"pred": np.asarray(pred), "error": err, "raised": None}
+            if kind != "causal":  # the scalers and row count of every rank's rows
+                scalers = [est.x_scaler_] + ([est.y_scaler_] if kind == "reg" else [])
+                results[name]["scale"] = [np.r_[s.mean, s.scale] for s in scalers]
+                results[name]["n_rows"] = est.n_global_rows_
         except ValueError as exc:  # a method that cannot be data-parallel says so
             results[name] = {"pred": None, "error": None, "raised": str(exc)}
         results[name]["seconds"] = time.perf_counter() - t0

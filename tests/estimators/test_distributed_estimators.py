@@ -75,8 +75,20 @@ def test_same_global_batches_match_one_process(runs, name):
     np.testing.assert_allclose(r0[name]["pred"], single[name]["pred"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["vart_sharded", "rnn_reg_sharded", "rnn_clf_sharded"])
+def test_sharded_scalers_are_those_of_every_row(runs, name):
+    single, r0, r1 = runs
+    assert r0[name]["n_rows"] == r1[name]["n_rows"] == single[name]["n_rows"] == 240
+    both = zip(r0[name]["scale"], r1[name]["scale"], single[name]["scale"], strict=True)
+    for mine, other, one in both:
+        assert np.array_equal(mine, other)
+        np.testing.assert_allclose(mine, one, rtol=1e-12)
+
+
 @pytest.mark.parametrize(
-    "name", ["vart", "vart_sharded", "rnn_reg", "rnn_reg_sharded", "rnn_clf", "hgp_sparse"]
+    "name",
+    ["vart", "vart_sharded", "rnn_reg", "rnn_reg_sharded", "rnn_clf", "rnn_clf_sharded"]
+    + ["hgp_sparse"],
 )
 def test_accuracy_within_noise_of_one_process(runs, name):
     single, r0, _ = runs
