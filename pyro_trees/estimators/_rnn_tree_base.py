@@ -168,7 +168,7 @@ class _RNNTreeBase(TabularEstimator):
         :param y: ``(N,)`` class labels (classifier) or targets (regressor; ``(N, K)``
             for several outputs).
         :param bool sharded: under ``torchrun``, each rank passes only its own rows
-            (default: every rank passes all of them; see the guide's "Training on
+            (default: every rank passes all of them; see the guide's "Estimators on
             several processes"). Scalers, classes, held-out errors and the leaf refit
             then use every rank's rows (all-reduced); each rank holds out
             ``validation_fraction`` of its own rows; the greedy or balanced start is

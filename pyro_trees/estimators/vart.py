@@ -240,7 +240,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
 
         ``X`` and ``y`` are standardised inside; predictions and intervals are in the
         units of ``y``. Under ``torchrun`` the fit is data-parallel (see the guide's
-        "Training on several processes"): each rank trains on its part of every
+        "Estimators on several processes"): each rank trains on its part of every
         minibatch and the fitted estimator is the same on every rank.
 
         :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
