@@ -35,6 +35,7 @@ from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from pyro_trees.estimators._distributed import Ranks
 from pyro_trees.validation import resolve_device, resolve_dtype
 
 __all__ = ["Standardizer", "TabularEstimator"]
@@ -48,12 +49,18 @@ class Standardizer:
 
     :param numpy.ndarray values: ``(N, K)`` or ``(N,)`` values to learn the shift and
         scale from.
+    :param ranks: a :class:`~pyro_trees.estimators._distributed.Ranks` whose ranks hold
+        different rows (``sharded=True`` under ``torchrun``): the mean and scale are those
+        of all ranks' rows together (all-reduced), the same on every rank.
     """
 
-    def __init__(self, values: np.ndarray):
+    def __init__(self, values: np.ndarray, ranks=None):
         values = np.asarray(values, dtype=np.float64)
-        self.mean = values.mean(axis=0)
-        std = values.std(axis=0, ddof=1) if values.shape[0] > 1 else np.zeros_like(self.mean)
+        if ranks is not None and ranks.spread:
+            _, self.mean, std = ranks.moments(values)
+        else:
+            self.mean = values.mean(axis=0)
+            std = values.std(axis=0, ddof=1) if values.shape[0] > 1 else np.zeros_like(self.mean)
         # a spread below 1e-12 of the column's magnitude is rounding, not signal
         tiny = np.abs(std) <= 1e-12 * np.maximum(np.abs(self.mean), 1.0)
         self.scale = np.where(tiny, 1.0, std)
@@ -127,17 +134,33 @@ class TabularEstimator(BaseEstimator):
         ``validation_fraction`` is 0."""
         if self.validation_fraction == 0:
             return None
-        perm = np.random.default_rng(self.random_state).permutation(n)
+        seed = self.random_state
+        ranks = getattr(self, "ranks_", None)
+        if seed is None and ranks is not None and ranks.size > 1:  # the same on every rank
+            seed = ranks.shared(int(np.random.default_rng().integers(2**62)))
+        perm = np.random.default_rng(seed).permutation(n)
         n_val = max(1, int(round(self.validation_fraction * n)))
         return perm[:n_val], perm[n_val:]
 
+    def _shared_seed(self):
+        """``random_state``; under ``torchrun`` with ``random_state=None``, a seed drawn
+        from rank 0's torch stream and shared, so that every rank fits the same way
+        (call after :meth:`_validate_fit`)."""
+        if self.random_state is not None or self.ranks_.size == 1:
+            return self.random_state
+        return self.ranks_.shared(int(torch.randint(2**31, ()).item()))
+
     # -- fit ----------------------------------------------------------------------------
-    def _validate_fit(self, X, y, *, min_samples: int = 2):
+    def _validate_fit(self, X, y, *, min_samples: int = 2, sharded: bool = False):
         """Check and standardise the training data; set the fitted input attributes.
 
-        Sets ``n_features_in_`` (and ``feature_names_in_`` for frames with string
-        column names), ``dtype_``, ``device_`` and ``x_scaler_``; for classifiers
-        ``classes_`` and ``n_classes_``; for regressors ``y_scaler_`` and ``n_outputs_``.
+        Under ``torchrun`` with ``sharded=True`` each rank passes its own rows: the
+        scalers, the classes and ``n_global_rows_`` are those of all ranks' rows together
+        (see :mod:`~pyro_trees.estimators._distributed`). Sets ``ranks_`` (the processes
+        of the fit), ``n_global_rows_``, ``n_features_in_`` (and ``feature_names_in_``
+        for frames with string column names), ``dtype_``, ``device_`` and ``x_scaler_``;
+        for classifiers ``classes_`` and ``n_classes_``; for regressors ``y_scaler_``
+        and ``n_outputs_``.
 
         :returns: ``(X, y)`` tensors: ``X`` ``(N, L)`` standardised, in ``dtype_`` on
             ``device_``; ``y`` ``(N,)`` class indices (long) for classifiers, else
@@ -146,6 +169,7 @@ class TabularEstimator(BaseEstimator):
             few rows, a single class, a constant target, non-numeric values...).
         """
         self.dtype_, self.device_ = self._torch_options()
+        self.ranks_ = ranks = Ranks(sharded, self.device_)
         classifier = is_classifier(self)
         X, y = validate_data(
             self,
@@ -157,11 +181,16 @@ class TabularEstimator(BaseEstimator):
             multi_output=self._multi_output and not classifier,
             y_numeric=not classifier,
         )
-        self.x_scaler_ = Standardizer(X)
+        ranks.check_data(X, y)
+        self.n_global_rows_ = ranks.count(X.shape[0])
+        self.x_scaler_ = Standardizer(X, ranks)
         Xs = self._tensor(self.x_scaler_.transform(X))
         if classifier:
             check_classification_targets(y)
-            encoder = LabelEncoder().fit(y)
+            labels = np.unique(y)
+            if ranks.spread:  # the classes of every shard
+                labels = np.unique(np.concatenate(ranks.gather_object(labels)))
+            encoder = LabelEncoder().fit(labels)
             self.classes_ = encoder.classes_
             self.n_classes_ = len(self.classes_)
             if self.n_classes_ < 2:
@@ -174,16 +203,25 @@ class TabularEstimator(BaseEstimator):
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
         self.n_outputs_ = 1 if y.ndim == 1 else y.shape[1]
-        if np.all(y == y[:1]):
+        if not ranks.max(float(not np.all(y == y[:1]))):
             raise ValueError(
                 f"y is constant (every target equals {np.ravel(y[:1])[0]!r}); "
                 "a regressor needs targets that vary"
             )
-        self.y_scaler_ = Standardizer(y)
+        self.y_scaler_ = Standardizer(y, ranks)
         return Xs, self._tensor(self.y_scaler_.transform(y))
 
     #: the fitted attributes :meth:`_validate_fit` sets (those a regressor has)
-    _INPUT_ATTRS = ("dtype_", "device_", "x_scaler_", "y_scaler_", "n_features_in_", "n_outputs_")
+    _INPUT_ATTRS = (
+        "dtype_",
+        "device_",
+        "x_scaler_",
+        "y_scaler_",
+        "n_features_in_",
+        "n_outputs_",
+        "ranks_",
+        "n_global_rows_",
+    )
 
     def _share_inputs(self, other: TabularEstimator) -> None:
         """Give ``other`` this estimator's fitted input handling (scalers, dtype,

@@ -15,6 +15,7 @@ from sklearn.utils.validation import check_is_fitted
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._distributed import RankRows, fit_args, rank_fit
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
@@ -44,16 +45,24 @@ class _ClosedFormTreeELBO(torch.nn.Module):
     as its ``loss``.
     """
 
-    def __init__(self, model, guide, *, balance_weight: float, entropy_weight: float):
+    def __init__(
+        self, model, guide, *, balance_weight: float, entropy_weight: float, rows=None, data=None
+    ):
         super().__init__()
-        self.model, self.guide = model, guide
+        self.model, self.guide, self.rows, self.data = model, guide, rows, data
         self.balance_weight = float(balance_weight)
         self.entropy_weight = float(entropy_weight)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, subsample_size: int | None = None):
+    def forward(self, x=None, y=None, subsample_size: int | None = None):
+        if x is None:  # sharded under torchrun: this rank's rows (fit_args)
+            x, y = self.data
         n = x.shape[0]
         scale = 1.0
-        if subsample_size is not None and subsample_size < n:
+        idx, num_rows = (None, None) if self.rows is None else self.rows(n, subsample_size)
+        if idx is not None:  # under torchrun: this rank's rows (RankRows)
+            idx = idx.to(x.device)
+            x, y, scale = x[idx], y[idx], num_rows / idx.shape[0]
+        elif subsample_size is not None and subsample_size < n:
             idx = torch.randperm(n, device=x.device)[:subsample_size]
             x, y, scale = x[idx], y[idx], n / subsample_size
         log_q = self.guide.tree(x)  # (B, 2**D), normalised
@@ -147,7 +156,7 @@ class _RNNTreeBase(TabularEstimator):
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
 
     # -- fitting -------------------------------------------------------------------------
-    def fit(self, X, y):
+    def fit(self, X, y, *, sharded: bool = False):
         """Fit the HME and its RNN-Tree routing posterior.
 
         ``X`` (and the regressor's ``y``) are standardised inside; predictions are in
@@ -158,21 +167,30 @@ class _RNNTreeBase(TabularEstimator):
         :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
         :param y: ``(N,)`` class labels (classifier) or targets (regressor; ``(N, K)``
             for several outputs).
+        :param bool sharded: under ``torchrun``, each rank passes only its own rows
+            (default: every rank passes all of them; see the guide's "Estimators on
+            several processes"). Scalers, classes, held-out errors and the leaf refit
+            then use every rank's rows (all-reduced); each rank holds out
+            ``validation_fraction`` of its own rows; the greedy or balanced start is
+            grown on rank 0's rows and broadcast; a degenerate fit found on any rank
+            counts for all.
         :returns: ``self``.
         :raises ValueError: naming the cause, for invalid options or data.
         """
         self._check_options()
-        Xs, y = self._validate_fit(X, y)
-        with local_seed(self.random_state, self.device_):
+        Xs, y = self._validate_fit(X, y, sharded=sharded)
+        with local_seed(self._shared_seed(), self.device_):
             self._fit_seeded(Xs, y)
         return self
 
     def _fit_seeded(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
         n, n_features = Xs.shape
+        ranks = self.ranks_
+        n_all = self.n_global_rows_  # every rank's rows
         width = getattr(self, "n_classes_", None) or getattr(self, "n_outputs_", 1)
         depth = trees.check_depth(
             self.depth,
-            num_points=min(n, self.batch_size or n),
+            num_points=min(n_all, self.batch_size or n_all),
             width=max(width, n_features),
             dtype=Xs.dtype,
             device=Xs.device,
@@ -180,7 +198,10 @@ class _RNNTreeBase(TabularEstimator):
 
         X_val = y_val = None
         Xs_all, y_all = Xs, y
-        split = self._held_out_split(n) if self._use_validation(n) else None
+        use_val = self._use_validation(n)
+        if ranks.spread:  # every shard holds out rows, or none
+            use_val = bool(ranks.min(float(use_val)))
+        split = self._held_out_split(n) if use_val else None
         if split is not None:
             val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
             X_val, y_val = Xs[val], y[val]
@@ -196,7 +217,8 @@ class _RNNTreeBase(TabularEstimator):
                 break
             err = self._error(X_val, y_val)
             # a later start replaces an earlier one only if clearly better
-            if best is None or err + self._start_margin(best[0], y_val.shape[0]) < best[0]:
+            margin = self._start_margin(best[0], ranks.count(y_val.shape[0])) if best else 0.0
+            if best is None or err + margin < best[0]:
                 state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
                 best = (err, init, state)
         self.validation_error_ = None
@@ -255,6 +277,7 @@ class _RNNTreeBase(TabularEstimator):
             guide.tree.init_balanced(Xs, y, cuts=init)
             leaf = guide.tree.hard_leaf(Xs)
             model.init_experts(Xs, y, torch.nn.functional.one_hot(leaf, 2**depth))
+        self.ranks_.broadcast_modules(model, guide)  # sharded: rank 0's start
         self._rules = None
 
     def _train(self, Xs, y, X_val, y_val, depth: int, init: str) -> None:
@@ -267,6 +290,7 @@ class _RNNTreeBase(TabularEstimator):
 
         val_metric = None
         if X_val is not None:
+            n_val = self.ranks_.count(y_val.shape[0])
             first = [True]
 
             def val_metric():
@@ -278,7 +302,7 @@ class _RNNTreeBase(TabularEstimator):
                 if first[0] and init != "random":
                     # the data-driven start is kept unless training beats it clearly
                     first[0] = False
-                    err = err - self._start_margin(err, y_val.shape[0])
+                    err = err - self._start_margin(err, n_val)
                 return err
 
         num_steps = self._num_steps(X_val is not None)
@@ -286,22 +310,25 @@ class _RNNTreeBase(TabularEstimator):
         if X_val is not None:
             patience = _AUTO_PATIENCE if self.patience is None else self.patience
         gamma = float(self.lr_decay) ** (1.0 / max(1, num_steps))
-        self.fit_result_ = _fit(
-            model,
-            guide,
-            Xs,
-            y,
-            loss=self._loss(),
-            num_steps=num_steps,
-            optim=self.optim,
-            lr=self.lr,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
-            early_stopping=None
-            if val_metric is None
-            else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
-            progress=self.progress and type(self).__name__,
-            subsample_size=self.batch_size,
-        )
+        batch = self.batch_size
+        if batch is not None and self.ranks_.size > 1:  # under torchrun: per rank
+            batch = max(batch // self.ranks_.size, 1)
+        with rank_fit(self.ranks_):
+            self.fit_result_ = _fit(
+                model,
+                guide,
+                *fit_args(self.ranks_, Xs, y),
+                loss=self._loss((Xs, y)),
+                num_steps=num_steps,
+                optim=self.optim,
+                lr=self.lr,
+                lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
+                early_stopping=None
+                if val_metric is None
+                else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
+                progress=self.progress and type(self).__name__,
+                subsample_size=batch,
+            )
         model.eval()
         guide.eval()
         self._rules = None
@@ -326,8 +353,14 @@ class _RNNTreeBase(TabularEstimator):
     def _standard_error(self, err: float, n_val: int) -> float:
         raise NotImplementedError
 
-    def _loss(self):
+    def _loss(self, data=None):
+        """The closed-form loss; under ``torchrun`` it reads this rank's rows of ``data``
+        (:class:`~pyro_trees.estimators._distributed.RankRows`)."""
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
+        ranks = self.ranks_
+        seed = 0 if self.random_state is None else int(self.random_state)
+        weights["rows"] = RankRows(ranks, seed) if ranks.size > 1 else None
+        weights["data"] = data
         return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
 
     @torch.no_grad()
@@ -349,12 +382,12 @@ class _RNNTreeBase(TabularEstimator):
     def _check_collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
         """Detect a degenerate fit; cure it with the greedy start grown on all rows,
         and warn if that is degenerate too."""
-        self.collapse_ = reason = self._collapse(Xs, y)
+        self.collapse_ = reason = self.ranks_.first(self._collapse(Xs, y))
         if reason is None:
             return
         self._init_tree(Xs, y, "greedy")
         self.start_ = "greedy"
-        reason = self._collapse(Xs, y)
+        reason = self.ranks_.first(self._collapse(Xs, y))
         if reason is not None:
             warnings.warn(
                 f"{type(self).__name__}: the fitted tree is degenerate: {reason}, even "
@@ -384,7 +417,8 @@ class _RNNTreeBase(TabularEstimator):
             self._rules = None
             leaf = self.guide_.tree.hard_leaf(Xs)
         onehot = torch.nn.functional.one_hot(leaf, loc.shape[0]).to(loc.dtype)
-        new, mass = self.model_.expert_m_step(Xs.to(loc.dtype), y, onehot)
+        ranks = self.ranks_
+        new, mass = self.model_.expert_m_step(Xs.to(loc.dtype), y, onehot, reduce=ranks.sum)
         self.hard_leaf_loc_ = torch.where((mass > 0).unsqueeze(-1), new, loc)
         self._rules = None
 

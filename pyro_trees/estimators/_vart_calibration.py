@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows
 from pyro_trees.models._vart_mixture import _row_mixtures
+from pyro_trees.validation import check_level
 
 __all__ = ["noise_factor_from_curve", "noise_factor_from_scores"]
 
@@ -247,7 +249,7 @@ class _NoiseCalibration:
         scores = other._standardised_scores(
             other._clip(X[rows][:CALIBRATION_ROWS]), y[rows][:CALIBRATION_ROWS], level
         )
-        return torch.as_tensor(scores, dtype=torch.float64)
+        return self.ranks_.gather(torch.as_tensor(scores, dtype=torch.float64))
 
     @torch.no_grad()
     def _calibrate_noise(self, Xva: torch.Tensor, yva: torch.Tensor, extra=()) -> float:
@@ -264,6 +266,8 @@ class _NoiseCalibration:
         grid, total, scores = _held_out_curves(
             self._raw_leaves(), self._calibration_batches(Xva, yva), level, int(self.num_samples)
         )
+        ranks = self.ranks_  # sharded: every rank's held-out rows
+        total, scores = ranks.sum(total), ranks.gather(scores)
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
         confidence = None if self.refit else 0.95  # refit: the rows chose no parameters
@@ -281,6 +285,29 @@ class _NoiseCalibration:
             "confidence": confidence,
         }
         return c_cov if rule == "coverage" else c_lik
+
+    @torch.no_grad()
+    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
+        """Each row's coverage score: the least noise factor (relative to the fitted
+        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
+        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
+        the ``num_samples`` trees and their leaves) for every larger factor (log grid
+        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
+
+        A row is inside the ``level`` interval of the calibrated predictive iff its
+        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
+        factor from these scores on the held-out rows
+        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
+        estimates the same interval from ``num_samples`` draws.
+
+        :param X: ``(N, L)``.
+        :param y: ``(N,)``.
+        :param level: default ``calibration_level``.
+        :returns: ``(N,)`` scores.
+        """
+        level = check_level(self.calibration_level if level is None else level)
+        Xs = self._prepare(X)
+        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
 
     def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
         """:meth:`coverage_scores` of standardised (and clipped) rows."""

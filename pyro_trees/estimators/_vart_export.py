@@ -13,12 +13,13 @@ from pyro_trees.models._vart_mixture import with_bias
 
 
 @torch.no_grad()
-def _split_importances(guide, Xs: torch.Tensor) -> np.ndarray:
+def _split_importances(guide, Xs: torch.Tensor, ranks=None) -> np.ndarray:
     """Expected share of each feature in the splits, weighted by how many training
     points reach each node: :math:`\\sum_i E[\\psi_i]\\,\\overline{P(x \\to i)}\\,
     |\\tilde\\mu_{ij}| / \\sum_k |\\tilde\\mu_{ik}|` for the standardised inputs
     ``Xs`` ``(N, L)`` under ``guide``, a :class:`~pyro_trees.guides.VaRTGuide`: ``(L,)``,
-    summing to one."""
+    summing to one. With ``ranks`` whose rows are spread, the reach is averaged over
+    every rank's rows."""
     g = guide
     psi, _ = g.node_probs()
     n_int = trees.num_internal(g.depth)
@@ -26,7 +27,11 @@ def _split_importances(guide, Xs: torch.Tensor) -> np.ndarray:
     reach = trees.node_log_reach(trees.leaf_log_probs(-(with_bias(Xs) @ loc.T))).exp()[:, :n_int]
     w = loc[:, :-1].abs()
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
-    imp = ((psi[:n_int] * reach.mean(0)).unsqueeze(-1) * w).sum(0)
+    if ranks is not None and ranks.spread:
+        reach = (ranks.sum(reach.sum(0)) / ranks.count(reach.shape[0])).to(reach)
+    else:
+        reach = reach.mean(0)
+    imp = ((psi[:n_int] * reach).unsqueeze(-1) * w).sum(0)
     total = imp.sum()
     imp = imp / total if total > 0 else torch.full_like(imp, 1 / imp.numel())
     return imp.cpu().numpy()

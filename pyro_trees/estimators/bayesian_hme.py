@@ -197,11 +197,21 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
             )
         return names
 
-    def fit(self, X, y):
+    def fit(self, X, y, *, sharded: bool = False):
         """Search the topologies and keep the one with the highest bound.
+
+        Under ``torchrun`` the closed-form VB is data-parallel: each rank keeps its rows
+        (rows ``r::W`` of the same ``X``, or with ``sharded=True`` the shard it passed)
+        and every sum over rows in the updates and the bound is all-reduced
+        (:class:`~pyro_trees.infer.VBData`'s ``reduce``), so every rank computes the same
+        factors, bounds and choices, equal to one process's up to the order of the
+        sums. The per-row parts of ``states_`` (``xi``, ``log_r``) are those of the
+        rank's own rows.
 
         :param X: inputs ``(N, L)``.
         :param y: targets ``(N,)`` or ``(N, D)``.
+        :param bool sharded: under ``torchrun``, each rank passes only its own rows
+            (scalers and row counts over every rank's rows).
         :raises ValueError: for NaN/inf, mismatched lengths, fewer points than experts,
             an invalid topology or invalid settings.
         """
@@ -223,18 +233,24 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
                 f"n_restarts ({self.n_restarts}) must be at least the number of annealing "
                 f"schedules ({len(names)})"
             )
-        xs, ys = self._validate_fit(X, y)
+        xs, ys = self._validate_fit(X, y, sharded=sharded)
         self.y_ndim_ = ys.dim()
         ts = ys.unsqueeze(-1) if ys.dim() == 1 else ys
-        tops = self._candidates(*xs.shape)
+        n_all, ranks = self.n_global_rows_, self.ranks_
+        tops = self._candidates(n_all, xs.shape[1])
         most = max(top.num_experts for top in tops)
-        if most > xs.shape[0]:
+        if most > n_all:
             raise ValueError(
-                f"fewer data points ({xs.shape[0]}) than experts ({most}): use fewer experts"
+                f"fewer data points ({n_all}) than experts ({most}): use fewer experts"
             )
+        reduce = None
+        if ranks.size > 1:  # each rank's rows; sums over rows all-reduced
+            if not ranks.sharded:
+                xs, ts = xs[ranks.rank :: ranks.size], ts[ranks.rank :: ranks.size]
+            reduce = ranks.all_sum
         seed = self.random_state
         if seed is None:
-            seed = int(torch.randint(0, 2**62, ()).item())
+            seed = ranks.shared(int(torch.randint(0, 2**62, ()).item()))
         generator = torch.Generator().manual_seed(int(seed))
         sels = []
         stages = tqdm(
@@ -259,6 +275,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
                     prune_after=self.prune_after,
                     keep=max(1, math.ceil(self.keep / len(names))),
                     search_dtype=dtypes[self.search_dtype],
+                    reduce=reduce,
                 )
             )
             stages.update()
@@ -276,11 +293,12 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
                 prior_b=self.prior_b,
                 generator=generator,
                 search_dtype=dtypes[self.search_dtype],
+                reduce=reduce,
             )
             stages.update()
         stages.close()
         # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
-        jacobian = xs.shape[0] * float(np.log(self.y_scaler_.scale).sum())
+        jacobian = n_all * float(np.log(self.y_scaler_.scale).sum())
         self.topologies_ = sel.topologies
         self.bounds_ = (sel.bounds - jacobian).numpy()
         self.random_bounds_ = (random_bounds - jacobian).numpy()

@@ -177,21 +177,50 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             return 0
         return min(n, _AUTO_INDUCING)
 
+    def _check_parallel(self, n: int) -> None:
+        """Under ``torchrun``: only the sparse minibatch model is data-parallel."""
+        if self.ranks_.size == 1:
+            return
+        if self._num_inducing(n) == 0 or self.batch_size is None:
+            raise ValueError(
+                f"HeteroscedasticGPRegressor under torchrun ({self.ranks_.size} processes): "
+                "the exact GP and the collapsed sparse bound need every row at every step "
+                "and cannot be trained data-parallel; use its sparse form on minibatches, "
+                "e.g. HeteroscedasticGPRegressor(num_inducing=256, batch_size=256)"
+            )
+
     # -- fitting ---------------------------------------------------------------------------------
-    def fit(self, X, y):
+    def fit(self, X, y, *, sharded: bool = False):
         """Fit the GP and its RNN-Tree noise model.
 
         With an integer ``random_state`` the fit is reproducible and leaves the global
         random streams (Python, NumPy, torch) as it found them; with ``None`` it draws
         from them.
 
+        Under ``torchrun`` only the sparse model trained on minibatches is data-parallel
+        (``num_inducing=M`` and ``batch_size``, every rank passing the same rows): each
+        rank trains on its part of every minibatch; the start (the homoscedastic fit,
+        the inducing inputs) is computed on every rank from the same rows. The exact GP
+        and the collapsed bound need every row at every step and raise a
+        ``ValueError`` there.
+
         :param X: ``(N, L)`` array-like.
         :param y: ``(N,)`` real targets.
+        :param bool sharded: not supported (each rank passing its own rows): raises
+            ``ValueError``.
         :returns: ``self``.
+        :raises ValueError: for invalid options or data, ``sharded=True``, or the exact
+            GP or the collapsed bound under ``torchrun``.
         """
         self._check_options()
+        if sharded:
+            raise ValueError(
+                "HeteroscedasticGPRegressor does not train on sharded rows; pass every "
+                "row on every rank (sharded=False) with num_inducing and batch_size set"
+            )
         Xs, ys = self._validate_fit(X, y)
-        with local_seed(self.random_state, self.device_):
+        self._check_parallel(Xs.shape[0])
+        with local_seed(self._shared_seed(), self.device_):
             self._fit_seeded(Xs, ys)
         return self
 
@@ -243,7 +272,8 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             kwargs = {}
         else:
             loss = TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight)
-            kwargs = {"subsample_size": self.batch_size}
+            # under torchrun each rank reads its share of the minibatch
+            kwargs = {"subsample_size": max(self.batch_size // self.ranks_.size, 1)}
         val_metric = None
         if X_val is not None:
             X_cond, y_cond = (Xs, ys) if z is None else (None, None)

@@ -169,7 +169,11 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
 
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
         pred = self._predict_std(X, "hard")
-        return float(((pred - y.reshape(pred.shape)) ** 2).mean().sqrt())
+        sq = (pred - y.reshape(pred.shape)) ** 2
+        if not self.ranks_.spread:
+            return float(sq.mean().sqrt())
+        sse = float(sq.reshape(y.shape[0], -1).mean(-1).sum())  # sharded: every rank's rows
+        return self.ranks_.mean_error(sse, y.shape[0]) ** 0.5
 
     def _predict_hard(self, Xs: torch.Tensor) -> torch.Tensor:
         return self._predict_std(Xs, "hard")
@@ -239,7 +243,9 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
 
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
         pred = self._proba(X, "hard").argmax(-1)
-        return float((pred != y).to(torch.float64).mean())
+        if not self.ranks_.spread:
+            return float((pred != y).to(torch.float64).mean())
+        return self.ranks_.mean_error(float((pred != y).sum()), y.shape[0])
 
     def _predict_hard(self, Xs: torch.Tensor) -> torch.Tensor:
         proba = self._proba(Xs, "hard")

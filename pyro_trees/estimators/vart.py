@@ -15,6 +15,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
 from pyro_trees.estimators._vart_export import _export_text, _split_importances
@@ -234,14 +235,22 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             return 0 if self.random_state is None else int(self.random_state)
         return int(seed)
 
-    def fit(self, X, y):
+    def fit(self, X, y, *, sharded: bool = False):
         """Fit the variational posterior on ``X`` ``(N, L)`` and ``y`` ``(N,)``.
 
         ``X`` and ``y`` are standardised inside; predictions and intervals are in the
-        units of ``y``.
+        units of ``y``. Under ``torchrun`` the fit is data-parallel (see the guide's
+        "Estimators on several processes"): each rank trains on its part of every
+        minibatch and the fitted estimator is the same on every rank.
 
         :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
         :param y: ``(N,)`` real targets.
+        :param bool sharded: under ``torchrun``, each rank passes only its own rows
+            (default: every rank passes all of them). The scalers, the clipping range,
+            held-out errors and the noise calibration then use every rank's rows
+            (all-reduced; the coverage scores gathered); each rank holds out
+            ``validation_fraction`` of its own rows, and ``init="data"`` picks its
+            split points among rank 0's rows (broadcast).
         :returns: ``self``.
         :raises ValueError: naming the cause, for invalid options or data.
         """
@@ -263,10 +272,13 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
         rule = self._calibration_rule()
         check_level(self.calibration_level, "calibration_level")
-        X, y = self._validate_fit(X, y)
+        if sharded and self.elbo == "trace":
+            raise ValueError("sharded=True needs elbo='vectorised' (the default)")
+        X, y = self._validate_fit(X, y, sharded=sharded)
+        ranks = self.ranks_
         n = X.shape[0]
         if self.random_state is None:  # unseeded: a seed from the global torch stream
-            self.seed_ = int(torch.randint(2**31, ()).item())
+            self.seed_ = ranks.shared(int(torch.randint(2**31, ()).item()))
         else:
             self.seed_ = int(self.random_state)
         gen = torch.Generator().manual_seed(self._seed())
@@ -275,11 +287,13 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             n_val = max(int(round(self.validation_fraction * n)), min(10, n // 5))
             if n_val < 4:
                 n_val = 0
+        if ranks.spread and not ranks.min(n_val):  # every shard holds out rows, or none
+            n_val = 0
         if n_val:
             perm = torch.randperm(n, generator=gen).to(X.device)
         else:
             perm = torch.arange(n, device=X.device)
-        num_folds = self._calibration_folds(n, n_val, rule)
+        num_folds = int(ranks.min(self._calibration_folds(n, n_val, rule)))
         self.stopping_result_ = None
         Xva, yva = self._fit_split(X, y, perm[:n_val], perm[n_val:], gen)
         if n_val and self.refit:
@@ -289,9 +303,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         self._tree_samples = None
         if n_val and rule is not None:  # the held-out rows are in random order
             extra = [self._fold_scores(X, y, perm, n_val, k) for k in range(1, num_folds)]
-            self.noise_factor_ = self._calibrate_noise(
-                Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], extra
-            )
+            rows = -(-CALIBRATION_ROWS // ranks.size) if ranks.spread else CALIBRATION_ROWS
+            self.noise_factor_ = self._calibrate_noise(Xva[:rows], yva[:rows], extra)
             self._tree_samples = None
         self._leaf_trees()  # drawn here once: predicting changes no attribute
         return self
@@ -303,8 +316,9 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         exactly that many steps of the ``self.num_steps`` temperature schedule, without
         early stopping. Returns the held-out rows, standardised."""
         n, num_features = X.shape
+        ranks = self.ranks_
         n_val = len(val_idx)
-        n_train = n - n_val
+        n_train = ranks.count(n - n_val)  # over every rank's rows
         batch = min(n_train, 2048) if self.batch_size is None else int(self.batch_size)
         if batch < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
@@ -313,7 +327,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         _check_prediction_memory(depth, int(self.num_samples), num_features, X.device)
         Xs, ys = X, y  # standardised by _validate_fit
         Xtr, ytr, yva = Xs[train_idx], ys[train_idx], ys[val_idx]
-        self.x_min_, self.x_max_ = Xtr.min(0).values, Xtr.max(0).values  # the rows it learns
+        # the range of the rows it learns from
+        self.x_min_, self.x_max_ = ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
         Xva = self._clip(Xs[val_idx])  # held-out rows are scored as new rows would be
         # inputs are checked above; Pyro's per-site validation only costs time here
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
@@ -335,11 +350,14 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             )
             if self.init == "data":
                 self.guide_.init_splits_from_data(Xtr, generator=gen)
+            ranks.broadcast_modules(self.guide_)  # sharded: rank 0's start
             self.guide_.to(X.device)
             schedule = TemperatureSchedule(
                 max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
             )
-            kwargs = {} if batch >= n_train else {"subsample_size": batch}
+            # under torchrun the batch is split across the ranks (subsample_size per rank)
+            per_rank = max(batch // ranks.size, 1)
+            kwargs = {} if batch >= n_train else {"subsample_size": per_rank}
             val = {}
             steps = int(self.num_steps) if num_steps is None else int(num_steps)
             if n_val and num_steps is None:
@@ -348,7 +366,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                 def val_rmse() -> float:
                     with torch.no_grad():
                         pred = tree_mean(guide.mean_tree(), Xva)
-                        return float((pred - yva).pow(2).mean().sqrt())
+                        sse = float((pred - yva).pow(2).sum())
+                        return ranks.mean_error(sse, yva.shape[0]) ** 0.5
 
                 val = {
                     "early_stopping": EarlyStopping(
@@ -356,14 +375,18 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     )
                 }
             seed = self._seed() if seed is None else int(seed)
-            with local_seed(seed, X.device):  # the global streams are left alone
+            loss = Trace_ELBO()
+            if self.elbo == "vectorised":
+                loss = VaRTELBO()
+                if ranks.size > 1:
+                    loss = RankVaRTELBO(RankRows(ranks, seed), data=(Xtr, ytr))
+            with local_seed(seed, X.device), rank_fit(ranks):  # global streams left alone
                 self.fit_result_ = fit(
                     self.model_,
                     self.guide_,
-                    Xtr,
-                    ytr,
+                    *fit_args(ranks, Xtr, ytr),
                     num_steps=steps,
-                    loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
+                    loss=loss,
                     optim="clipped_adam",
                     lr=self.lr,
                     progress=self.progress and ("VaRT" if num_steps is None else "VaRT refit"),
@@ -371,31 +394,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     **val,
                     **kwargs,
                 )
-        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096])
+        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096], ranks)
         return Xva, yva
-
-    @torch.no_grad()
-    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
-        """Each row's coverage score: the least noise factor (relative to the fitted
-        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
-        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
-        the ``num_samples`` trees and their leaves) for every larger factor (log grid
-        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
-
-        A row is inside the ``level`` interval of the calibrated predictive iff its
-        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
-        factor from these scores on the held-out rows
-        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
-        estimates the same interval from ``num_samples`` draws.
-
-        :param X: ``(N, L)``.
-        :param y: ``(N,)``.
-        :param level: default ``calibration_level``.
-        :returns: ``(N,)`` scores.
-        """
-        level = check_level(self.calibration_level if level is None else level)
-        Xs = self._prepare(X)
-        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
 
     # --------------------------------------------------------------- prediction
     def predict(self, X, return_std: bool = False):

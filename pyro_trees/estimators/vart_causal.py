@@ -70,8 +70,12 @@ class VaRTCausal(BaseEstimator):
         self.device = device
         self.progress = progress
 
-    def fit(self, X, A, y):
-        """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``."""
+    def fit(self, X, A, y, *, sharded: bool = False):
+        """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``.
+
+        :param bool sharded: under ``torchrun``, each rank passes only its own rows
+            (:meth:`VaRTRegressor.fit`); :meth:`ate` then needs its ``X``.
+        """
         X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, y_numeric=True)
         A = np.asarray(A)
         if A.ndim != 1 or A.shape[0] != X.shape[0]:
@@ -81,7 +85,7 @@ class VaRTCausal(BaseEstimator):
             )
         if not np.isin(A, (0, 1)).all():
             raise ValueError("A must hold treatment indicators 0 or 1")
-        if A.min() == A.max():
+        if A.min() == A.max() and not sharded:
             raise ValueError("A holds a single treatment arm; both arms are needed")
         if self.regressor is None:
             self.regressor_ = VaRTRegressor(
@@ -100,7 +104,8 @@ class VaRTCausal(BaseEstimator):
                 )
             self.regressor_ = clone(self.regressor)
         XA = np.concatenate([X, A.astype(np.float64)[:, None]], axis=1)
-        self.regressor_.fit(XA, y)
+        self.regressor_.fit(XA, y, sharded=sharded)
+        self.sharded_ = sharded and self.regressor_.ranks_.size > 1
         self.X_train_ = X
         return self
 
@@ -149,6 +154,8 @@ class VaRTCausal(BaseEstimator):
         """
         level = check_level(level)
         check_is_fitted(self, "regressor_")
+        if X is None and getattr(self, "sharded_", False):
+            raise ValueError("fitted on sharded rows: ate needs the covariates X to average over")
         draws = self.sample_cate(self.X_train_ if X is None else X).mean(1)
         lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
         return {

@@ -91,6 +91,7 @@ def vart_elbo(
     subsample_size: int | None = None,
     values: dict | None = None,
     subsample: torch.Tensor | None = None,
+    num_rows: int | None = None,
 ) -> torch.Tensor:
     """The single-sample estimate of the λ-weighted ELBO of eq. 4 that
     ``Trace_ELBO`` computes for ``model(x, y, subsample_size)`` and its
@@ -108,6 +109,9 @@ def vart_elbo(
         :func:`~pyro_trees.infer.vart_elbo.sample_guide` returns them); drawn afresh when ``None``.
     :param subsample: indices of the minibatch; drawn like ``pyro.plate`` draws them
         (``torch.randperm(N)[:B]``) when ``None`` and ``subsample_size < N``.
+    :param num_rows: the number of rows :math:`N` the likelihood of the minibatch
+        stands for (default ``x.shape[0]``; data-parallel training passes the rows of
+        every rank).
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
     depth = guide.depth
@@ -167,6 +171,7 @@ def vart_elbo(
     if subsample is None and subsample_size is not None and int(subsample_size) < n:
         subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
     if subsample is not None:
+        n = n if num_rows is None else int(num_rows)
         xb, yb, scale = x[subsample], y[subsample], n / subsample.shape[0]
     else:
         xb, yb, scale = x, y, 1.0

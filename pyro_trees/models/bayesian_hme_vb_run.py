@@ -64,15 +64,15 @@ def _fused_cycle(data, state, temperature, sq_a=None):
     e_alpha = state.alpha_a / state.alpha_b
     prec = e_alpha[..., None, None] * eye + scale[..., None, None] * data.weighted_outer(r)
     w_cov, _ = _gauss_from_precision(prec)
-    rxt = (r @ data._xt).unflatten(-1, (p, d))  # (..., E, P, D)
+    rxt = data.rows_sum(r @ data._xt).unflatten(-1, (p, d))  # (..., E, P, D)
     w_mean = (scale[..., None, None] * (w_cov @ rxt)).transpose(-1, -2)  # (..., E, D, P)
     # E||t - W x||^2, (..., E, N)
     resid = t.T - w_mean @ x.T  # (..., E, D, N)
     sq = resid.square().sum(-2) if d > 1 else resid.squeeze(-2).square()
     sq = sq + d * data.quad(w_cov)
     # noise and weight precisions
-    tau_a = a0 + (0.5 * d * inv_t) * r.sum(-1)
-    tau_b = b0 + (0.5 * inv_t) * (r * sq).sum(-1)
+    tau_a = a0 + (0.5 * d * inv_t) * data.rows_sum(r.sum(-1))
+    tau_b = b0 + (0.5 * inv_t) * data.rows_sum((r * sq).sum(-1))
     ww = w_mean.square().sum((-1, -2)) + d * w_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
     alpha_a = torch.full_like(state.alpha_a, a0 + 0.5 * d * p)
     alpha_b = b0 + 0.5 * ww
@@ -87,7 +87,7 @@ def _fused_cycle(data, state, temperature, sq_a=None):
     e_beta = state.beta_a / state.beta_b
     prec = e_beta[..., None, None] * eye + data.weighted_outer(2 * reach * lam)
     v_cov, _ = _gauss_from_precision(prec)
-    v_mean = (v_cov @ (turn @ x).unsqueeze(-1)).squeeze(-1)
+    v_mean = (v_cov @ data.rows_sum(turn @ x).unsqueeze(-1)).squeeze(-1)
     vv = v_mean.square().sum(-1) + v_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
     beta_a = torch.full_like(state.beta_a, a0 + 0.5 * p)
     beta_b = b0 + 0.5 * vv
@@ -118,7 +118,7 @@ def _fused_cycle(data, state, temperature, sq_a=None):
     log_z = top + _exp(point - top).sum(-2, keepdim=True).log()  # (..., 1, N)
     state = replace(state, log_r=(point - log_z).transpose(-1, -2))
     log_z = log_z.squeeze(-2)
-    value = log_z.sum(-1) + _global_terms(data, state)
+    value = data.rows_sum(log_z.sum(-1)) + _global_terms(data, state)
     return state, sq_a, value
 
 
@@ -151,7 +151,15 @@ def init_state(
     log_r = log_pi.log_softmax(-1) if g else x.new_zeros(batch_shape + (n, e))
     ones_e = torch.ones(batch_shape + (e,), **opts)
     ones_g = torch.ones(batch_shape + (g,), **opts)
-    var_t = t.var(0).mean().clamp_min(1e-12) if n > 1 else t.new_tensor(1.0)
+    n_all = data.num_rows
+    if data.reduce is None:
+        var_t = t.var(0).mean().clamp_min(1e-12) if n > 1 else t.new_tensor(1.0)
+    elif n_all > 1:  # two passes over every rank's rows
+        mean_t = data.rows_sum(t.sum(0)) / n_all
+        var_t = (data.rows_sum((t - mean_t).square().sum(0)) / (n_all - 1)).mean()
+        var_t = var_t.clamp_min(1e-12)
+    else:
+        var_t = t.new_tensor(1.0)
     d = t.shape[-1]
     return VBState(
         v_mean=v_mean,
@@ -273,7 +281,7 @@ def run_vb(
     history = []
     prev = None
     sq_a = None
-    n = data.x.shape[0]
+    n = data.num_rows
     for temp in temps:
         state, sq_a, value = _fused_cycle(data, state, temp, sq_a)
         history.append(value)

@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +99,10 @@ class VBData:
         ``-1`` left, ``0`` off the path), same dtype as ``x``.
     :ivar prior_a: Gamma shape of every precision's prior (``a0``).
     :ivar prior_b: Gamma rate of every precision's prior (``b0``).
+    :ivar reduce: ``None``, or a function applied to every sum over the rows (the
+        sufficient statistics of the updates and the bound's sum over points), e.g. the
+        sum over the ranks of a data-parallel fit whose ranks hold different rows: the
+        updates then use every rank's rows and every rank gets the same factors.
 
     .. rubric:: Examples
 
@@ -116,9 +121,12 @@ class VBData:
     signs: torch.Tensor
     prior_a: float = 1e-3
     prior_b: float = 1e-3
+    reduce: Callable | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def build(cls, x, t, topology, *, prior_a: float = 1e-3, prior_b: float = 1e-3) -> VBData:
+    def build(
+        cls, x, t, topology, *, prior_a: float = 1e-3, prior_b: float = 1e-3, reduce=None
+    ) -> VBData:
         """From raw inputs ``x`` ``(N, L)`` (a bias column is appended), targets ``(N,)`` or
         ``(N, D)``, and a :class:`~pyro_trees.topology.Topology`, a sequence of topologies with the
         same number of experts (stacked along a leading batch dim), or a sign tensor."""
@@ -127,7 +135,16 @@ class VBData:
         t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
         if t.dim() == 1:
             t = t.unsqueeze(-1)
-        return cls(x, t, _signs(topology, x), prior_a, prior_b)
+        return cls(x, t, _signs(topology, x), prior_a, prior_b, reduce)
+
+    def rows_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """A sum over rows, reduced by ``reduce`` (unchanged without one)."""
+        return value if self.reduce is None else self.reduce(value)
+
+    @functools.cached_property
+    def num_rows(self) -> int:
+        """The number of rows over every rank (``N`` without ``reduce``)."""
+        return int(self.rows_sum(self.x.new_tensor(float(self.x.shape[0]))).item())
 
     @functools.cached_property
     def _pairs(self):
@@ -149,10 +166,11 @@ class VBData:
         return (cov[..., iu[0], iu[1]] * mult) @ xxp.T
 
     def weighted_outer(self, w: torch.Tensor) -> torch.Tensor:
-        """``sum_n w_kn x_n x_n^T``: ``batch + (K, N)`` -> ``batch + (K, P, P)``."""
+        """``sum_n w_kn x_n x_n^T`` (over every rank's rows with ``reduce``):
+        ``batch + (K, N)`` -> ``batch + (K, P, P)``."""
         iu, xxp, _ = self._pairs
         p = self.x.shape[-1]
-        packed = w @ xxp
+        packed = self.rows_sum(w @ xxp)
         full = packed.new_zeros(packed.shape[:-1] + (p, p))
         full[..., iu[0], iu[1]] = packed
         full[..., iu[1], iu[0]] = packed
@@ -345,7 +363,7 @@ def bound(data: VBData, state: VBState, temperature: float = 1.0) -> torch.Tenso
     """
     r = state.log_r.exp()
     point = gate_terms(data, state) + expected_expert_loglik(data, state) / temperature
-    assign = (r * (point - state.log_r)).nan_to_num(0.0).sum((-1, -2))
+    assign = data.rows_sum((r * (point - state.log_r)).nan_to_num(0.0).sum(-1)).sum(-1)
     return assign + _global_terms(data, state)
 
 
@@ -366,7 +384,7 @@ def update_experts(data: VBData, state: VBState, temperature: float = 1.0, *, r=
     e_alpha = state.alpha_a / state.alpha_b
     prec = e_alpha[..., None, None] * eye + scale[..., None, None] * rxx
     cov, _ = _gauss_from_precision(prec)
-    rxt = (r.transpose(-1, -2) @ data._xt).unflatten(-1, (p, data.t.shape[-1]))  # (..., E, P, D)
+    rxt = data.rows_sum(r.transpose(-1, -2) @ data._xt).unflatten(-1, (p, data.t.shape[-1]))
     mean = scale[..., None, None] * (cov @ rxt)
     return replace(state, w_mean=mean.transpose(-1, -2), w_cov=cov)
 
@@ -379,8 +397,8 @@ def update_noise(data: VBData, state: VBState, temperature: float = 1.0) -> VBSt
 def _noise_from_sq(data, state, sq, temperature, r=None):
     d = data.t.shape[-1]
     r = state.log_r.exp() if r is None else r
-    a = data.prior_a + 0.5 * d * r.sum(-2) / temperature
-    b = data.prior_b + 0.5 * (r * sq).sum(-2) / temperature
+    a = data.prior_a + 0.5 * d * data.rows_sum(r.sum(-2)) / temperature
+    b = data.prior_b + 0.5 * data.rows_sum((r * sq).sum(-2)) / temperature
     return replace(state, tau_a=a, tau_b=b)
 
 
@@ -408,7 +426,7 @@ def update_gates(
     e_beta = state.beta_a / state.beta_b
     prec = e_beta[..., None, None] * eye + data.weighted_outer(wgt)
     cov, _ = _gauss_from_precision(prec)
-    mean = (cov @ (turn @ data.x).unsqueeze(-1)).squeeze(-1)
+    mean = (cov @ data.rows_sum(turn @ data.x).unsqueeze(-1)).squeeze(-1)
     return replace(state, v_mean=mean, v_cov=cov)
 
 

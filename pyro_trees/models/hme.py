@@ -201,7 +201,9 @@ class HME(PyroModule):
         return dist.Normal(out, scale).to_event(1).expand(batch_shape)
 
     @torch.no_grad()
-    def expert_m_step(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor):
+    def expert_m_step(
+        self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor, reduce=None
+    ):
         """The constant experts' M-step for a routing, without setting anything.
 
         Regression: the ``leaf_probs``-weighted means of ``y``. Classification: the log
@@ -209,17 +211,21 @@ class HME(PyroModule):
 
         :param x: ``(N, L)``; ``y``: targets as in :meth:`forward`;
         :param leaf_probs: ``(N, 2**D)`` routing probabilities (or a hard one-hot).
+        :param reduce: applied to the sums over rows (counts, weighted sums, masses)
+            before they are combined, e.g. a sum over the ranks of a data-parallel fit.
         :returns: ``(loc, mass)``: leaf values ``(2**D, width)`` and the routed mass of
             each leaf ``(2**D,)`` (a leaf of mass 0 has no meaningful mean).
         """
+        reduce = (lambda t: t) if reduce is None else reduce
         w = leaf_probs.to(x.dtype)
-        mass = w.sum(0)  # (2**D,)
+        mass = reduce(w.sum(0))  # (2**D,)
         if self.likelihood == "categorical":
             counts = w.T @ torch.nn.functional.one_hot(y.long(), self.num_classes).to(x.dtype)
+            counts = reduce(counts)
             logits = torch.log(counts + 1.0) - torch.log(mass + self.num_classes).unsqueeze(-1)
             return logits, mass
         y2 = y.reshape(y.shape[0], -1).to(x.dtype)  # (N, out)
-        return (w.T @ y2) / mass.clamp_min(1e-12).unsqueeze(-1), mass
+        return reduce(w.T @ y2) / mass.clamp_min(1e-12).unsqueeze(-1), mass
 
     @torch.no_grad()
     def init_experts(self, x: torch.Tensor, y: torch.Tensor, leaf_probs: torch.Tensor) -> None:

@@ -152,10 +152,16 @@ def split_directions(
     directions; the logit's standard deviation over those inputs is ``sharpness``."""
     x = data.x[:, :-1]
     r = state.log_r[:, expert].exp()
-    w = r / r.sum().clamp_min(torch.finfo(r.dtype).tiny)
-    mu = w @ x
-    xc = x - mu
-    cov = (xc * w.unsqueeze(-1)).T @ xc
+    total = data.rows_sum(r.sum()).clamp_min(torch.finfo(r.dtype).tiny)
+    if data.reduce is None:
+        w = r / total
+        mu = w @ x
+        xc = x - mu
+        cov = (xc * w.unsqueeze(-1)).T @ xc
+    else:  # moments over every rank's rows
+        mu = data.rows_sum(r @ x) / total
+        xc = x - mu
+        cov = data.rows_sum((xc * r.unsqueeze(-1)).T @ xc) / total
     dirs = [torch.linalg.eigh(cov)[1][:, -1]] if num > 0 else []
     if num > 1:
         rand = torch.randn(num - 1, x.shape[-1], generator=generator, dtype=x.dtype)
@@ -194,7 +200,7 @@ def split_gain(data: VBData, parent: VBState, grown: VBState, gate: int, expert:
     expert_terms = expert_terms - _gamma_kl(
         parent.tau_a[..., expert], parent.tau_b[..., expert], a0, b0
     )
-    return (r * split).sum(-1) + gate_terms_ + expert_terms
+    return data.rows_sum((r * split).sum(-1)) + gate_terms_ + expert_terms
 
 
 def grow_selection(
@@ -212,6 +218,7 @@ def grow_selection(
     search_dtype: torch.dtype | None = None,
     polish_iters: int = 100,
     sharpness: float = 2.0,
+    reduce=None,
 ) -> ModelSelection:
     """Search each topology again from starts grown out of the smaller topologies' best
     solutions, smallest sizes first.
@@ -227,6 +234,8 @@ def grow_selection(
     in :func:`select_topology`). A topology keeps the better of its previous best and its
     best grown start, so its bound never decreases; sizes are done in increasing order,
     so grown solutions seed the next size. The choice uses the training bound only.
+
+    ``reduce``: see :class:`~pyro_trees.infer.VBData` (data-parallel fits).
 
     :returns: a new :class:`ModelSelection` (``grown`` marks the topologies whose best
         state now comes from a grown start; ``all_bounds`` gains the grown starts' bounds).
@@ -250,7 +259,7 @@ def grow_selection(
         else torch.zeros(len(tops), dtype=torch.bool)
     )
     work = 0
-    n = x.shape[0]
+    n = x.shape[0] if reduce is None else int(reduce(x.new_tensor(float(x.shape[0]))))
     for e in sorted({top.num_experts for top in tops}):
         owners, starts = [], []
         for k, child in enumerate(tops):
@@ -270,7 +279,7 @@ def grow_selection(
                 if key in seen:
                     continue  # the same leaf of the same solution, mirrored
                 seen.add(key)
-                data = VBData.build(x, t, smaller, prior_a=prior_a, prior_b=prior_b)
+                data = VBData.build(x, t, smaller, prior_a=prior_a, prior_b=prior_b, reduce=reduce)
                 pstate = mirror_state(states[pk], tops[pk], smaller)
                 dirs = split_directions(
                     data,
@@ -296,7 +305,9 @@ def grow_selection(
         if not starts:
             continue
         state = _cat_states(starts).to(work_dtype)
-        base = VBData.build(xs, ts, tops[owners[0]], prior_a=prior_a, prior_b=prior_b)
+        base = VBData.build(
+            xs, ts, tops[owners[0]], prior_a=prior_a, prior_b=prior_b, reduce=reduce
+        )
         sg = _signs([tops[k] for k in owners], xs)
         cap = max(1, int(max_batch * 1024 / max(1, e * n)))
         finals, values = [], []
@@ -311,7 +322,7 @@ def grow_selection(
         for k in sorted(set(owners)):
             idx = (own == k).nonzero().squeeze(-1)
             j = int(idx[values[idx].argmax()])
-            data = VBData.build(x, t, tops[k], prior_a=prior_a, prior_b=prior_b)
+            data = VBData.build(x, t, tops[k], prior_a=prior_a, prior_b=prior_b, reduce=reduce)
             st = state.index(j).to(x.dtype)
             if work_dtype != x.dtype and polish_iters > 0:
                 res = run_vb(data, st, num_iters=polish_iters, tol=tol)

@@ -80,7 +80,7 @@ def _cat_states(states: Sequence[VBState]) -> VBState:
 def _with_signs(data: VBData, signs: torch.Tensor) -> VBData:
     """``data`` with other signs, keeping the cached per-point statistics."""
     new = replace(data, signs=signs)
-    for key in ("_pairs", "_xt"):
+    for key in ("_pairs", "_xt", "num_rows"):
         if key in data.__dict__:
             new.__dict__[key] = data.__dict__[key]
     return new
@@ -94,7 +94,7 @@ def _race(data: VBData, state: VBState, temps: Sequence[float], tol: float | Non
 
     :returns: the final states, their bounds ``(B,)`` and the number of element-cycles.
     """
-    n = data.x.shape[0]
+    n = data.num_rows
     bsz = state.batch_shape[0]
     active = torch.arange(bsz, device=data.x.device)
     done_idx, done_states, done_values = [], [], []
@@ -151,6 +151,7 @@ def select_topology(
     max_batch: int = 512,
     search_dtype: torch.dtype | None = None,
     polish_iters: int = 100,
+    reduce=None,
 ) -> ModelSelection:
     """Fit every topology from ``num_restarts`` random starts and keep the best bound.
 
@@ -176,6 +177,8 @@ def select_topology(
     :param t: targets ``(N,)`` or ``(N, D)``.
     :param topologies: a list of :class:`~pyro_trees.topology.Topology`, or an int ``E``: every
         topology with ``1..E`` experts.
+    :param reduce: applied to every sum over rows (:class:`~pyro_trees.infer.VBData`): a
+        data-parallel fit passes the sum over ranks, each rank holding its own rows.
     """
 
     start = time.perf_counter()
@@ -193,14 +196,16 @@ def select_topology(
     groups: dict[int, list[int]] = {}
     for k, top in enumerate(topologies):
         groups.setdefault(top.num_experts, []).append(k)
-    n = x.shape[0]
+    n = x.shape[0] if reduce is None else int(reduce(x.new_tensor(float(x.shape[0]))))
     all_bounds = [None] * len(topologies)
     best_states = [None] * len(topologies)
     work = 0
     for e, members in sorted(groups.items()):
         cap = max(1, int(max_batch * 1024 / max(1, e * n)))
         per_chunk = max(1, cap // num_restarts)
-        base = VBData.build(xs, ts, topologies[members[0]], prior_a=prior_a, prior_b=prior_b)
+        base = VBData.build(
+            xs, ts, topologies[members[0]], prior_a=prior_a, prior_b=prior_b, reduce=reduce
+        )
         signs = _signs([topologies[k] for k in members], xs)  # (K, G, E)
         phase1 = temps[:prune_after] if pruning else temps
         results = []  # (state, bounds (K_c, R), member indices) per chunk
@@ -257,7 +262,7 @@ def select_topology(
     # polish the best restart of every topology in the input's dtype
     bounds, states = [], []
     for k, top in enumerate(topologies):
-        data = VBData.build(x, t, top, prior_a=prior_a, prior_b=prior_b)
+        data = VBData.build(x, t, top, prior_a=prior_a, prior_b=prior_b, reduce=reduce)
         st = best_states[k].to(x.dtype)
         if search_dtype is not None and search_dtype != x.dtype and polish_iters > 0:
             res = run_vb(data, st, num_iters=polish_iters, tol=tol)
