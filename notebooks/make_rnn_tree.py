@@ -288,7 +288,8 @@ and restarts of the start. Its **default objective is not the ELBO**:
 `entropy_weight=-1` (eq. 22's sign) adds $+\sum_n \mathrm{KL}(q(\ell_n)\|\mathrm{Unif})$
 instead of subtracting it, which rewards confident routing by up to $D\log 2$ nats per
 point, and `refit_leaves="auto"` then gives each leaf of the most likely tree the mean of
-the training targets it receives. `entropy_weight=1.0` trains the ELBO above.
+the training targets it receives, if that lowers the error on the validation split
+(`routing="posterior"` keeps the trained experts). `entropy_weight=1.0` trains the ELBO above.
 `routing="hard"` predicts with the most likely tree; `routing="posterior"` averages the
 experts over $q(\ell\mid x)$.
 """),
