@@ -401,8 +401,28 @@ class DecisionRules:
             out.append(conds)
         return out
 
-    def export_text(self, feature_names=None, decimals: int = 3) -> str:
-        """The tree as indented text in the style of ``sklearn.tree.export_text``."""
+    def leaf_reachable(self) -> torch.Tensor:
+        """Whether some input reaches each leaf, bool ``(2**D,)``.
+
+        A leaf is unreachable when the tests on its path contradict each other, e.g.
+        ``x <= 0`` at the root and ``x > 1.5`` below it (an empty interval of ``x``).
+        """
+        out = []
+        for conds in self.leaf_conditions():
+            bounds: dict = {}
+            for f, op, t in conds:
+                bounds = _tighten(bounds, f, op, t)
+            out.append(not any(_empty(*b) for b in bounds.values()))
+        return torch.tensor(out, dtype=torch.bool)
+
+    def export_text(self, feature_names=None, decimals: int = 3, prune: bool = True) -> str:
+        """The tree as indented text in the style of ``sklearn.tree.export_text``.
+
+        :param bool prune: leave out every branch that no input can reach (its tests
+            on one feature give an empty interval) and the tests that the path already
+            decides; each reachable leaf is printed once, at the level of the tests
+            that matter. ``False`` prints the complete tree of ``2**D`` leaves.
+        """
         names = feature_names
         lines: list[str] = []
         depth = self.depth
@@ -413,18 +433,44 @@ class DecisionRules:
         def fmt(t: float) -> str:
             return f"{t:.{decimals}f}" if math.isfinite(t) else str(t)
 
-        def visit(node: int, level: int) -> None:
+        def visit(node: int, level: int, bounds: dict) -> None:
             indent = "|   " * level + "|--- "
-            if level == depth:
+            if node >= 1 << depth:
                 lines.append(indent + self.leaf_values[node - (1 << depth)])
                 return
             j = node - 1
             f, t, g = int(self.feature[j]), float(self.threshold[j]), bool(self.greater[j])
-            left_op, right_op = ("<=", "> ") if g else (">=", "< ")
-            lines.append(f"{indent}{name(f)} {left_op} {fmt(t)}")
-            visit(2 * node, level + 1)
-            lines.append(f"{indent}{name(f)} {right_op} {fmt(t)}")
-            visit(2 * node + 1, level + 1)
+            left_op, right_op = ("<=", ">") if g else (">=", "<")
+            sides = []
+            for child, op in ((2 * node, left_op), (2 * node + 1, right_op)):
+                inner = _tighten(bounds, f, op, t)
+                if not prune or not _empty(*inner[f]):
+                    sides.append((child, op, inner))
+            if len(sides) == 1:  # the path decides this test: only one side is reachable
+                visit(sides[0][0], level, sides[0][2])
+                return
+            for child, op, inner in sides:
+                lines.append(f"{indent}{name(f)} {op:<2} {fmt(t)}")
+                visit(child, level + 1, inner)
 
-        visit(1, 0)
+        visit(1, 0, {})
         return "\n".join(lines) + "\n"
+
+
+def _tighten(bounds: dict, feature: int, op: str, threshold: float) -> dict:
+    """``bounds`` (feature -> ``((low, open), (high, open))``) with one more test."""
+    low, high = bounds.get(feature, ((-math.inf, True), (math.inf, True)))
+    if op in ("<=", "<"):
+        new = (threshold, op == "<")
+        if new[0] < high[0] or (new[0] == high[0] and new[1]):
+            high = new
+    else:
+        new = (threshold, op == ">")
+        if new[0] > low[0] or (new[0] == low[0] and new[1]):
+            low = new
+    return {**bounds, feature: (low, high)}
+
+
+def _empty(low: tuple, high: tuple) -> bool:
+    """Whether the interval from ``low`` to ``high`` (each ``(value, open)``) is empty."""
+    return low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))

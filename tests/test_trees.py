@@ -105,10 +105,56 @@ def test_rules_reproduce_hard_routing():
 
 def test_export_text_lists_every_leaf():
     rules = _random_rules(2, 2)
-    text = rules.export_text(feature_names=["a", "b"])
+    text = rules.export_text(feature_names=["a", "b"], prune=False)
     assert text.count("leaf ") == 4
     assert text.startswith("|--- ")
     assert all(line.startswith("|") for line in text.splitlines())
+
+
+def _pulse_rules_with_an_impossible_branch():
+    # root: x <= 0 goes left. Left child: x <= 1.5, whose right side (x <= 0 and
+    # x > 1.5) is empty. Right child (greater=False: right iff x < -1), whose right side
+    # (x > 0 and x < -1) is empty too.
+    return trees.DecisionRules(
+        feature=torch.tensor([0, 0, 0]),
+        threshold=torch.tensor([0.0, 1.5, -1.0]),
+        greater=torch.tensor([True, True, False]),
+        leaf_values=["a", "b", "c", "d"],
+    )
+
+
+def test_export_text_prunes_unreachable_branches():
+    rules = _pulse_rules_with_an_impossible_branch()
+    assert rules.leaf_reachable().tolist() == [True, False, True, False]
+    text = rules.export_text(feature_names=["x"])
+    assert text == "|--- x <= 0.000\n|   |--- a\n|--- x >  0.000\n|   |--- c\n"
+    full = rules.export_text(feature_names=["x"], prune=False)
+    assert full.count("|--- ") == 10 and "x >  1.500" in full
+
+
+def test_export_text_keeps_a_boundary_point_and_drops_infinite_tests():
+    # x <= 0 then x >= 0 (greater=False): only x == 0 goes left there, still reachable;
+    # a threshold of +inf (a zero slope) sends everything one way
+    rules = trees.DecisionRules(
+        feature=torch.tensor([0, 0, 1]),
+        threshold=torch.tensor([0.0, 0.0, math.inf]),
+        greater=torch.tensor([True, False, True]),
+        leaf_values=["a", "b", "c", "d"],
+    )
+    assert rules.leaf_reachable().tolist() == [True, True, True, False]
+    text = rules.export_text()
+    assert text.count("|--- ") == 7 and "inf" not in text and text.endswith("|   |--- c\n")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pruned_rules_hold_every_routed_leaf_once(seed):
+    rules = _random_rules(4, 2, seed=seed)
+    reachable = rules.leaf_reachable()
+    x = torch.randn(2000, 2, generator=torch.Generator().manual_seed(seed)) * 2
+    assert bool(reachable[rules.route(x)].all())
+    text = rules.export_text()
+    for i, value in enumerate(rules.leaf_values):
+        assert text.count(f"|--- {value}\n") == int(reachable[i])
 
 
 def test_depth_one_split_uses_node_logit():

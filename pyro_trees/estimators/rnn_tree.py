@@ -152,6 +152,7 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         loc = self._leaf_loc()
         if self.experts == "linear":
             return [f"value: linear expert {i}" for i in range(loc.shape[0])]
+        loc = self.y_scaler_.inverse(loc.double())  # the leaf values in the units of y
         return ["value: " + ", ".join(f"{v:.3f}" for v in row.tolist()) for row in loc]
 
     def _predict_std(self, Xs: torch.Tensor, routing=None) -> torch.Tensor:

@@ -16,6 +16,16 @@ Each Cholesky factor is a positive scale per row times a unit lower-triangular m
 (as in :class:`~pyro.infer.autoguide.AutoMultivariateNormal`), so Adam's steps on the
 off-diagonal entries are relative to the scale.
 
+Every Gamma shape is kept above the prior's shape ``a0`` (``prior_a``). The family loses
+nothing: each optimal factor has shape ``a0`` plus a non-negative count (``a0 + P/2`` for
+``beta``, ``a0 + DP/2`` for ``alpha``, ``a0 + (D/2) sum_n r_nj`` for ``tau_j``). Without
+the floor, SVI ran away on an expert that receives no data: once the shape of its
+``q(tau)`` falls below about ``1e-2`` most reparameterised draws underflow and are clamped
+to ``finfo.tiny``, where the single-sample ELBO reads a spurious gain that grows without
+bound as the shape falls (about 2.3 nats per decade); Adam followed it until the shape's
+gradient overflowed (shape ~1e-30 in float32) and the next step raised on a NaN
+concentration.
+
 The posterior is multimodal (experts can swap roles or share a branch), so the guide
 initialises itself at its first call on data, like Pyro's autoguides: by default
 (``init="vb"``) it runs the closed-form coordinate ascent from ``init_restarts`` random
@@ -129,7 +139,8 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
     :param float init_scale: with ``init="random"``, the standard deviation of the
         Gaussian factors and of the initial means.
     :param float init_precision: with ``init="random"``, the initial mean of every Gamma
-        factor (shape 1); with ``init="data"``, of ``alpha`` and ``beta``.
+        factor (shape 1, or ``prior_a + 1`` when the prior's shape is 1 or more); with
+        ``init="data"``, of ``alpha`` and ``beta``.
     :param int num_restarts: if given, every parameter gets a leading dim of this size:
         that many independent copies of ``q`` (restarts) trained as one batch. The guide
         then opens a ``"restarts"`` plate at dim -2 and must be paired with the model
@@ -170,15 +181,14 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
     _CONSTRAINTS = {
         "v_scale": constraints.positive,
         "v_scale_tril": constraints.unit_lower_cholesky,
-        "beta_conc": constraints.positive,
         "beta_rate": constraints.positive,
         "W_scale": constraints.positive,
         "W_scale_tril": constraints.unit_lower_cholesky,
-        "alpha_conc": constraints.positive,
         "alpha_rate": constraints.positive,
-        "tau_conc": constraints.positive,
         "tau_rate": constraints.positive,
     }
+    #: Gamma shapes: constrained above the prior's shape (see the module docstring).
+    _SHAPES = ("beta_conc", "alpha_conc", "tau_conc")
 
     def __init__(
         self,
@@ -223,13 +233,20 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         """Whether the parameters exist (after the first call or an explicit init)."""
         return "W_loc" in self._pyro_params
 
+    def _constraint(self, key: str):
+        if key in self._SHAPES:
+            return constraints.greater_than(self.prior_a)
+        return self._CONSTRAINTS.get(key, constraints.real)
+
     def _set(self, values: dict) -> BayesianHMEGuide:
         self._awaiting_data = False
         for key in self._names():
             value = values[key].detach().clone()
-            setattr(
-                self, key, PyroParam(value, constraint=self._CONSTRAINTS.get(key, constraints.real))
-            )
+            if key in self._SHAPES:
+                # strictly inside the constraint (a VB shape of an unused expert may
+                # round to a0 itself)
+                value = value.clamp_min(self.prior_a * (1.0 + 1e-4))
+            setattr(self, key, PyroParam(value, constraint=self._constraint(key)))
         return self
 
     def _batch(self) -> tuple:
@@ -291,21 +308,23 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         opts = {"dtype": like.dtype, "device": like.device}
         r, s = self._batch(), self.init_scale
         eye = torch.eye(p, **opts)
-        ones_g, ones_e = torch.ones(r + (g,), **opts), torch.ones(r + (e,), **opts)
+        # shape 1, strictly above the prior's shape (the floor of every Gamma shape)
+        shape = 1.0 if self.prior_a < 1.0 else self.prior_a + 1.0
+        conc_g, conc_e = torch.full(r + (g,), shape, **opts), torch.full(r + (e,), shape, **opts)
         noise = torch.randn if draw else torch.zeros
         return {
             "v_loc": noise(r + (g, p), **opts) * s,
             "v_scale": torch.full(r + (g, p), s, **opts),
             "v_scale_tril": eye.expand(r + (g, p, p)),
-            "beta_conc": ones_g,
-            "beta_rate": ones_g / self.init_precision,
+            "beta_conc": conc_g,
+            "beta_rate": conc_g / self.init_precision,
             "W_loc": noise(r + (e, d, p), **opts) * s,
             "W_scale": torch.full(r + (e, p), s, **opts),
             "W_scale_tril": eye.expand(r + (e, p, p)),
-            "alpha_conc": ones_e,
-            "alpha_rate": ones_e / self.init_precision,
-            "tau_conc": ones_e,
-            "tau_rate": ones_e / self.init_precision,
+            "alpha_conc": conc_e,
+            "alpha_rate": conc_e / self.init_precision,
+            "tau_conc": conc_e,
+            "tau_rate": conc_e / self.init_precision,
         }
 
     def _init_vb(self, x: torch.Tensor, y: torch.Tensor) -> None:

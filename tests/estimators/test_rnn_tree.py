@@ -49,6 +49,10 @@ def test_export_text_uses_input_units(pulse_fit):
     # standardised thresholds map back near the pulse's integer boundaries
     raw = np.array(thresholds) * est.x_scaler_.scale[0] + est.x_scaler_.mean[0]
     assert np.all(np.abs(raw - np.round(raw)) < 0.15)
+    # the leaf values are in the units of y too: those of the hard predictions
+    lines = [line for line in text.splitlines() if "value:" in line]
+    printed = {round(float(line.split("value:")[1]), 3) for line in lines}
+    np.testing.assert_allclose(sorted(printed), sorted(set(est.predict(X).round(3))), atol=2e-3)
 
 
 @pytest.mark.parametrize("routing", ["hard", "posterior"])
