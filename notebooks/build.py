@@ -51,7 +51,12 @@ def load_cells(path: Path) -> list:
 
 def execute(nb, *, smoke: bool, timeout: int = 900) -> float:
     """Run ``nb`` in place in a fresh kernel; returns the wall-clock seconds."""
-    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    # tqdm.auto warns in a kernel without ipywidgets; the bars still print as text
+    env = dict(
+        os.environ,
+        MPLBACKEND="module://matplotlib_inline.backend_inline",
+        PYTHONWARNINGS="ignore:IProgress not found",
+    )
     env.pop("PYRO_TREES_SMOKE", None)
     if smoke:
         env["PYRO_TREES_SMOKE"] = "1"
