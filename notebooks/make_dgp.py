@@ -32,6 +32,8 @@ import math
 import os
 import warnings
 
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+
 import matplotlib.pyplot as plt
 import pyro
 import pyro.distributions as dist
@@ -202,7 +204,7 @@ the inducing inputs and kernel scales and uses full-covariance Gaussians.
 All three guides describe only the inducing sites; $F_1$ and $F_2$ at the data always come
 from the model's conditionals (shared code, `pyro_trees.gp.conditional`).
 
-| guide | factorisation | parameters per layer pair |
+| guide | factorisation | variational parameters, two layers (about) |
 |---|---|---|
 | `DGPFactorisedGuide` | $q(U_1)\,q(U_2)$, each $\mathcal N(m_i, S_i)$ | $2(M + M^2/2)$ |
 | `DGPJointGuide` | $q(U_1, U_2) = \mathcal N(m, S)$, $S$ of size $2M \times 2M$ | $2M + (2M)^2/2$ (quadratic in depth) |
@@ -222,8 +224,8 @@ $$
 $$
 
 (for the factorised and joint guides the KL is the plain $\mathrm{KL}[q(U)\|p(U)]$).
-`TraceMeanField_ELBO` computes each KL in closed form given the sampled parents and
-estimates the rest with 4 reparameterised particles a step; the last layer is integrated
+`TraceMeanField_ELBO` computes each KL in closed form (given the sampled parents, for the
+intermediate guide) and estimates the rest with 4 reparameterised particles a step; the last layer is integrated
 exactly (`obs` + `obs_var`). It is an unbiased estimate of this ELBO — nothing else is
 added or reweighted.
 

@@ -26,6 +26,9 @@ $\log p(x)$ is exact, so every guide's ELBO gap can be measured, not guessed.
     code(r"""
 import os
 import time
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
 
 import matplotlib.pyplot as plt
 import pyro
