@@ -53,8 +53,8 @@ from pyro_trees.plotting import plot_dgp_layers
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"
 plt.rcParams["figure.dpi"] = 80  # keeps the committed notebook small
-TINY_STEPS = 100 if SMOKE else 800  # the hand-written model
-STEPS = 100 if SMOKE else 800  # each library fit
+TINY_STEPS = 60 if SMOKE else 800  # the hand-written model
+STEPS = 60 if SMOKE else 800  # each library fit
 torch.set_num_threads(1)
 
 pyro.set_rng_seed(0)  # seed first: the data below are random
@@ -272,7 +272,7 @@ for kind in KINDS:
     fits[kind] = (model, guide, losses)
 
 fig, ax = plt.subplots(figsize=(6.5, 3.3))
-w = 25
+w = 20
 for kind, (_, _, losses) in fits.items():
     smooth = torch.tensor(losses).unfold(0, w, 1).mean(-1)
     ax.plot(range(w - 1, len(losses)), smooth, label=kind)
@@ -373,7 +373,8 @@ pyro.set_rng_seed(4)
 fig, ax = plt.subplots(figsize=(7, 3.3))
 for j, kind in enumerate(KINDS):
     m, g, _ = fits[kind]
-    matched, shuffled = composition_rmse(m, g, 0), composition_rmse(m, g, 1)
+    num = 20 if SMOKE else 100
+    matched, shuffled = composition_rmse(m, g, 0, num), composition_rmse(m, g, 1, num)
     bp = ax.boxplot([matched, shuffled], positions=[3 * j, 3 * j + 1], widths=0.7,
                     patch_artist=True)
     for patch, c in zip(bp["boxes"], ("C0", "C3")):

@@ -159,7 +159,7 @@ for name, parents in [("mean-field", None), ("T1", T1), ("T2", T2)]:
     pyro.set_rng_seed(0)
     svi = SVI(tiny_model, make_tiny_guide(parents), pyro.optim.Adam({"lr": 0.03}),
               Trace_ELBO(num_particles=8, vectorize_particles=True, max_plate_nesting=1))
-    tiny_curves[name] = [-svi.step(x_tiny) for _ in range(100 if SMOKE else 300)]
+    tiny_curves[name] = [-svi.step(x_tiny) for _ in range(60 if SMOKE else 300)]
     if parents is not None:
         print(f"{name}: learnt edge correlations {pyro.param('rho')[1:].detach().numpy().round(2)}")
 
