@@ -65,7 +65,7 @@ class VaRTForestRegressor(VaRTRegressor):
 
     def __init__(
         self,
-        n_trees: int = 50,
+        n_trees: int = 20,
         depth: int = 3,
         lam: float = 1e-3,
         *,
