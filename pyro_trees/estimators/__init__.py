@@ -20,6 +20,9 @@ from pyro_trees.estimators.vart import (
 from pyro_trees.estimators.vart_causal import (
     VaRTCausal,
 )
+from pyro_trees.estimators.vart_forest import (
+    VaRTForestRegressor,
+)
 
 __all__ = [
     "BayesianHMERegressor",
@@ -27,6 +30,7 @@ __all__ = [
     "RNNTreeClassifier",
     "RNNTreeRegressor",
     "VaRTCausal",
+    "VaRTForestRegressor",
     "VaRTRegressor",
     "noise_factor_from_curve",
     "noise_factor_from_scores",

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from pyro_trees.infer._fit_data import _comm_device
 from pyro_trees.infer.distributed import _collective, rank_subsample, world
 from pyro_trees.infer.vart_elbo import VaRTELBO, vart_elbo
+from pyro_trees.infer.vart_forest_elbo import VaRTForestELBO, vart_forest_elbo
 
 __all__ = ["RankRows", "RankVaRTELBO", "Ranks", "fit_args", "rank_fit"]
 
@@ -269,3 +270,22 @@ class RankVaRTELBO(VaRTELBO):
         model._check_x(x, y)
         idx = idx.to(x.device)
         return -vart_elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
+
+
+class RankVaRTForestELBO(VaRTForestELBO):
+    """:class:`~pyro_trees.infer.VaRTForestELBO` reading this rank's rows of
+    :class:`RankRows`, as :class:`RankVaRTELBO` does for one tree."""
+
+    def __init__(self, rows: RankRows, data: tuple | None = None):
+        super().__init__()
+        self.rows, self.data = rows, data
+
+    def differentiable_loss(self, model, guide, x=None, y=None, subsample_size=None):
+        if x is None and self.data is not None:
+            x, y = self.data
+        idx, num_rows = self.rows(x.shape[0], subsample_size)
+        if idx is None:
+            return super().differentiable_loss(model, guide, x, y, subsample_size)
+        model._check_x(x, y)
+        idx = idx.to(x.device)
+        return -vart_forest_elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)

@@ -20,18 +20,19 @@ def _split_importances(guide, Xs: torch.Tensor, ranks=None) -> np.ndarray:
     ``Xs`` ``(N, L)`` under ``guide``, a :class:`~pyro_trees.guides.VaRTGuide`: ``(L,)``,
     summing to one. With ``ranks`` whose rows are spread, the reach is averaged over
     every rank's rows."""
-    g = guide
+    g = guide  # a VaRTGuide, or a VaRTForestGuide (a leading dimension of trees)
     psi, _ = g.node_probs()
     n_int = trees.num_internal(g.depth)
     loc = g.beta_loc.detach()
-    reach = trees.node_log_reach(trees.leaf_log_probs(-(with_bias(Xs) @ loc.T))).exp()[:, :n_int]
-    w = loc[:, :-1].abs()
+    logits = -torch.matmul(with_bias(Xs), loc.transpose(-1, -2))
+    reach = trees.node_log_reach(trees.leaf_log_probs(logits)).exp()[..., :n_int]
+    w = loc[..., :-1].abs()
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
     if ranks is not None and ranks.spread:
-        reach = (ranks.sum(reach.sum(0)) / ranks.count(reach.shape[0])).to(reach)
+        reach = (ranks.sum(reach.sum(-2)) / ranks.count(reach.shape[-2])).to(reach)
     else:
-        reach = reach.mean(0)
-    imp = ((psi[:n_int] * reach).unsqueeze(-1) * w).sum(0)
+        reach = reach.mean(-2)
+    imp = ((psi[..., :n_int] * reach).unsqueeze(-1) * w).reshape(-1, w.shape[-1]).sum(0)
     total = imp.sum()
     imp = imp / total if total > 0 else torch.full_like(imp, 1 / imp.numel())
     return imp.cpu().numpy()

@@ -332,24 +332,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         Xva = self._clip(Xs[val_idx])  # held-out rows are scored as new rows would be
         # inputs are checked above; Pyro's per-site validation only costs time here
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
-            self.model_ = VaRT(
-                num_features,
-                lam=self.lam,
-                split_alpha=self.split_alpha,
-                split_beta=self.split_beta,
-                split_scale=self.split_scale,
-                leaf_scale=self.leaf_scale,
-            )
-            self.guide_ = VaRTGuide(
-                self.model_,
-                depth,
-                temperature=self.temperature_start,
-                init="random",  # the data-driven start follows, from ``gen``
-                init_split_prob=self.init_split_prob,
-                generator=gen,
-            )
-            if self.init == "data":
-                self.guide_.init_splits_from_data(Xtr, generator=gen)
+            self.model_, self.guide_ = self._model_guide(num_features, depth, Xtr, gen)
             ranks.broadcast_modules(self.guide_)  # sharded: rank 0's start
             self.guide_.to(X.device)
             schedule = TemperatureSchedule(
@@ -365,7 +348,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
 
                 def val_rmse() -> float:
                     with torch.no_grad():
-                        pred = tree_mean(guide.mean_tree(), Xva)
+                        pred = self._central_mean(guide, Xva)
                         sse = float((pred - yva).pow(2).sum())
                         return ranks.mean_error(sse, yva.shape[0]) ** 0.5
 
@@ -375,11 +358,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     )
                 }
             seed = self._seed() if seed is None else int(seed)
-            loss = Trace_ELBO()
-            if self.elbo == "vectorised":
-                loss = VaRTELBO()
-                if ranks.size > 1:
-                    loss = RankVaRTELBO(RankRows(ranks, seed), data=(Xtr, ytr))
+            loss = self._loss(RankRows(ranks, seed) if ranks.size > 1 else None, (Xtr, ytr))
             with local_seed(seed, X.device), rank_fit(ranks):  # global streams left alone
                 self.fit_result_ = fit(
                     self.model_,
@@ -389,13 +368,65 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     loss=loss,
                     optim="clipped_adam",
                     lr=self.lr,
-                    progress=self.progress and ("VaRT" if num_steps is None else "VaRT refit"),
+                    progress=self.progress and (self._label + (" refit" if num_steps else "")),
                     callback=schedule.callback(self.guide_),
                     **val,
                     **kwargs,
                 )
         self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096], ranks)
         return Xva, yva
+
+    _label = "VaRT"
+
+    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
+        """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
+        keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
+        model = VaRT(num_features, **{k: getattr(self, k) for k in keys})
+        guide = VaRTGuide(
+            model,
+            depth,
+            temperature=self.temperature_start,
+            init="random",  # the data-driven start follows, from ``gen``
+            init_split_prob=self.init_split_prob,
+            generator=gen,
+        )
+        if self.init == "data":
+            guide.init_splits_from_data(Xtr, generator=gen)
+        return model, guide
+
+    def _central_mean(self, guide, Xs):
+        """The guide's central tree's predictions (early stopping)."""
+        return tree_mean(guide.mean_tree(), Xs)
+
+    def _loss(self, rows=None, data=None):
+        """The training objective; with ``rows`` (several processes) it reads this rank's
+        rows of ``data``."""
+        if self.elbo != "vectorised":
+            return Trace_ELBO()
+        return VaRTELBO() if rows is None else RankVaRTELBO(rows, data=data)
+
+    @torch.no_grad()
+    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
+        """Each row's coverage score: the least noise factor (relative to the fitted
+        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
+        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
+        the ``num_samples`` trees and their leaves) for every larger factor (log grid
+        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
+
+        A row is inside the ``level`` interval of the calibrated predictive iff its
+        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
+        factor from these scores on the held-out rows
+        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
+        estimates the same interval from ``num_samples`` draws.
+
+        :param X: ``(N, L)``.
+        :param y: ``(N,)``.
+        :param level: default ``calibration_level``.
+        :returns: ``(N,)`` scores.
+        """
+        level = check_level(self.calibration_level if level is None else level)
+        Xs = self._prepare(X)
+        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
 
     # --------------------------------------------------------------- prediction
     def predict(self, X, return_std: bool = False):

@@ -75,6 +75,9 @@ from pyro_trees.infer.tree_vi_structure import (
 from pyro_trees.infer.vart_elbo import (
     VaRTELBO,
 )
+from pyro_trees.infer.vart_forest_elbo import (
+    VaRTForestELBO,
+)
 
 __all__ = [
     "Checkpoint",
@@ -93,6 +96,7 @@ __all__ = [
     "VBData",
     "VBState",
     "VaRTELBO",
+    "VaRTForestELBO",
     "acyclicity",
     "all_reduce_sum",
     "average_gradients",

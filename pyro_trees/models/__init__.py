@@ -34,6 +34,10 @@ from pyro_trees.models.synthetic_graph import (
 from pyro_trees.models.vart import (
     VaRT,
 )
+from pyro_trees.models.vart_forest import (
+    VaRTForest,
+    forest_mean,
+)
 
 __all__ = [
     "BayesianHME",
@@ -46,6 +50,8 @@ __all__ = [
     "SYNTHETIC_AFFINITY",
     "SyntheticGraphVAE",
     "VaRT",
+    "VaRTForest",
+    "forest_mean",
     "mixture_params",
     "tree_likelihood",
     "tree_mean",
