@@ -20,6 +20,9 @@ from pyro_trees.estimators.vart import (
 from pyro_trees.estimators.vart_causal import (
     VaRTCausal,
 )
+from pyro_trees.estimators.vart_classifier import (
+    VaRTClassifier,
+)
 
 __all__ = [
     "BayesianHMERegressor",
@@ -27,6 +30,7 @@ __all__ = [
     "RNNTreeClassifier",
     "RNNTreeRegressor",
     "VaRTCausal",
+    "VaRTClassifier",
     "VaRTRegressor",
     "noise_factor_from_curve",
     "noise_factor_from_scores",

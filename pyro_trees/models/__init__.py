@@ -34,6 +34,9 @@ from pyro_trees.models.synthetic_graph import (
 from pyro_trees.models.vart import (
     VaRT,
 )
+from pyro_trees.models.vart_classification import (
+    VaRTClassification,
+)
 
 __all__ = [
     "BayesianHME",
@@ -46,6 +49,7 @@ __all__ = [
     "SYNTHETIC_AFFINITY",
     "SyntheticGraphVAE",
     "VaRT",
+    "VaRTClassification",
     "mixture_params",
     "tree_likelihood",
     "tree_mean",
