@@ -82,7 +82,8 @@ def run(out_dir: Path, smoke: bool = False) -> list[dict]:
         {
             "model": "VaRT",
             "task": "causal toy, overlap (eqs. 35-37)",
-            "metric": f"ATE (true {true_ate:.2f})",
+            "metric": f"ATE (true {true_ate:.2f}; "
+            f"ours 90% [{ate['lower']:.2f}, {ate['upper']:.2f}])",
             "paper": None,
             "ours": ate["mean"],
             "seconds": seconds,
