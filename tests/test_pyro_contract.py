@@ -258,6 +258,33 @@ CASES.append(
 )
 
 
+def _vart_forest_build(name=None, dtype=torch.float64):
+    from pyro_trees.guides import VaRTForestGuide
+    from pyro_trees.models import VaRTForest
+
+    model = VaRTForest(1, n_trees=10, depth=2, lam=1e-3, name=name)
+    return model, VaRTForestGuide(model, name=name)
+
+
+CASES.append(
+    Case(
+        id="vart-forest",
+        build=_vart_forest_build,
+        data=_vart_data,
+        predict_args=lambda args, kwargs: ((args[0],), {}),
+        observed=("obs", "mean"),
+        figure=_vart_rmse,
+        passes=lambda v: v < 0.35,
+        paper="no paper figure (forests are this package's extension); the step "
+        "function as for the single tree, RMSE of the predictive mean",
+        centred=lambda samples, args, kwargs: corr(samples["obs"].mean(0), args[1]),
+        min_centred=0.9,
+        steps=300,
+        lr=0.05,
+    )
+)
+
+
 # ---------------------------------------------------------------------------------------
 # VaRT classification (a threshold, probit link)
 # ---------------------------------------------------------------------------------------

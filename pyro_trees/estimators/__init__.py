@@ -23,6 +23,9 @@ from pyro_trees.estimators.vart_causal import (
 from pyro_trees.estimators.vart_classifier import (
     VaRTClassifier,
 )
+from pyro_trees.estimators.vart_forest import (
+    VaRTForestRegressor,
+)
 
 __all__ = [
     "BayesianHMERegressor",
@@ -31,6 +34,7 @@ __all__ = [
     "RNNTreeRegressor",
     "VaRTCausal",
     "VaRTClassifier",
+    "VaRTForestRegressor",
     "VaRTRegressor",
     "noise_factor_from_curve",
     "noise_factor_from_scores",

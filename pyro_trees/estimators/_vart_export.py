@@ -19,14 +19,15 @@ def _split_importances(guide, Xs: torch.Tensor) -> np.ndarray:
     |\\tilde\\mu_{ij}| / \\sum_k |\\tilde\\mu_{ik}|` for the standardised inputs
     ``Xs`` ``(N, L)`` under ``guide``, a :class:`~pyro_trees.guides.VaRTGuide`: ``(L,)``,
     summing to one."""
-    g = guide
+    g = guide  # a VaRTGuide, or a VaRTForestGuide (a leading dimension of trees)
     psi, _ = g.node_probs()
     n_int = trees.num_internal(g.depth)
     loc = g.beta_loc.detach()
-    reach = trees.node_log_reach(trees.leaf_log_probs(-(with_bias(Xs) @ loc.T))).exp()[:, :n_int]
-    w = loc[:, :-1].abs()
+    logits = -torch.matmul(with_bias(Xs), loc.transpose(-1, -2))
+    reach = trees.node_log_reach(trees.leaf_log_probs(logits)).exp()[..., :n_int]
+    w = loc[..., :-1].abs()
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
-    imp = ((psi[:n_int] * reach.mean(0)).unsqueeze(-1) * w).sum(0)
+    imp = ((psi[..., :n_int] * reach.mean(-2)).unsqueeze(-1) * w).reshape(-1, w.shape[-1]).sum(0)
     total = imp.sum()
     imp = imp / total if total > 0 else torch.full_like(imp, 1 / imp.numel())
     return imp.cpu().numpy()

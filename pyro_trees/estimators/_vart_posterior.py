@@ -12,7 +12,6 @@ import pyro
 import torch
 from pyro.infer import Predictive
 
-from pyro_trees import trees
 from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides._vart_memory import (
@@ -64,15 +63,14 @@ class _PosteriorTrees:
             shift = math.log(getattr(self, "noise_factor_", 1.0))
             if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
                 for key in samples:
-                    if key.startswith("log_sigma_"):
+                    if key.startswith("log_sigma"):  # a tree's leaves, or a forest's
                         samples[key] = samples[key] + shift
             self._tree_samples = samples
         return self._tree_samples
 
     def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
         samples = self._posterior_trees()
-        nodes = 2 ** (self.guide_.depth + 1)
-        rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
+        rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * self._row_nodes()))
         out = {s: [] for s in sites}
         with (
             local_seed(self._seed() + seed_offset, Xs.device),
@@ -85,8 +83,8 @@ class _PosteriorTrees:
             )
             for start in range(0, Xs.shape[0], rows):
                 res = pred(Xs[start : start + rows])
-                for s in sites:
-                    out[s].append(res[s])
+                for s in sites:  # a forest's sites keep its summed trees dim: (S, 1, n)
+                    out[s].append(res[s].reshape(res[s].shape[0], -1))
         return {s: self._outputs(torch.cat(v, dim=-1)) for s, v in out.items()}
 
     def _raw_leaves(self) -> dict:
@@ -101,14 +99,14 @@ class _PosteriorTrees:
         samples = self._posterior_trees()
         cache = getattr(self, "_leaf_cache", None)
         if cache is None or cache[0] is not samples:
-            cache = (samples, _leaf_tree(_stack_trees(samples, self.guide_.depth)))
+            cache = (samples, self._stack(samples))
             self._leaf_cache = cache
         return cache[1]
 
     def _function_draws(self, Xs: torch.Tensor) -> np.ndarray:
         """:meth:`sample_function` of standardised rows, every posterior tree."""
         tree = self._leaf_trees()
-        nodes = max(int(tree["keep"].numel()), trees.num_internal(self.guide_.depth))
+        nodes = self._row_nodes()
         rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
         out = []
         with torch.no_grad():
@@ -116,6 +114,14 @@ class _PosteriorTrees:
                 logits, means, _ = _leaf_mixtures(tree, Xs[start : start + rows])
                 out.append((logits.softmax(-1) * means).sum(-1))
         return self._outputs(torch.cat(out, -1))
+
+    def _stack(self, samples: dict) -> dict:
+        """The posterior draws by site, stacked and cut to their leaves."""
+        return _leaf_tree(_stack_trees(samples, self.guide_.depth))
+
+    def _row_nodes(self) -> int:
+        """Nodes per posterior draw and row that prediction holds at once (batching)."""
+        return 2 ** (self.guide_.depth + 1) * getattr(self.guide_, "n_trees", 1)
 
     def _take(self, draws: np.ndarray, num_samples) -> np.ndarray:
         if num_samples is not None:
@@ -131,8 +137,8 @@ class _PosteriorTrees:
     def _calibration_batches(self, *tensors: torch.Tensor):
         """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
         their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
-        nodes = 2 ** (self.guide_.depth + 1)
-        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
+        rows = PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * self._row_nodes())
+        rows = max(1, rows)
         for start in range(0, tensors[0].shape[0], rows):
             yield tuple(t[start : start + rows] for t in tensors)
 

@@ -317,24 +317,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         Xva = self._clip(Xs[val_idx])  # held-out rows are scored as new rows would be
         # inputs are checked above; Pyro's per-site validation only costs time here
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
-            self.model_ = VaRT(
-                num_features,
-                lam=self.lam,
-                split_alpha=self.split_alpha,
-                split_beta=self.split_beta,
-                split_scale=self.split_scale,
-                leaf_scale=self.leaf_scale,
-            )
-            self.guide_ = VaRTGuide(
-                self.model_,
-                depth,
-                temperature=self.temperature_start,
-                init="random",  # the data-driven start follows, from ``gen``
-                init_split_prob=self.init_split_prob,
-                generator=gen,
-            )
-            if self.init == "data":
-                self.guide_.init_splits_from_data(Xtr, generator=gen)
+            self.model_, self.guide_ = self._model_guide(num_features, depth, Xtr, gen)
             self.guide_.to(X.device)
             schedule = TemperatureSchedule(
                 max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
@@ -347,7 +330,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
 
                 def val_rmse() -> float:
                     with torch.no_grad():
-                        pred = tree_mean(guide.mean_tree(), Xva)
+                        pred = self._central_mean(guide, Xva)
                         return float((pred - yva).pow(2).mean().sqrt())
 
                 val = {
@@ -363,16 +346,41 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     Xtr,
                     ytr,
                     num_steps=steps,
-                    loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
+                    loss=self._loss(),
                     optim="clipped_adam",
                     lr=self.lr,
-                    progress=self.progress and ("VaRT" if num_steps is None else "VaRT refit"),
+                    progress=self.progress and (self._label + (" refit" if num_steps else "")),
                     callback=schedule.callback(self.guide_),
                     **val,
                     **kwargs,
                 )
         self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096])
         return Xva, yva
+
+    _label = "VaRT"
+
+    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
+        """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
+        keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
+        model = VaRT(num_features, **{k: getattr(self, k) for k in keys})
+        guide = VaRTGuide(
+            model,
+            depth,
+            temperature=self.temperature_start,
+            init="random",  # the data-driven start follows, from ``gen``
+            init_split_prob=self.init_split_prob,
+            generator=gen,
+        )
+        if self.init == "data":
+            guide.init_splits_from_data(Xtr, generator=gen)
+        return model, guide
+
+    def _central_mean(self, guide, Xs):
+        """The guide's central tree's predictions (early stopping)."""
+        return tree_mean(guide.mean_tree(), Xs)
+
+    def _loss(self):  # the training objective
+        return VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO()
 
     @torch.no_grad()
     def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:

@@ -33,7 +33,9 @@ class VaRTCausal(BaseEstimator):
     so the posterior of the CATE (and of the ATE, averaged over the given ``X``) comes
     from the same tree draws; intervals are equal-tailed posterior quantiles.
 
-    :param regressor: an unfitted :class:`VaRTRegressor`, cloned by ``fit`` (default:
+    :param regressor: an unfitted :class:`VaRTRegressor`, or a
+        :class:`~pyro_trees.estimators.VaRTForestRegressor` for a forest (each posterior
+        forest then gives one draw of both regression functions), cloned by ``fit`` (default:
         ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
         the paper's causal :math:`\\lambda`, trained on every row as in the paper).
     :param random_state: seed of the default regressor (a given regressor keeps its

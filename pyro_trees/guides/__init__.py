@@ -38,6 +38,9 @@ from pyro_trees.guides.vart import (
     TemperatureSchedule,
     VaRTGuide,
 )
+from pyro_trees.guides.vart_forest import (
+    VaRTForestGuide,
+)
 
 __all__ = [
     "BayesianHMEGuide",
@@ -55,6 +58,7 @@ __all__ = [
     "TreeGuide",
     "TreeVIGuide",
     "TreeVIMixtureGuide",
+    "VaRTForestGuide",
     "VaRTGuide",
     "induced_forest",
     "tree_batches",

@@ -62,6 +62,9 @@ from pyro_trees.infer.tree_vi_structure import (
 from pyro_trees.infer.vart_elbo import (
     VaRTELBO,
 )
+from pyro_trees.infer.vart_forest_elbo import (
+    VaRTForestELBO,
+)
 
 __all__ = [
     "Checkpoint",
@@ -78,6 +81,7 @@ __all__ = [
     "VBData",
     "VBState",
     "VaRTELBO",
+    "VaRTForestELBO",
     "acyclicity",
     "collapse_ratio",
     "dgp_predict",

@@ -37,6 +37,10 @@ from pyro_trees.models.vart import (
 from pyro_trees.models.vart_classification import (
     VaRTClassification,
 )
+from pyro_trees.models.vart_forest import (
+    VaRTForest,
+    forest_mean,
+)
 
 __all__ = [
     "BayesianHME",
@@ -50,6 +54,8 @@ __all__ = [
     "SyntheticGraphVAE",
     "VaRT",
     "VaRTClassification",
+    "VaRTForest",
+    "forest_mean",
     "mixture_params",
     "tree_likelihood",
     "tree_mean",

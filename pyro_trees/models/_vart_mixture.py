@@ -155,8 +155,17 @@ def _leaf_mixtures(leaf: dict, x: torch.Tensor):
     log scales ``(S, n, K)`` (the values :func:`mixture_params`
     gives at those nodes; its other nodes have weight zero).
 
+    Posterior forests (a dict with ``forest``, trees of batch shape ``(S, K)``, and
+    ``log_sigma`` ``(S,)``) give one component per draw: zero logits, the forest's mean
+    (:func:`~pyro_trees.models.forest_mean`) and its noise, ``(S, n, 1)``, ``(S, 1, 1)``.
+
     The routing is computed top-down, level by level: a node's log reach is its
     parent's plus ``logsigmoid(beta^T x)`` (left child) or ``logsigmoid(-beta^T x)``."""
+    if "forest" in leaf:
+        from pyro_trees.models.vart_forest import forest_mean
+
+        means = forest_mean(leaf["forest"], x).unsqueeze(-1)
+        return torch.zeros_like(means), means, leaf["log_sigma"][:, None, None]
     x1 = with_bias(x)
     beta = leaf["beta"]
     num, n = leaf["log_kappa"].shape[0], x1.shape[0]

@@ -22,6 +22,7 @@ from pyro_trees.estimators import (
     RNNTreeRegressor,
     VaRTCausal,
     VaRTClassifier,
+    VaRTForestRegressor,
     VaRTRegressor,
 )
 
@@ -33,6 +34,7 @@ ESTIMATORS = [
     BayesianHMERegressor,
     VaRTRegressor,
     VaRTClassifier,
+    VaRTForestRegressor,
     HeteroscedasticGPRegressor,
 ]
 REGRESSORS = [e for e in ESTIMATORS if not is_classifier(e())]
@@ -80,6 +82,7 @@ def _small(est_cls, **kwargs):
         BayesianHMERegressor: {"max_experts": 2, "n_restarts": 2, "n_iter": 20, "grow": 0},
         VaRTRegressor: {"depth": 2, "num_steps": 30, "num_samples": 20},
         VaRTClassifier: {"depth": 2, "num_steps": 30, "num_samples": 20},
+        VaRTForestRegressor: {"n_trees": 5, "depth": 2, "num_steps": 30, "num_samples": 20},
         HeteroscedasticGPRegressor: {"depth": 1, "num_steps": 10, "init_steps": 5},
     }[est_cls]
     return est_cls(random_state=0, **{**small, **kwargs})

@@ -45,3 +45,19 @@ def test_bad_input(causal):
         model.cate(X[:, :1])
     with pytest.raises(ValueError, match="level"):
         model.ate(level=1.5)
+
+
+def test_forest_outcome_model():
+    """A VaRTForestRegressor serves as the outcome model: one CATE draw per forest."""
+    from pyro_trees.estimators import VaRTForestRegressor
+
+    rng = np.random.default_rng(0)
+    X, A = rng.normal(size=(80, 2)), rng.integers(0, 2, size=80)
+    y = X[:, 0] + 2.0 * A + 0.1 * rng.normal(size=80)
+    reg = VaRTForestRegressor(
+        n_trees=5, depth=2, num_steps=150, lr=0.05, num_samples=10, random_state=0
+    )
+    causal = VaRTCausal(reg).fit(X, A, y)
+    assert isinstance(causal.regressor_, VaRTForestRegressor)
+    assert causal.sample_cate(X[:4]).shape == (10, 4)
+    assert abs(causal.ate()["mean"] - 2.0) < 0.5

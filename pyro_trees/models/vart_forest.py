@@ -1,0 +1,288 @@
+"""VaRT forests: a sum of ``K`` VaRT trees under one prior, with one Gaussian noise.
+
+The VaRT paper (Salazar, 2023, Sec. 6) names sums of trees as future work; this is the
+construction of BART (Chipman, George and McCulloch, 2010) with VaRT's soft, oblique
+trees and linear leaves: the leaves' prior scale shrinks as :math:`1/\\sqrt K`, so the
+prior variance of the sum does not grow with the number of trees.
+
+References
+
+* S. Salazar, *VaRT: Variational Regression Trees*, NeurIPS 2023.
+* H. A. Chipman, E. I. George, R. E. McCulloch, *BART: Bayesian additive regression
+  trees*, Ann. Appl. Stat. 2010.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro import poutine
+from pyro.nn import PyroModule
+
+from pyro_trees import trees
+from pyro_trees.distributions.split_indicator import SplitIndicator
+from pyro_trees.models._vart_mixture import with_bias
+from pyro_trees.models.vart import node_weights, weighted
+
+__all__ = ["VaRTForest", "forest_mean", "forest_tree"]
+
+
+def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    r"""The regression function of a forest, :math:`f(x) = \sum_k f_k(x)`, with
+    :math:`f_k(x) = \sum_i \kappa_{ki} P_k(x \to i)\, \theta_{ki}^\top x` the
+    :func:`~pyro_trees.models.tree_mean` of tree :math:`k`, computed for all trees at
+    once in probability space (the weights :math:`\kappa_{ki} P_k(x \to i)` sum to one
+    over the nodes of each tree).
+
+    :param forest: per-tree tensors in the format of
+        :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``B + (K,)``
+        (:func:`forest_tree` builds one from the sites).
+    :param x: inputs ``(N, L)``.
+    :param bool keepdim: keep the summed tree dimension (size 1), as the model's sites do.
+    :returns: ``B + (N,)`` (``B + (1, N)`` with ``keepdim``).
+    """
+    x1 = with_bias(x)
+    beta, theta = forest["beta"], forest["theta"]
+    z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
+    down, right = _paths(beta.shape[-2], z.dtype, z.device)
+    # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
+    log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
+    weight = (log_reach + forest["log_exist"].unsqueeze(-2)).exp()
+    weight = weight * (1 - forest["split"]).unsqueeze(-2)  # kappa P(x -> i), B + (K, N, M)
+    leaf = torch.matmul(weight, theta)  # B + (K, N, L + 1): the routed leaf weights
+    return (leaf * x1).sum(-1).sum(-2, keepdim=keepdim)
+
+
+def _paths(n_int: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ancestor matrices ``(n_int, 2 n_int + 1)`` of the heap nodes: ``down[j, i] = 1``
+    when internal node ``j`` is a proper ancestor of node ``i``, ``right[j, i] = 1`` when
+    ``i`` lies in ``j``'s right subtree."""
+    m = 2 * n_int + 1
+    down = torch.zeros(n_int, m, dtype=dtype, device=device)
+    right = torch.zeros(n_int, m, dtype=dtype, device=device)
+    for i in range(2, m + 1):  # heap numbers; the parent of i is i // 2
+        child, j = i, i // 2
+        while j >= 1:
+            down[j - 1, i - 1] = 1.0
+            right[j - 1, i - 1] = float(child % 2)
+            child, j = j, j // 2
+    return down, right
+
+
+def forest_tree(split: list, beta: list, theta: list) -> dict:
+    """The per-tree tensors of :meth:`~pyro_trees.models.VaRT.sample_tree` from the
+    levels of a forest of depth ``D``: ``split`` the ``D`` internal levels ``B + (K, 2**d)``,
+    ``beta`` the same levels ``B + (K, 2**d, L + 1)``, ``theta`` the ``D + 1`` levels.
+    The nodes of level ``D`` are leaves."""
+    shape = torch.broadcast_shapes(*(t.shape[:-2] for t in theta), *(s.shape[:-1] for s in split))
+    last = theta[-1].new_zeros(shape + theta[-1].shape[-2:-1])
+    split = [s.expand(shape + s.shape[-1:]) for s in split] + [last]
+    log_exist = [last.new_zeros(shape + (1,))]
+    for s in split[:-1]:
+        log_exist.append((log_exist[-1] + s.log()).repeat_interleave(2, dim=-1))
+    return {
+        "split": torch.cat(split, -1),
+        "log_exist": torch.cat(log_exist, -1),
+        "beta": torch.cat([b.expand(shape + b.shape[-2:]) for b in beta], -2),
+        "theta": torch.cat([t.expand(shape + t.shape[-2:]) for t in theta], -2),
+        "log_sigma": last.new_zeros(shape + (last.shape[-1] * 2 - 1,)),
+    }
+
+
+class VaRTForest(PyroModule):
+    r"""A sum of ``n_trees`` VaRT trees under one prior: Bayesian additive VaRT.
+
+    Each tree :math:`k` is a :class:`~pyro_trees.models.VaRT` tree truncated at depth
+    ``depth`` (its nodes at that depth are leaves; with the default split decay the
+    prior splits there with probability :math:`\alpha(1+D)^{-\beta}`, 0.059 at
+    :math:`D = 3`): for node :math:`i` at depth :math:`d < D`,
+    :math:`s_{ki} \sim \mathrm{Bernoulli}(\alpha(1+d)^{-\beta})` and
+    :math:`\beta_{ki} \sim \mathcal N(0, s_\beta^2 I)`; for every node,
+    :math:`\theta_{ki} \sim \mathcal N(0, s_\theta^2 I / K)`. Tree :math:`k` gives the
+    soft regression function :math:`f_k(x) = \sum_i \kappa_{ki} P_k(x \to i)\,
+    \theta_{ki}^\top x` (:func:`~pyro_trees.models.tree_mean`), and
+
+    .. math:: y \mid x \sim \mathcal N\Bigl(\sum_{k=1}^K f_k(x),\ \sigma^2\Bigr), \qquad
+              \log\sigma \sim \mathcal N(m_\sigma, v_\sigma^2).
+
+    **Prior variance constant in K.** Given the routing weights, :math:`f_k(x)` is a
+    linear combination of its leaves' :math:`\theta` with weights summing to one, and the
+    trees are independent, so :math:`\mathrm{Var}\,f(x) = s_\theta^2 \lVert x_1\rVert^2
+    E[\sum_i w_i^2]` (:math:`x_1` the input with its intercept): the leaf scale
+    :math:`s_\theta / \sqrt K` makes it independent of :math:`K`, as BART's leaf prior does.
+
+    **Sites.** In the plate ``trees`` (size ``K``, ``dim=-2``) and the plates ``nodes_d``
+    (``2**d``, ``dim=-1``): ``split_d`` and ``beta_d`` for :math:`d < D`, ``theta_d`` for
+    :math:`d \le D`, weighted by :math:`A`, :math:`\psi` and :math:`\kappa` and by ``lam``
+    as in :meth:`~pyro_trees.models.VaRT.sample_tree`; ``log_sigma`` (scaled by ``lam``)
+    outside them; ``mean`` and ``obs`` in the plate ``data`` (``dim=-1``), of shape
+    ``(1, N)`` (the summed trees dimension is kept so that outer plates such as
+    ``Predictive(parallel=True)``'s line up). With ``name`` every site and plate is
+    prefixed ``"<name>."``. :class:`~pyro_trees.guides.VaRTForestGuide` is its guide and
+    :class:`~pyro_trees.infer.VaRTForestELBO` its vectorised ELBO.
+
+    :param int in_features: number of inputs :math:`L`.
+    :param int n_trees: :math:`K` (default 50).
+    :param int depth: :math:`D \\ge 1`, the depth of every tree (default 3).
+    :param float lam: :math:`\lambda`, the weight of the KL term (default 1: the ELBO).
+    :param float split_alpha: :math:`\alpha` (default 0.95).
+    :param float split_beta: :math:`\beta` (default 2).
+    :param float split_scale: :math:`s_\beta` (default 1).
+    :param float leaf_scale: :math:`s_\theta`, the prior scale of the *sum* (default 1).
+    :param float noise_loc: :math:`m_\sigma` (default -1).
+    :param float noise_scale: :math:`v_\sigma` (default 1).
+    :param str name: prefix of the sample sites (default none).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import VaRTForest
+    >>> model = VaRTForest(2, n_trees=10, depth=2)
+    >>> model.sample_forest()["theta"].shape  # (K, nodes, L + 1)
+    torch.Size([10, 7, 3])
+    >>> model(torch.randn(5, 2)).shape
+    torch.Size([5])
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        *,
+        n_trees: int = 50,
+        depth: int = 3,
+        lam: float = 1.0,
+        split_alpha: float = 0.95,
+        split_beta: float = 2.0,
+        split_scale: float = 1.0,
+        leaf_scale: float = 1.0,
+        noise_loc: float = -1.0,
+        noise_scale: float = 1.0,
+        name: str | None = None,
+    ):
+        super().__init__(name="" if name is None else str(name))
+        if int(in_features) < 1:
+            raise ValueError(f"in_features must be >= 1, got {in_features}")
+        if isinstance(n_trees, bool) or int(n_trees) != n_trees or n_trees < 1:
+            raise ValueError(f"n_trees must be an integer >= 1, got {n_trees!r}")
+        if isinstance(depth, bool) or int(depth) != depth or depth < 1:
+            raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
+        if not lam > 0:
+            raise ValueError(f"lam must be > 0, got {lam}")
+        if not 0 < split_alpha < 1:
+            raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
+        if split_beta < 0:
+            raise ValueError(f"split_beta must be >= 0, got {split_beta}")
+        for key, v in (
+            ("split_scale", split_scale),
+            ("leaf_scale", leaf_scale),
+            ("noise_scale", noise_scale),
+        ):
+            if not v > 0:
+                raise ValueError(f"{key} must be > 0, got {v}")
+        self.in_features = int(in_features)
+        self.n_trees = int(n_trees)
+        self.depth = trees.check_depth(int(depth))
+        self.lam = float(lam)
+        self.split_alpha = float(split_alpha)
+        self.split_beta = float(split_beta)
+        self.split_scale = float(split_scale)
+        self.leaf_scale = float(leaf_scale)
+        self.noise_loc = float(noise_loc)
+        self.noise_scale = float(noise_scale)
+
+    @property
+    def tree_leaf_scale(self) -> float:
+        """The prior scale of one tree's leaf weights, :math:`s_\\theta / \\sqrt K`."""
+        return self.leaf_scale / math.sqrt(self.n_trees)
+
+    def split_prob(self, depth: int) -> float:
+        """Prior split probability :math:`\\gamma_d = \\alpha (1 + d)^{-\\beta}` (``d < D``)."""
+        return self.split_alpha * (1.0 + depth) ** (-self.split_beta)
+
+    def site(self, name: str) -> str:
+        """The full name of the site or plate ``name`` (``"<name>." + name`` if named)."""
+        return f"{self._pyro_name}.{name}" if self._pyro_name else name
+
+    def _check_x(self, x: torch.Tensor, y) -> None:
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
+        if y is not None and y.shape != x.shape[:1]:
+            raise ValueError(f"y must have shape ({x.shape[0]},) to match x; got {tuple(y.shape)}")
+
+    def sample_forest(self, like: torch.Tensor | None = None) -> dict:
+        """Draw the ``K`` trees (from the prior, or replayed from a guide) with their
+        weighting, in the plate ``trees``.
+
+        :param like: a tensor whose dtype and device the trees take.
+        :returns: per-tree tensors of :meth:`~pyro_trees.models.VaRT.sample_tree`'s format
+            with batch shape ``B + (K,)`` (:func:`forest_tree`; ``log_sigma`` is unused).
+        """
+        like = torch.zeros(()) if like is None else like
+        opts = {"dtype": like.dtype, "device": like.device}
+        width = self.in_features + 1
+        split, beta, theta = [], [], []
+        exist = torch.ones(1, **opts)
+        with (
+            poutine.scale(scale=self.lam),
+            pyro.plate(self.site("trees"), self.n_trees, dim=-2),
+        ):
+            for d in range(self.depth + 1):
+                n = 1 << d
+                with pyro.plate(self.site(f"nodes_{d}"), n, dim=-1):
+                    if d < self.depth:
+                        gamma = torch.full((n,), self.split_prob(d), **opts)
+                        with weighted(exist):
+                            s = pyro.sample(self.site(f"split_{d}"), SplitIndicator(gamma))
+                        psi, kappa, child = node_weights(exist, s)
+                        with weighted(psi):
+                            b = pyro.sample(
+                                self.site(f"beta_{d}"),
+                                dist.Normal(
+                                    torch.zeros(n, width, **opts), self.split_scale
+                                ).to_event(1),
+                            )
+                        split.append(s)
+                        beta.append(b)
+                    else:
+                        kappa = exist
+                    with weighted(kappa):
+                        t = pyro.sample(
+                            self.site(f"theta_{d}"),
+                            dist.Normal(
+                                torch.zeros(n, width, **opts), self.tree_leaf_scale
+                            ).to_event(1),
+                        )
+                    theta.append(t)
+                if d < self.depth:
+                    exist = child
+        return forest_tree(split, beta, theta)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
+        """Draw the forest and the noise, then ``obs`` for each point in ``data``.
+
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)`` or ``None``.
+        :param int subsample_size: minibatch size of the plate ``data`` (default all).
+        :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.
+        """
+        self._check_x(x, y)
+        forest = self.sample_forest(like=x)
+        loc = torch.tensor(self.noise_loc, dtype=x.dtype, device=x.device)
+        with poutine.scale(scale=self.lam):
+            log_sigma = pyro.sample(self.site("log_sigma"), dist.Normal(loc, self.noise_scale))
+        with pyro.plate(
+            self.site("data"), x.shape[0], subsample_size=subsample_size, dim=-1
+        ) as idx:
+            xb = x[idx]
+            yb = None if y is None else y[idx].unsqueeze(0)
+            f = forest_mean(forest, xb, keepdim=True)
+            pyro.deterministic(self.site("mean"), f)
+            sigma = log_sigma.exp()
+            if sigma.dim():  # outer plates: (..., 1, 1) lines up with (..., 1, N)
+                sigma = sigma.reshape(sigma.shape + (1,) * max(0, 2 - sigma.dim()))
+            obs = pyro.sample(self.site("obs"), dist.Normal(f, sigma), obs=yb)
+        return obs.squeeze(-2)

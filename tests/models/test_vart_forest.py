@@ -1,0 +1,69 @@
+"""VaRTForest: site shapes, the prior variance of the sum against K, batched == looped."""
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import Predictive
+
+from pyro_trees.models import VaRTForest, forest_mean, tree_mean
+
+
+def test_sites_and_shapes():
+    x = torch.randn(7, 3)
+    model = VaRTForest(3, n_trees=5, depth=2)
+    trace = poutine.trace(model).get_trace(x)
+    assert trace.nodes["split_1"]["value"].shape == (5, 2)
+    assert trace.nodes["beta_1"]["value"].shape == (5, 2, 4)
+    assert trace.nodes["theta_2"]["value"].shape == (5, 4, 4)
+    assert "split_2" not in trace.nodes  # the truncation level holds leaves only
+    assert trace.nodes["obs"]["value"].shape == (1, 7)
+    assert model(x).shape == (7,)
+    draws = Predictive(model, num_samples=4, parallel=True)(x)
+    assert draws["obs"].shape == (4, 1, 7) and draws["theta_0"].shape == (4, 5, 1, 4)
+
+
+def test_named_sites():
+    model = VaRTForest(2, n_trees=3, depth=1, name="f")
+    trace = poutine.trace(model).get_trace(torch.randn(4, 2))
+    assert {"f.split_0", "f.theta_1", "f.log_sigma", "f.obs", "f.trees"} <= set(trace.nodes)
+
+
+def _prior_var(n_trees, x, draws=3000, seed=0):
+    pyro.set_rng_seed(seed)
+    model = VaRTForest(x.shape[1], n_trees=n_trees, depth=3)
+    with torch.no_grad(), pyro.plate("draws", draws, dim=-3):
+        forest = model.sample_forest(like=x)
+    return forest_mean(forest, x).var(0)  # (N,)
+
+
+def test_prior_variance_of_the_sum_does_not_grow_with_k():
+    x = torch.tensor([[0.5, -1.0], [2.0, 0.3]])
+    one, many = _prior_var(1, x), _prior_var(40, x, seed=1)
+    # Monte Carlo over 3000 prior draws: a 1/K leaf scale, or none, fails by far (x40)
+    ratio = many / one
+    assert ((ratio > 0.8) & (ratio < 1.25)).all(), ratio
+    # and it is s^2 |x1|^2 E[sum_i w_i^2] <= s^2 |x1|^2 (weights on the simplex)
+    bound = x.pow(2).sum(-1) + 1.0
+    assert (many < 1.1 * bound).all() and (many > 0.2 * bound).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batched_equals_loop_over_trees(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(11, 3, dtype=dtype)
+    model = VaRTForest(3, n_trees=6, depth=3)
+    with torch.no_grad():
+        forest = model.sample_forest(like=x)
+    loop = sum(tree_mean({k: v[i] for k, v in forest.items()}, x) for i in range(6))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(forest_mean(forest, x), loop, atol=tol)
+
+
+def test_checks():
+    with pytest.raises(ValueError, match="n_trees"):
+        VaRTForest(2, n_trees=0)
+    with pytest.raises(ValueError, match="depth"):
+        VaRTForest(2, depth=0)
+    with pytest.raises(ValueError, match="shape"):
+        VaRTForest(2)(torch.randn(3, 3))
