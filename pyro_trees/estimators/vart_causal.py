@@ -13,6 +13,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators.vart import VaRTRegressor
+from pyro_trees.estimators.vart_forest import VaRTForestRegressor
 from pyro_trees.validation import check_level
 
 __all__ = ["VaRTCausal"]
@@ -38,6 +39,10 @@ class VaRTCausal(BaseEstimator):
         forest then gives one draw of both regression functions), cloned by ``fit`` (default:
         ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
         the paper's causal :math:`\\lambda`, trained on every row as in the paper).
+    :param n_trees: ``None`` (default) for the single tree above; an integer for a forest
+        of that many trees as the default outcome model,
+        ``VaRTForestRegressor(n_trees, validation_fraction=0.0)`` (its other defaults:
+        depth 3, lambda 1e-3; every row trains, as above). Only without ``regressor``.
     :param random_state: seed of the default regressor (a given regressor keeps its
         own ``random_state``).
     :param device: torch device of the default regressor.
@@ -63,11 +68,13 @@ class VaRTCausal(BaseEstimator):
         self,
         regressor: VaRTRegressor | None = None,
         *,
+        n_trees: int | None = None,
         random_state: int | None = None,
         device=None,
         progress: bool = False,
     ):
         self.regressor = regressor
+        self.n_trees = n_trees
         self.random_state = random_state
         self.device = device
         self.progress = progress
@@ -85,15 +92,21 @@ class VaRTCausal(BaseEstimator):
             raise ValueError("A must hold treatment indicators 0 or 1")
         if A.min() == A.max():
             raise ValueError("A holds a single treatment arm; both arms are needed")
-        if self.regressor is None:
+        if self.n_trees is not None and self.regressor is not None:
+            raise ValueError("n_trees chooses the default regressor; give one or the other")
+        common = {"random_state": self.random_state, "device": self.device}
+        common["progress"] = self.progress
+        if self.n_trees is not None:
+            self.regressor_ = VaRTForestRegressor(
+                n_trees=self.n_trees, validation_fraction=0.0, **common
+            )
+        elif self.regressor is None:
             self.regressor_ = VaRTRegressor(
                 depth=3,
                 lam=1.0,
                 validation_fraction=0.0,
                 init="random",
-                random_state=self.random_state,
-                device=self.device,
-                progress=self.progress,
+                **common,
             )
         else:
             if not isinstance(self.regressor, VaRTRegressor):

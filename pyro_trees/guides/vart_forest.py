@@ -177,7 +177,10 @@ class VaRTForestGuide(TreeGuide, AutoGuide):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample the ``K`` truncated trees and the log noise; the arguments only fix
-        dtype and device. :returns: dict of the sampled values by site name."""
+        dtype and device.
+
+        :returns: dict of the sampled values by site name.
+        """
         model = self.model
         model._check_x(x, y)
         q = self.params(x)
@@ -219,7 +222,10 @@ class VaRTForestGuide(TreeGuide, AutoGuide):
         self, x: torch.Tensor, sharpness: float = 1.0, generator: torch.Generator | None = None
     ) -> VaRTForestGuide:
         """The data-driven start of :meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`
-        for every split rule of every tree. :returns: ``self``."""
+        for every split rule of every tree.
+
+        :returns: ``self``.
+        """
         self.model._check_x(x, None)
         if not sharpness > 0:
             raise ValueError(f"sharpness must be > 0, got {sharpness}")

@@ -61,3 +61,7 @@ def test_forest_outcome_model():
     assert isinstance(causal.regressor_, VaRTForestRegressor)
     assert causal.sample_cate(X[:4]).shape == (10, 4)
     assert abs(causal.ate()["mean"] - 2.0) < 0.5
+    default = VaRTCausal(n_trees=4, random_state=0)
+    assert default.get_params()["n_trees"] == 4
+    with pytest.raises(ValueError, match="n_trees"):
+        VaRTCausal(reg, n_trees=4).fit(X, A, y)
