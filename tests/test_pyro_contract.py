@@ -286,6 +286,51 @@ CASES.append(
 
 
 # ---------------------------------------------------------------------------------------
+# VaRT classification (a threshold, probit link)
+# ---------------------------------------------------------------------------------------
+
+
+def _vart_clf_build(name=None, dtype=torch.float64):
+    from pyro_trees.guides import VaRTGuide
+    from pyro_trees.models import VaRTClassification
+
+    model = VaRTClassification(1, 2, name=name)
+    return model, VaRTGuide(model, depth=2, name=name)
+
+
+def _vart_clf_data(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 1, generator=g, dtype=torch.float64).to(dtype)
+    return (x, (x[:, 0] > 0.3).long()), {}
+
+
+def _vart_clf_accuracy(model, guide, args, kwargs):
+    """Accuracy of the posterior predictive's most probable class on new inputs."""
+    x = torch.linspace(-2, 2, 101, dtype=args[0].dtype).unsqueeze(-1)
+    probs = Predictive(model, guide=guide, num_samples=20)(x)["probs"].mean(0)
+    return float((probs.argmax(-1) == (x[:, 0] > 0.3).long()).double().mean())
+
+
+CASES.append(
+    Case(
+        id="vart_classification",
+        build=_vart_clf_build,
+        data=_vart_clf_data,
+        predict_args=lambda args, kwargs: ((args[0],), {}),
+        observed=("obs", "probs"),
+        figure=_vart_clf_accuracy,
+        passes=lambda v: v > 0.9,
+        paper="no paper figure (VaRT's future work): a threshold at 0.3 learnt by the "
+        "probit tree; accuracy of the predictive on a grid",
+        centred=lambda samples, args, kwargs: corr(samples["probs"].mean(0)[:, 1], args[1]),
+        min_centred=0.7,
+        steps=100,
+        lr=0.05,
+    )
+)
+
+
+# ---------------------------------------------------------------------------------------
 # Deep GP (the step function), three guides
 # ---------------------------------------------------------------------------------------
 # The paper (Ustyuzhaninov et al., Fig. 2) fits y = sin(7 exp(x)) with an SE layer then a

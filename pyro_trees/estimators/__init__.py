@@ -20,6 +20,9 @@ from pyro_trees.estimators.vart import (
 from pyro_trees.estimators.vart_causal import (
     VaRTCausal,
 )
+from pyro_trees.estimators.vart_classifier import (
+    VaRTClassifier,
+)
 from pyro_trees.estimators.vart_forest import (
     VaRTForestRegressor,
 )
@@ -30,6 +33,7 @@ __all__ = [
     "RNNTreeClassifier",
     "RNNTreeRegressor",
     "VaRTCausal",
+    "VaRTClassifier",
     "VaRTForestRegressor",
     "VaRTRegressor",
     "noise_factor_from_curve",

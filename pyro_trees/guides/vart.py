@@ -173,8 +173,9 @@ class VaRTGuide(TreeGuide, AutoGuide):
         loc = torch.randn(n_int, width, generator=generator) / math.sqrt(width)
         self.beta_loc = PyroParam(loc)
         self.beta_scale = PyroParam(torch.full((n_int, width), init_scale), constraints.positive)
-        self.theta_loc = PyroParam(torch.zeros(n_all, width))
-        self.theta_scale = PyroParam(torch.full((n_all, width), init_scale), constraints.positive)
+        leaf = model.leaf_width
+        self.theta_loc = PyroParam(torch.zeros(n_all, leaf))
+        self.theta_scale = PyroParam(torch.full((n_all, leaf), init_scale), constraints.positive)
         self.log_sigma_loc = PyroParam(torch.full((n_all,), math.log(init_noise)))
         self.log_sigma_scale = PyroParam(torch.full((n_all,), init_scale), constraints.positive)
 

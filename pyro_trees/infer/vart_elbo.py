@@ -185,9 +185,7 @@ def vart_elbo(
         reach.append(pair.reshape(x1.shape[0], 1 << (d + 1)))
     log_kappa = log_exist + torch.log1p(-split)
     mix_logits = log_kappa + torch.cat(reach, -1)
-    means = x1 @ theta.T
-    comp = _normal_lp(yb.unsqueeze(-1), means, log_sigma.exp())
-    obs_ll = ((mix_logits + comp).logsumexp(-1) - mix_logits.logsumexp(-1)).sum()
+    obs_ll = model._obs_log_lik(mix_logits, x1, theta, log_sigma, yb)
     return scale * obs_ll + lam * (log_p - log_q)
 
 

@@ -34,6 +34,9 @@ from pyro_trees.models.synthetic_graph import (
 from pyro_trees.models.vart import (
     VaRT,
 )
+from pyro_trees.models.vart_classification import (
+    VaRTClassification,
+)
 from pyro_trees.models.vart_forest import (
     VaRTForest,
     forest_mean,
@@ -50,6 +53,7 @@ __all__ = [
     "SYNTHETIC_AFFINITY",
     "SyntheticGraphVAE",
     "VaRT",
+    "VaRTClassification",
     "VaRTForest",
     "forest_mean",
     "mixture_params",

@@ -116,7 +116,13 @@ def _stack_trees(samples: dict, depth: int) -> dict:
     return {
         "split": torch.cat(split, -1),
         "log_exist": torch.cat(log_exist, -1),
-        "beta": torch.cat([samples[f"beta_{d}"].reshape(num, -1, width) for d in range(depth)], -2),
+        "beta": torch.cat(
+            [
+                samples[f"beta_{d}"].reshape(num, -1, samples[f"beta_{d}"].shape[-1])
+                for d in range(depth)
+            ],
+            -2,
+        ),
         "theta": torch.cat(
             [samples[f"theta_{d}"].reshape(num, -1, width) for d in range(depth + 1)], -2
         ),

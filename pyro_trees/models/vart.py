@@ -8,6 +8,7 @@ References
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pyro
 import pyro.distributions as dist
@@ -210,6 +211,24 @@ class VaRT(PyroModule):
         self.node_leaf_loc = _check_node_tensor("node_leaf_loc", node_leaf_loc, (width,))
         self.node_leaf_scale = _check_node_scale("node_leaf_scale", node_leaf_scale, width)
 
+    @property
+    def leaf_width(self) -> int:
+        """Entries of each node's leaf weights :math:`\\theta_i`: ``in_features + 1``
+        (a subclass with several outputs per leaf, such as
+        :class:`~pyro_trees.models.VaRTClassification`, has more)."""
+        return self.in_features + 1
+
+    def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
+        """The summed log-likelihood of the rows ``y`` ``(B,)`` given the unnormalised
+        log leaf weights ``mix_logits`` ``(B, M)``, inputs with intercept ``x1``
+        ``(B, L + 1)`` and one tree's ``theta`` ``(M, leaf_width)`` and ``log_sigma``
+        ``(M,)``: eq. 27 here (:func:`~pyro_trees.infer.vart_elbo.vart_elbo` calls it,
+        so a subclass with another likelihood trains with it too)."""
+        means = x1 @ theta.T
+        z = (y.unsqueeze(-1) - means) / log_sigma.exp()
+        comp = -0.5 * z * z - log_sigma - 0.5 * math.log(2 * math.pi)
+        return ((mix_logits + comp).logsumexp(-1) - mix_logits.logsumexp(-1)).sum()
+
     def split_prob(self, depth: int) -> float:
         """Prior split probability :math:`\\gamma_d = \\alpha (1 + d)^{-\\beta}`."""
         return self.split_alpha * (1.0 + depth) ** (-self.split_beta)
@@ -323,7 +342,8 @@ class VaRT(PyroModule):
         if prior is None:
             gamma = torch.full((n,), self.split_prob(depth), **opts)
             beta = dist.Normal(torch.zeros(n, width, **opts), self.split_scale).to_event(1)
-            theta = dist.Normal(torch.zeros(n, width, **opts), self.leaf_scale).to_event(1)
+            theta = dist.Normal(torch.zeros(n, self.leaf_width, **opts), self.leaf_scale)
+            theta = theta.to_event(1)
         else:
             gamma = prior["split_prob"]
             beta = gaussian(prior["split_loc"], prior["split_scale"])

@@ -21,6 +21,7 @@ from pyro_trees.estimators import (
     RNNTreeClassifier,
     RNNTreeRegressor,
     VaRTCausal,
+    VaRTClassifier,
     VaRTForestRegressor,
     VaRTRegressor,
 )
@@ -32,6 +33,7 @@ ESTIMATORS = [
     RNNTreeRegressor,
     BayesianHMERegressor,
     VaRTRegressor,
+    VaRTClassifier,
     VaRTForestRegressor,
     HeteroscedasticGPRegressor,
 ]
@@ -79,6 +81,7 @@ def _small(est_cls, **kwargs):
         RNNTreeRegressor: {"depth": 2, "num_steps": 30},
         BayesianHMERegressor: {"max_experts": 2, "n_restarts": 2, "n_iter": 20, "grow": 0},
         VaRTRegressor: {"depth": 2, "num_steps": 30, "num_samples": 20},
+        VaRTClassifier: {"depth": 2, "num_steps": 30, "num_samples": 20},
         VaRTForestRegressor: {"n_trees": 5, "depth": 2, "num_steps": 30, "num_samples": 20},
         HeteroscedasticGPRegressor: {"depth": 1, "num_steps": 10, "init_steps": 5},
     }[est_cls]
@@ -87,13 +90,13 @@ def _small(est_cls, **kwargs):
 
 @pytest.mark.parametrize("est_cls", ESTIMATORS)
 def test_pandas_frames_with_bool_columns_and_feature_names(est_cls):
-    X, y = _table(classification=est_cls is RNNTreeClassifier)
+    X, y = _table(classification=is_classifier(est_cls()))
     est = _small(est_cls).fit(X, y)
     assert list(est.feature_names_in_) == list(X.columns)
     assert est.n_features_in_ == X.shape[1]
     pred = est.predict(X)
     assert pred.shape == (len(X),)
-    if est_cls is RNNTreeClassifier:
+    if is_classifier(est_cls()):
         assert set(np.unique(pred)) <= {"high", "low"}
         assert list(est.classes_) == ["high", "low"]
     # columns in another order: scikit-learn's error, never a silently wrong answer
@@ -107,7 +110,7 @@ def test_pandas_frames_with_bool_columns_and_feature_names(est_cls):
 
 @pytest.mark.parametrize("est_cls", ESTIMATORS)
 def test_pipeline_grid_search_and_cross_validation(est_cls):
-    X, y = _table(classification=est_cls is RNNTreeClassifier)
+    X, y = _table(classification=is_classifier(est_cls()))
     X = X.to_numpy(dtype=float)
     pipe = make_pipeline(StandardScaler(), _small(est_cls))
     pipe.fit(X, y)
@@ -122,7 +125,7 @@ def test_pipeline_grid_search_and_cross_validation(est_cls):
 
 @pytest.mark.parametrize("est_cls", ESTIMATORS)
 def test_pickle_round_trip_predicts_identically(est_cls):
-    X, y = _table(classification=est_cls is RNNTreeClassifier)
+    X, y = _table(classification=is_classifier(est_cls()))
     est = _small(est_cls).fit(X, y)
     back = pickle.loads(pickle.dumps(est))
     assert np.array_equal(back.predict(X), est.predict(X))
@@ -171,7 +174,7 @@ def test_targets_are_scaled_inside(est_cls):
 @pytest.mark.parametrize("est_cls", ESTIMATORS)
 def test_large_offsets_and_integer_inputs(est_cls):
     """Inputs around 1e12 and integer inputs fit and give finite predictions."""
-    X, y = _table(classification=est_cls is RNNTreeClassifier)
+    X, y = _table(classification=is_classifier(est_cls()))
     X = X.to_numpy(dtype=float)
     big = _small(est_cls).fit(X + 1e12, y)
     pred = big.predict(X + 1e12)
@@ -220,7 +223,7 @@ def _bad_inputs(classification):
 @pytest.mark.parametrize("est_cls", ESTIMATORS)
 def test_bad_input_table(est_cls):
     """Each bad input gets a ValueError naming the cause, never a torch traceback."""
-    classification = est_cls is RNNTreeClassifier
+    classification = is_classifier(est_cls())
     for label, X, y, exc, match in _bad_inputs(classification):
         with pytest.raises(exc, match=match):
             _small(est_cls).fit(X, y)
@@ -238,7 +241,7 @@ def test_bad_input_table(est_cls):
 
 @pytest.mark.parametrize("est_cls", ESTIMATORS)
 def test_y_column_vector_warns(est_cls):
-    X, y = _table(classification=est_cls is RNNTreeClassifier)
+    X, y = _table(classification=is_classifier(est_cls()))
     if est_cls._multi_output:
         pytest.skip("multi-output regressors take (n, 1) as one output")
     with pytest.warns(DataConversionWarning):
@@ -250,7 +253,7 @@ def test_y_column_vector_warns(est_cls):
 def test_dtype_accepts_string_and_torch_dtype(est_cls, dtype):
     if "dtype" not in est_cls().get_params():
         pytest.skip(f"{est_cls.__name__} computes in one precision")
-    X, y = _table(classification=est_cls is RNNTreeClassifier)
+    X, y = _table(classification=is_classifier(est_cls()))
     est = _small(est_cls, dtype=dtype).fit(X, y)
     assert est.dtype_ == torch.float64
     with pytest.raises(ValueError, match="dtype must be"):

@@ -1,0 +1,174 @@
+"""VaRT for classification: the VaRT tree prior with a probit or softmax link on the
+leaves' values.
+
+References
+
+* S. Salazar, *VaRT: Variational Regression Trees*, NeurIPS 2023 (the tree prior; other
+  likelihoods are its future work).
+* J. H. Albert, S. Chib, *Bayesian analysis of binary and polychotomous response data*,
+  JASA 1993 (the probit link of Bayesian trees, as in BART's classifier).
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+
+from pyro_trees import trees
+from pyro_trees.models._vart_mixture import with_bias
+from pyro_trees.models.vart import VaRT
+
+__all__ = ["VaRTClassification", "class_logits", "tree_scores"]
+
+
+def _log_leaf_weights(tree: dict, x1: torch.Tensor) -> torch.Tensor:
+    """:math:`\\log \\kappa_i + \\log P(x \\to i)` of every node, ``B + (N, M)``."""
+    log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
+    beta = tree["beta"]
+    if beta is None:
+        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
+    else:
+        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
+        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
+    return log_kappa.unsqueeze(-2) + log_reach
+
+
+def tree_scores(tree: dict, x: torch.Tensor, num_outputs: int) -> torch.Tensor:
+    r"""The leaves' values of ``tree`` at the rows of ``x``, one per output:
+    :math:`f_k(x) = \sum_i \kappa_i P(x \to i)\, \theta_{ik}^\top x`.
+
+    :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape
+        ``B``) whose ``theta`` holds ``num_outputs`` blocks of ``L + 1`` weights per node.
+    :param x: inputs ``(N, L)``.
+    :returns: ``B + (N, num_outputs)``.
+    """
+    x1 = with_bias(x)
+    weights = _log_leaf_weights(tree, x1).softmax(-1)  # B + (N, M)
+    theta = tree["theta"]
+    theta = theta.reshape(theta.shape[:-1] + (num_outputs, x1.shape[-1]))  # B + (M, K, L + 1)
+    values = torch.einsum("...mkl,nl->...nmk", theta, x1)  # B + (N, M, K)
+    return (weights.unsqueeze(-1) * values).sum(-2)
+
+
+def class_logits(scores: torch.Tensor, link: str) -> torch.Tensor:
+    """Normalised log class probabilities from the leaves' values ``scores``
+    ``(..., K')``: probit ``[log Phi(-f), log Phi(f)]`` (``K' = 1``, two classes) or
+    ``log_softmax`` (``K' = K``). Returns ``(..., K)``."""
+    if link == "probit":
+        f = scores[..., 0]
+        return torch.stack([torch.special.log_ndtr(-f), torch.special.log_ndtr(f)], -1)
+    return scores.log_softmax(-1)
+
+
+class VaRTClassification(VaRT):
+    r"""VaRT's stochastic tree with a categorical likelihood.
+
+    The tree prior, the sample sites and their weighting are those of
+    :class:`~pyro_trees.models.VaRT` (:meth:`~pyro_trees.models.VaRT.sample_tree`);
+    only the leaves and the likelihood differ. Each node carries ``K'`` linear leaf
+    functions :math:`\theta_{ik}^\top x` (its ``theta`` site has ``K' (L + 1)``
+    entries, output-major), and the tree's value for output :math:`k` is the
+    routing-weighted sum of its leaves,
+    :math:`f_k(x) = \sum_i \kappa_i P(x \to i)\,\theta_{ik}^\top x`. The link:
+
+    * ``"probit"`` (two classes, ``K' = 1``): :math:`P(y = 1 \mid x) = \Phi(f(x))`;
+    * ``"softmax"`` (``K' = K`` classes): :math:`P(y = k \mid x) = \mathrm{softmax}_k f(x)`.
+
+    The site ``obs`` is ``Categorical`` over the class indices ``0..K-1`` and the site
+    ``probs`` records the class probabilities ``(N, K)`` of the drawn tree, inside the
+    plate ``data`` (``dim=-1``). The ``log_sigma`` sites of VaRT stay (the guide draws
+    them), but no likelihood reads them: their posterior is their prior.
+
+    :param int in_features: number of inputs :math:`L`.
+    :param int num_classes: :math:`K \ge 2` (default 2).
+    :param str link: ``"probit"`` or ``"softmax"``; default probit for two classes,
+        softmax for more (probit needs two classes).
+    :param float leaf_scale: :math:`s_\theta` of the leaf weights (default 1: a leaf's
+        value at the inputs' mean has prior standard deviation 1 on the probit or logit
+        scale).
+    :param kwargs: ``lam``, ``split_alpha``, ``split_beta``, ``split_scale``,
+        ``site_depth``, ``name``, ``node_split_prob``, ``node_split_loc``,
+        ``node_split_scale``, as in :class:`~pyro_trees.models.VaRT`.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models import VaRTClassification
+    >>> model = VaRTClassification(2, num_classes=3)
+    >>> model.leaf_width  # 3 classes times (2 inputs + intercept)
+    9
+    >>> model(torch.randn(5, 2)).shape  # one class index per row
+    torch.Size([5])
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int = 2,
+        *,
+        link: str | None = None,
+        leaf_scale: float = 1.0,
+        **kwargs,
+    ):
+        for bad in ("node_leaf_loc", "node_leaf_scale", "noise_loc", "noise_scale"):
+            if bad in kwargs:
+                raise ValueError(f"VaRTClassification does not take {bad}")
+        super().__init__(in_features, leaf_scale=leaf_scale, **kwargs)
+        if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 2:
+            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+        self.num_classes = int(num_classes)
+        link = ("probit" if self.num_classes == 2 else "softmax") if link is None else link
+        if link not in ("probit", "softmax"):
+            raise ValueError(f"link must be 'probit' or 'softmax', got {link!r}")
+        if link == "probit" and self.num_classes != 2:
+            raise ValueError("the probit link needs num_classes=2; use link='softmax'")
+        self.link = link
+
+    @property
+    def num_outputs(self) -> int:
+        """:math:`K'`, leaf functions per node: 1 (probit) or ``num_classes``."""
+        return 1 if self.link == "probit" else self.num_classes
+
+    @property
+    def leaf_width(self) -> int:
+        """``num_outputs * (in_features + 1)`` leaf weights per node."""
+        return self.num_outputs * (self.in_features + 1)
+
+    def _check_x(self, x: torch.Tensor, y) -> None:
+        super()._check_x(x, y)
+        if y is not None and (y.is_floating_point() or y.is_complex()):
+            raise ValueError("y must hold class indices (an integer tensor)")
+
+    def class_log_probs(self, tree: dict, x: torch.Tensor) -> torch.Tensor:
+        """Log class probabilities ``B + (N, K)`` of the rows ``x`` under ``tree``."""
+        return class_logits(tree_scores(tree, x, self.num_outputs), self.link)
+
+    def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
+        """The summed categorical log-likelihood of class indices ``y`` ``(B,)`` (the
+        vectorised ELBO's hook, see :meth:`VaRT._obs_log_lik`)."""
+        weights = mix_logits.softmax(-1)  # (B, M)
+        theta = theta.reshape(theta.shape[0], self.num_outputs, x1.shape[-1])
+        scores = torch.einsum("nm,mkl,nl->nk", weights, theta, x1)
+        logp = class_logits(scores, self.link)
+        return logp.gather(-1, y.long().unsqueeze(-1)).sum()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
+        """Draw a tree, then the class ``obs`` of each point in ``data``.
+
+        :param x: inputs ``(N, L)``.
+        :param y: class indices ``(N,)`` in ``0..K-1`` or ``None``.
+        :param int subsample_size: minibatch size of the plate ``data`` (default all).
+        :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.
+        """
+        self._check_x(x, y)
+        batch = x.shape[0] if subsample_size is None else min(int(subsample_size), x.shape[0])
+        tree = self.sample_tree(batch, like=x)
+        with pyro.plate(
+            self.site("data"), x.shape[0], subsample_size=subsample_size, dim=-1
+        ) as idx:
+            xb = x[idx]
+            yb = None if y is None else y[idx]
+            logp = self.class_log_probs(tree, xb)
+            pyro.deterministic(self.site("probs"), logp.exp(), event_dim=1)
+            return pyro.sample(self.site("obs"), dist.Categorical(logits=logp), obs=yb)

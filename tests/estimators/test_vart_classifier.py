@@ -1,0 +1,74 @@
+"""VaRTClassifier: probabilities, labels, binary and multiclass, pickling."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from pyro_trees.estimators import VaRTClassifier
+
+
+def _small(**kwargs):
+    return VaRTClassifier(
+        **{"depth": 2, "num_steps": 60, "num_samples": 10, "random_state": 0, **kwargs}
+    )
+
+
+def _blobs(n=150, classes=2, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])[:classes]
+    y = rng.integers(classes, size=n)
+    return centres[y] + rng.normal(size=(n, 2)), y
+
+
+def test_binary_probabilities_labels_and_separable_accuracy():
+    X, y = _blobs(classes=2)
+    labels = np.array(["cat", "dog"])[y]
+    clf = _small().fit(X, labels)
+    assert clf.model_.link == "probit"
+    assert list(clf.classes_) == ["cat", "dog"]
+    p = clf.predict_proba(X)
+    assert p.shape == (len(X), 2)
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
+    assert ((p >= 0) & (p <= 1)).all()
+    Xt, yt = _blobs(classes=2, seed=1)
+    acc = np.mean(clf.predict(Xt) == np.array(["cat", "dog"])[yt])
+    assert acc > 0.95, acc  # the blobs are 4 standard deviations apart
+    np.testing.assert_allclose(clf.predict_log_proba(X[:5]), np.log(p[:5]))
+
+
+def test_multiclass_softmax():
+    X, y = _blobs(n=210, classes=3)
+    clf = _small().fit(X, y)
+    assert clf.model_.link == "softmax" and clf.n_classes_ == 3
+    p = clf.predict_proba(X)
+    assert p.shape == (len(X), 3)
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
+    Xt, yt = _blobs(n=210, classes=3, seed=1)
+    assert np.mean(clf.predict(Xt) == yt) > 0.9
+    draws = clf.sample_proba(X[:4], num_samples=3)
+    assert draws.shape == (3, 4, 3)
+    raw = clf.sample_proba(X[:4]).mean(0)
+    t = clf.temperature_
+    assert 0.25 <= t <= 4.0
+    scaled = np.exp(np.log(raw) / t)
+    np.testing.assert_allclose(scaled / scaled.sum(1, keepdims=True), p[:4], atol=1e-10)
+
+
+def test_pickle_and_refit_reproduce_exactly():
+    X, y = _blobs(classes=3, n=90)
+    clf = _small().fit(X, y)
+    back = pickle.loads(pickle.dumps(clf))
+    assert np.array_equal(back.predict_proba(X), clf.predict_proba(X))
+    again = _small().fit(X, y)
+    assert np.array_equal(again.predict_proba(X), clf.predict_proba(X))
+
+
+def test_bad_options():
+    X, y = _blobs(n=40)
+    with pytest.raises(ValueError, match="num_samples"):
+        _small(num_samples=0).fit(X, y)
+    with pytest.raises(ValueError, match="probit"):
+        _small(link="probit").fit(*_blobs(n=40, classes=3))
+    with pytest.raises(ValueError, match="elbo"):
+        _small(elbo="x").fit(X, y)

@@ -1,0 +1,57 @@
+"""VaRTClassification: the VaRT tree prior with a probit or softmax likelihood."""
+
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import Trace_ELBO
+
+from pyro_trees.guides import VaRTGuide
+from pyro_trees.infer.vart_elbo import vart_elbo
+from pyro_trees.models import VaRTClassification
+from pyro_trees.models.vart_classification import class_logits, tree_scores
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_vectorised_elbo_equals_trace_elbo(classes):
+    torch.manual_seed(0)
+    x = torch.randn(40, 2, dtype=torch.float64)
+    y = torch.randint(classes, (40,))
+    model = VaRTClassification(2, classes)
+    guide = VaRTGuide(model, depth=2)
+    tr = poutine.trace(guide).get_trace(x, y)
+    values = {k: v["value"] for k, v in tr.nodes.items() if v["type"] == "sample"}
+    ours = float(vart_elbo(model, guide, x, y, values=values).detach())
+    pyros = -Trace_ELBO().loss(
+        poutine.replay(model, trace=tr), poutine.replay(guide, trace=tr), x, y
+    )
+    assert ours == pytest.approx(pyros, rel=1e-10)
+
+
+def test_links_and_shapes():
+    model = VaRTClassification(3, 2)
+    assert model.link == "probit" and model.num_outputs == 1 and model.leaf_width == 4
+    model = VaRTClassification(3, 4)
+    assert model.link == "softmax" and model.leaf_width == 16
+    tree = model.sample_tree(like=torch.zeros(()))
+    x = torch.randn(7, 3)
+    assert tree_scores(tree, x, 4).shape == (7, 4)
+    probs = model.class_log_probs(tree, x).exp()
+    assert probs.shape == (7, 4)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(7))
+    # probit: P(y = 1) = Phi(f)
+    f = torch.tensor([[-1.0], [0.0], [2.0]])
+    p1 = class_logits(f, "probit").exp()[:, 1]
+    torch.testing.assert_close(p1, torch.distributions.Normal(0.0, 1.0).cdf(f[:, 0]))
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="num_classes"):
+        VaRTClassification(2, 1)
+    with pytest.raises(ValueError, match="probit"):
+        VaRTClassification(2, 3, link="probit")
+    with pytest.raises(ValueError, match="link"):
+        VaRTClassification(2, 2, link="logit")
+    with pytest.raises(ValueError, match="noise_loc"):
+        VaRTClassification(2, 2, noise_loc=0.0)
+    with pytest.raises(ValueError, match="class indices"):
+        VaRTClassification(2, 2)(torch.randn(3, 2), torch.zeros(3))
