@@ -405,29 +405,6 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             return Trace_ELBO()
         return VaRTELBO() if rows is None else RankVaRTELBO(rows, data=data)
 
-    @torch.no_grad()
-    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
-        """Each row's coverage score: the least noise factor (relative to the fitted
-        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
-        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
-        the ``num_samples`` trees and their leaves) for every larger factor (log grid
-        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
-
-        A row is inside the ``level`` interval of the calibrated predictive iff its
-        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
-        factor from these scores on the held-out rows
-        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
-        estimates the same interval from ``num_samples`` draws.
-
-        :param X: ``(N, L)``.
-        :param y: ``(N,)``.
-        :param level: default ``calibration_level``.
-        :returns: ``(N,)`` scores.
-        """
-        level = check_level(self.calibration_level if level is None else level)
-        Xs = self._prepare(X)
-        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
-
     # --------------------------------------------------------------- prediction
     def predict(self, X, return_std: bool = False):
         """Posterior predictive mean (eq. 32): the average over posterior trees of
