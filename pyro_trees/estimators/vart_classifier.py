@@ -17,6 +17,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._vart_export import _split_importances
 from pyro_trees.guides._vart_memory import (
@@ -187,19 +188,33 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         if int(self.eval_every) < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
 
-    def fit(self, X, y):
+    def fit(self, X, y, *, sharded: bool = False):
         """Fit the variational posterior on ``X`` ``(N, L)`` and labels ``y`` ``(N,)``.
+
+        Under ``torchrun`` the fit is data-parallel, as
+        :meth:`VaRTRegressor.fit <pyro_trees.estimators.VaRTRegressor.fit>` is (see the
+        guide's "Estimators on several processes"); the fitted estimator is the same on
+        every rank.
 
         :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
         :param y: ``(N,)`` class labels (any hashable values, at least two classes).
+        :param bool sharded: under ``torchrun``, each rank passes only its own rows
+            (default: every rank passes all of them). The scaler, the classes, the
+            clipping range, the held-out log loss and the temperature of ``calibrate``
+            then use every rank's rows (all-reduced); each rank holds out
+            ``validation_fraction`` of its own rows, and ``init="data"`` picks its split
+            points among rank 0's rows (broadcast).
         :returns: ``self``.
         :raises ValueError: naming the cause, for invalid options or data.
         """
         self._check_options()
-        X, y = self._validate_fit(X, y)
+        if sharded and self.elbo == "trace":
+            raise ValueError("sharded=True needs elbo='vectorised' (the default)")
+        X, y = self._validate_fit(X, y, sharded=sharded)
+        ranks = self.ranks_
         n, num_features = X.shape
-        if self.random_state is None:
-            self.seed_ = int(torch.randint(2**31, ()).item())
+        if self.random_state is None:  # unseeded: rank 0's draw, shared
+            self.seed_ = ranks.shared(int(torch.randint(2**31, ()).item()))
         else:
             self.seed_ = int(self.random_state)
         gen = torch.Generator().manual_seed(self.seed_)
@@ -207,10 +222,12 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         if self.validation_fraction > 0:
             n_val = max(int(round(self.validation_fraction * n)), min(10, n // 5))
             n_val = 0 if n_val < 4 else n_val
-        perm = torch.randperm(n, generator=gen).to(X.device) if n_val else torch.arange(n)
+        if ranks.spread and not ranks.min(n_val):  # every shard holds out rows, or none
+            n_val = 0
+        perm = torch.randperm(n, generator=gen) if n_val else torch.arange(n)
         perm = perm.to(X.device)
         Xtr, ytr = X[perm[n_val:]], y[perm[n_val:]]
-        n_train = n - n_val
+        n_train = ranks.count(n - n_val)  # over every rank's rows
         batch = min(n_train, 2048) if self.batch_size is None else int(self.batch_size)
         if batch < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
@@ -229,7 +246,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             width = self.model_.leaf_width - 1  # the memory checks count L + 1 weights
             depth = _check_training_memory(self.depth, batch, width, X.device)
             _check_prediction_memory(depth, int(self.num_samples), width, X.device)
-            self.x_min_, self.x_max_ = Xtr.min(0).values, Xtr.max(0).values
+            self.x_min_, self.x_max_ = ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
             Xva, yva = self._clip(X[perm[:n_val]]), y[perm[:n_val]]
             self.guide_ = VaRTGuide(
                 self.model_,
@@ -241,37 +258,46 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             )
             if self.init == "data":
                 self.guide_.init_splits_from_data(Xtr, generator=gen)
+            ranks.broadcast_modules(self.guide_)  # sharded: rank 0's start
             self.guide_.to(X.device)
             schedule = TemperatureSchedule(
                 max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
             )
-            kwargs = {} if batch >= n_train else {"subsample_size": batch}
+            # under torchrun the batch is split across the ranks (subsample_size per rank)
+            per_rank = max(batch // ranks.size, 1)
+            kwargs = {} if batch >= n_train else {"subsample_size": per_rank}
             if n_val:
                 model, guide = self.model_, self.guide_
 
                 def val_log_loss() -> float:
                     with torch.no_grad():
                         logp = model.class_log_probs(guide.mean_tree(), Xva)
-                        return float(-logp.gather(-1, yva.unsqueeze(-1)).mean())
+                        total = float(-logp.gather(-1, yva.unsqueeze(-1)).sum())
+                        return ranks.mean_error(total, n_val)
 
                 kwargs["early_stopping"] = EarlyStopping(
                     val_log_loss, eval_every=int(self.eval_every), patience=self.patience
                 )
-            with local_seed(self.seed_, X.device):
+            if self.elbo != "vectorised":
+                loss = Trace_ELBO()
+            elif ranks.size > 1:  # this rank's rows of each batch
+                loss = RankVaRTELBO(RankRows(ranks, self.seed_), data=(Xtr, ytr))
+            else:
+                loss = VaRTELBO()
+            with local_seed(self.seed_, X.device), rank_fit(ranks):
                 self.fit_result_ = fit(
                     self.model_,
                     self.guide_,
-                    Xtr,
-                    ytr,
+                    *fit_args(ranks, Xtr, ytr),
                     num_steps=int(self.num_steps),
-                    loss=VaRTELBO() if self.elbo == "vectorised" else Trace_ELBO(),
+                    loss=loss,
                     optim="clipped_adam",
                     lr=self.lr,
                     progress=self.progress and "VaRT classifier",
                     callback=schedule.callback(self.guide_),
                     **kwargs,
                 )
-        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096])
+        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096], ranks)
         self.trees_ = self._draw_trees()
         self.temperature_ = 1.0
         if n_val and self.calibrate:
@@ -280,11 +306,13 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
 
     @torch.no_grad()
     def _fit_temperature(self, Xs: torch.Tensor, y: torch.Tensor) -> float:
-        """The temperature of the held-out rows' least log loss (a log grid over [1/4, 4])."""
+        """The temperature of the held-out rows' least log loss (a log grid over [1/4, 4];
+        sharded, the log loss of every rank's held-out rows: its sums all-reduced)."""
         log_p = self._tree_probs_std(Xs).double().mean(0).clamp_min(1e-300).log()
         grid = torch.logspace(-2, 2, 41, base=2.0, dtype=torch.float64)
-        nll = [float(-(log_p / t).log_softmax(-1).gather(-1, y.unsqueeze(-1)).mean()) for t in grid]
-        return float(grid[int(np.argmin(nll))])
+        picked = [(log_p / t).log_softmax(-1).gather(-1, y.unsqueeze(-1)) for t in grid]
+        nll = self.ranks_.sum(-torch.stack([p.sum() for p in picked]))  # (41,)
+        return float(grid[int(torch.argmin(nll))])
 
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""

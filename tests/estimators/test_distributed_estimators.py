@@ -68,14 +68,30 @@ def test_every_estimator_is_the_same_on_both_ranks(runs):
         assert np.array_equal(res["pred"], r1[name]["pred"]), name
 
 
-@pytest.mark.parametrize("name", ["vart_full", "hme", "hme_sharded"])
+@pytest.mark.parametrize("name", ["vart_full", "vart_clf", "vart_forest", "hme", "hme_sharded"])
 def test_same_global_batches_match_one_process(runs, name):
     single, r0, _ = runs
     assert r0[name]["raised"] is None
     np.testing.assert_allclose(r0[name]["pred"], single[name]["pred"], rtol=1e-4, atol=1e-4)
+    if single[name].get("temperature") is not None:  # the classifier's calibration
+        np.testing.assert_allclose(r0[name]["temperature"], single[name]["temperature"])
+        assert 0.25 < single[name]["temperature"] < 4  # read off the rows, not a grid edge
 
 
-@pytest.mark.parametrize("name", ["vart_sharded", "rnn_reg_sharded", "rnn_clf_sharded"])
+@pytest.mark.parametrize("name", ["vart_sharded", "vart_clf_sharded", "vart_forest_sharded"])
+def test_sharded_importances_read_every_rank(runs, name):
+    # each rank's own rows, reduced: the same shares on both ranks
+    _, r0, r1 = runs
+    assert np.array_equal(r0[name]["importances"], r1[name]["importances"])
+    assert r0[name]["temperature"] == r1[name]["temperature"]
+    np.testing.assert_allclose(r0[name]["importances"].sum(), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["vart_sharded", "vart_clf_sharded", "vart_forest_sharded", "rnn_reg_sharded"]
+    + ["rnn_clf_sharded"],
+)
 def test_sharded_scalers_are_those_of_every_row(runs, name):
     single, r0, r1 = runs
     assert r0[name]["n_rows"] == r1[name]["n_rows"] == single[name]["n_rows"] == 240
@@ -88,7 +104,7 @@ def test_sharded_scalers_are_those_of_every_row(runs, name):
 @pytest.mark.parametrize(
     "name",
     ["vart", "vart_sharded", "rnn_reg", "rnn_reg_sharded", "rnn_clf", "rnn_clf_sharded"]
-    + ["hgp_sparse"],
+    + ["vart_clf_sharded", "vart_forest_sharded", "hgp_sparse"],
 )
 def test_accuracy_within_noise_of_one_process(runs, name):
     single, r0, _ = runs

@@ -72,3 +72,16 @@ def test_bad_options():
         _small(link="probit").fit(*_blobs(n=40, classes=3))
     with pytest.raises(ValueError, match="elbo"):
         _small(elbo="x").fit(X, y)
+    with pytest.raises(ValueError, match="vectorised"):
+        _small(elbo="trace").fit(X, y, sharded=True)
+    with pytest.raises(ValueError, match="sharded"):
+        _small().fit(X, y, sharded="yes")
+
+
+def test_sharded_in_one_process_is_the_plain_fit():
+    # one process holds every shard: sharded=True changes nothing
+    X, y = _blobs(n=60)
+    plain = _small(num_steps=20).fit(X, y).predict_proba(X)
+    np.testing.assert_array_equal(
+        _small(num_steps=20).fit(X, y, sharded=True).predict_proba(X), plain
+    )
