@@ -43,12 +43,20 @@ REGRESSORS = [e for e in ESTIMATORS if not is_classifier(e())]
 EXPECTED_FAILED_CHECKS: dict[str, dict[str, str]] = {}
 
 
+# scikit-learn's checks fit about forty small data sets each. VaRTClassifier's default
+# schedule (1,000 steps, patience 20) makes that 2.5 minutes, a quarter of the suite, so
+# its checks run at 200 steps; its default fit is checked on its own in
+# tests/estimators/test_vart_classifier.py and measured by benchmarks/vart_classification.
+CHECK_ARGS = {VaRTClassifier: {"num_steps": 200}}
+
+
 @parametrize_with_checks(
-    [est(random_state=0) for est in ESTIMATORS],
+    [est(random_state=0, **CHECK_ARGS.get(est, {})) for est in ESTIMATORS],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS.get(type(est).__name__, {}),
 )
 def test_sklearn_contract(estimator, check):
-    """scikit-learn's estimator checks, with default arguments (a seed aside)."""
+    """scikit-learn's estimator checks, with default arguments (a seed aside; see
+    ``CHECK_ARGS``)."""
     with warnings.catch_warnings():
         # the checks fit on data our estimators warn about (e.g. tiny sets); a warning
         # is not a failure of the contract

@@ -85,3 +85,13 @@ def test_sharded_in_one_process_is_the_plain_fit():
     np.testing.assert_array_equal(
         _small(num_steps=20).fit(X, y, sharded=True).predict_proba(X), plain
     )
+
+
+def test_defaults_learn_three_overlapping_classes():
+    """The default schedule (not the quick one above) on a three-class table."""
+    X, y = _blobs(n=300, classes=3, seed=1)
+    Xt, yt = _blobs(n=300, classes=3, seed=2)
+    clf = VaRTClassifier(random_state=0).fit(X, y)
+    p = clf.predict_proba(Xt)
+    assert p.shape == (300, 3) and np.allclose(p.sum(1), 1)
+    assert clf.score(Xt, yt) > 0.9  # nearest-centre accuracy here is about 0.98
