@@ -134,7 +134,7 @@ def main() -> None:
         f"\nVaRT (depth 3, every default) on {args.rows:,} synthetic rows (8 inputs), "
         f"{args.epochs} epoch(s), {BATCH} rows per process and step, each process "
         f"streaming its own shard; {backend}, one torch thread per "
-        f"process, {cores} cores shared with other jobs"
+        f"process, {cores} cores (other jobs show in the load averages)"
         + (", so 4 processes oversubscribe them" if cores and cores < 4 else "")
         + ". Speed-up: seconds per epoch at 1 process over those at W processes. With W "
         "processes an epoch takes W times fewer steps, so the RMSE after one epoch "
