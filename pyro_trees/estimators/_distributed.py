@@ -252,10 +252,12 @@ def fit_args(ranks: Ranks, *tensors) -> tuple:
     return () if ranks.spread else tensors
 
 
-class RankVaRTELBO(VaRTELBO):
-    """:class:`~pyro_trees.infer.VaRTELBO` reading this rank's rows of :class:`RankRows`
+class _ReadsRankRows:
+    """A VaRT loss (tree or forest) reading this rank's rows of :class:`RankRows`
     (``subsample_size`` per rank); called without ``x``, it reads ``data`` (this rank's
-    shard, see :func:`fit_args`)."""
+    shard, see :func:`fit_args`). ``_elbo`` is the ELBO function of the family."""
+
+    _elbo = None
 
     def __init__(self, rows: RankRows, data: tuple | None = None):
         super().__init__()
@@ -269,23 +271,17 @@ class RankVaRTELBO(VaRTELBO):
             return super().differentiable_loss(model, guide, x, y, subsample_size)
         model._check_x(x, y)
         idx = idx.to(x.device)
-        return -vart_elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
+        return -type(self)._elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
 
 
-class RankVaRTForestELBO(VaRTForestELBO):
+class RankVaRTELBO(_ReadsRankRows, VaRTELBO):
+    """:class:`~pyro_trees.infer.VaRTELBO` reading this rank's rows of :class:`RankRows`."""
+
+    _elbo = staticmethod(vart_elbo)
+
+
+class RankVaRTForestELBO(_ReadsRankRows, VaRTForestELBO):
     """:class:`~pyro_trees.infer.VaRTForestELBO` reading this rank's rows of
-    :class:`RankRows`, as :class:`RankVaRTELBO` does for one tree."""
+    :class:`RankRows`."""
 
-    def __init__(self, rows: RankRows, data: tuple | None = None):
-        super().__init__()
-        self.rows, self.data = rows, data
-
-    def differentiable_loss(self, model, guide, x=None, y=None, subsample_size=None):
-        if x is None and self.data is not None:
-            x, y = self.data
-        idx, num_rows = self.rows(x.shape[0], subsample_size)
-        if idx is None:
-            return super().differentiable_loss(model, guide, x, y, subsample_size)
-        model._check_x(x, y)
-        idx = idx.to(x.device)
-        return -vart_forest_elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
+    _elbo = staticmethod(vart_forest_elbo)

@@ -92,3 +92,17 @@ def test_bad_n_trees(data):
     X, y = data
     with pytest.raises(ValueError, match="n_trees"):
         VaRTForestRegressor(n_trees=0, num_steps=2).fit(X, y)
+
+
+def test_defaults_fit_friedmans_function_with_calibrated_intervals():
+    """The default schedule (not the quick one above) on new rows."""
+    from sklearn.datasets import make_friedman1
+
+    X, y = make_friedman1(n_samples=300, noise=1.0, random_state=0)
+    Xt, yt = make_friedman1(n_samples=500, noise=1.0, random_state=1)
+    est = VaRTForestRegressor(random_state=0).fit(X, y)
+    rmse = float(np.sqrt(np.mean((est.predict(Xt) - yt) ** 2)))
+    lo, hi = est.predict_interval(Xt, level=0.9)
+    cover = float(np.mean((yt >= lo) & (yt <= hi)))
+    assert rmse < 0.6 * float(np.std(yt))  # a constant predictor scores std(y), about 5
+    assert 0.75 <= cover <= 0.99
