@@ -19,58 +19,15 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro import poutine
 from pyro.nn import PyroModule
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
-from pyro_trees.models._vart_mixture import with_bias
+from pyro_trees.models._vart_mixture import forest_mean
 from pyro_trees.models.vart import node_weights, weighted
 
 __all__ = ["VaRTForest", "forest_mean", "forest_tree"]
-
-
-def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
-    r"""The regression function of a forest, :math:`f(x) = \sum_k f_k(x)`, with
-    :math:`f_k(x) = \sum_i \kappa_{ki} P_k(x \to i)\, \theta_{ki}^\top x` the
-    :func:`~pyro_trees.models.tree_mean` of tree :math:`k`, computed for all trees at
-    once in probability space (the weights :math:`\kappa_{ki} P_k(x \to i)` sum to one
-    over the nodes of each tree).
-
-    :param forest: per-tree tensors in the format of
-        :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``B + (K,)``
-        (:func:`forest_tree` builds one from the sites).
-    :param x: inputs ``(N, L)``.
-    :param bool keepdim: keep the summed tree dimension (size 1), as the model's sites do.
-    :returns: ``B + (N,)`` (``B + (1, N)`` with ``keepdim``).
-    """
-    x1 = with_bias(x)
-    beta, theta = forest["beta"], forest["theta"]
-    z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
-    down, right = _paths(beta.shape[-2], z.dtype, z.device)
-    # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
-    log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
-    weight = (log_reach + forest["log_exist"].unsqueeze(-2)).exp()
-    weight = weight * (1 - forest["split"]).unsqueeze(-2)  # kappa P(x -> i), B + (K, N, M)
-    leaf = torch.matmul(weight, theta)  # B + (K, N, L + 1): the routed leaf weights
-    return (leaf * x1).sum(-1).sum(-2, keepdim=keepdim)
-
-
-def _paths(n_int: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ancestor matrices ``(n_int, 2 n_int + 1)`` of the heap nodes: ``down[j, i] = 1``
-    when internal node ``j`` is a proper ancestor of node ``i``, ``right[j, i] = 1`` when
-    ``i`` lies in ``j``'s right subtree."""
-    m = 2 * n_int + 1
-    down = torch.zeros(n_int, m, dtype=dtype, device=device)
-    right = torch.zeros(n_int, m, dtype=dtype, device=device)
-    for i in range(2, m + 1):  # heap numbers; the parent of i is i // 2
-        child, j = i, i // 2
-        while j >= 1:
-            down[j - 1, i - 1] = 1.0
-            right[j - 1, i - 1] = float(child % 2)
-            child, j = j, j // 2
-    return down, right
 
 
 def forest_tree(split: list, beta: list, theta: list) -> dict:
