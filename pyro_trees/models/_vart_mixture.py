@@ -34,6 +34,22 @@ def with_bias(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], dim=-1)
 
 
+def log_leaf_weights(tree: dict, x1: torch.Tensor) -> torch.Tensor:
+    """:math:`\\log \\kappa_i + \\log P(x \\to i)` of every node of ``tree`` (a
+    :meth:`~pyro_trees.models.VaRT.sample_tree` output, batch shape ``B``, ``M`` nodes) at
+    the inputs ``x1`` ``(N, L + 1)`` (intercept column included): ``B + (N, M)``,
+    ``-inf`` for absent nodes."""
+    log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
+    beta = tree["beta"]
+    if beta is None:
+        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
+    else:
+        # node logit = log-odds of going right = -beta^T x (beta^T x routes left).
+        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
+        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
+    return log_kappa.unsqueeze(-2) + log_reach
+
+
 def mixture_params(tree: dict, x1: torch.Tensor):
     """Mixture logits, component means and scales of eq. 27 for inputs ``x1``.
 
@@ -43,16 +59,7 @@ def mixture_params(tree: dict, x1: torch.Tensor):
     :returns: ``(logits, means, sigma)`` of shapes ``B + (N, M)``; ``logits`` is
         :math:`\\log\\kappa_i + \\log P(x \\to i)` (``-inf`` for absent nodes).
     """
-    split, log_exist = tree["split"], tree["log_exist"]
-    log_kappa = log_exist + torch.log1p(-split)
-    beta = tree["beta"]
-    if beta is None:
-        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
-    else:
-        # node logit = log-odds of going right = -beta^T x (beta^T x routes left).
-        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
-        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
-    logits = log_kappa.unsqueeze(-2) + log_reach
+    logits = log_leaf_weights(tree, x1)
     means = torch.einsum("...jk,nk->...nj", tree["theta"], x1)
     sigma = tree["log_sigma"].exp().unsqueeze(-2).expand(means.shape)
     return logits, means, sigma

@@ -15,23 +15,10 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_trees import trees
-from pyro_trees.models._vart_mixture import with_bias
+from pyro_trees.models._vart_mixture import log_leaf_weights, with_bias
 from pyro_trees.models.vart import VaRT
 
 __all__ = ["VaRTClassification", "class_logits", "tree_scores"]
-
-
-def _log_leaf_weights(tree: dict, x1: torch.Tensor) -> torch.Tensor:
-    """:math:`\\log \\kappa_i + \\log P(x \\to i)` of every node, ``B + (N, M)``."""
-    log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
-    beta = tree["beta"]
-    if beta is None:
-        log_reach = x1.new_zeros(x1.shape[:1] + (1,))
-    else:
-        node_logits = -torch.einsum("...jk,nk->...nj", beta, x1)
-        log_reach = trees.node_log_reach(trees.leaf_log_probs(node_logits))
-    return log_kappa.unsqueeze(-2) + log_reach
 
 
 def tree_scores(tree: dict, x: torch.Tensor, num_outputs: int) -> torch.Tensor:
@@ -44,7 +31,7 @@ def tree_scores(tree: dict, x: torch.Tensor, num_outputs: int) -> torch.Tensor:
     :returns: ``B + (N, num_outputs)``.
     """
     x1 = with_bias(x)
-    weights = _log_leaf_weights(tree, x1).softmax(-1)  # B + (N, M)
+    weights = log_leaf_weights(tree, x1).softmax(-1)  # B + (N, M)
     theta = tree["theta"]
     theta = theta.reshape(theta.shape[:-1] + (num_outputs, x1.shape[-1]))  # B + (M, K, L + 1)
     values = torch.einsum("...mkl,nl->...nmk", theta, x1)  # B + (N, M, K)
