@@ -73,7 +73,60 @@ class TemperatureSchedule:
         return _cb
 
 
-class VaRTGuide(TreeGuide, AutoGuide):
+class RelaxedSplitGuide:
+    """What the guides over VaRT trees (:class:`VaRTGuide`, one tree;
+    :class:`~pyro_trees.guides.VaRTForestGuide`, a sum of trees) share: the temperature of
+    their relaxed split indicators, pickling that keeps the model, and the lazy start at
+    the first call (parameters already in Pyro's store win; otherwise the guide follows
+    the data's dtype and device and, with ``init="data"``, places its splits among the
+    rows). A subclass names its parameters in ``_PARAMS`` and has ``init`` and
+    ``init_splits_from_data``.
+    """
+
+    def __getstate__(self):
+        # AutoGuide's drops the model; keep it (only the weak reference to a master goes)
+        state = dict(super(AutoGuide, self).__getstate__())
+        state["master"] = None
+        return state
+
+    @property
+    def temperature(self) -> float:
+        """The relaxation temperature of the split indicators (``0``: hard trees)."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        value = float(value)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {value}")
+        self._temperature = value
+
+    @contextlib.contextmanager
+    def temperature_set_to(self, value: float):
+        """Temporarily set the temperature (``0`` for hard trees at prediction time)."""
+        old = self.temperature
+        self.temperature = value
+        try:
+            yield self
+        finally:
+            self.temperature = old
+
+    def _ensure_started(self, x: torch.Tensor) -> None:
+        """The lazy start of the class docstring, once (inputs ``x`` ``(N, L)``)."""
+        if self._started:
+            return
+        self._started = True
+        if not pyro.settings.get("module_local_params"):
+            store = pyro.get_param_store()
+            prefix = f"{self._pyro_name}." if self._pyro_name else ""
+            if any(prefix + k in store for k in self._PARAMS):
+                return  # parameters from the store win
+        self.to(dtype=x.dtype, device=x.device)
+        if self.init == "data":
+            self.init_splits_from_data(x)
+
+
+class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     r"""Variational family over trees truncated at depth ``depth`` (Sec. 2.4).
 
     For every internal position :math:`i < 2^D` (heap order),
@@ -103,7 +156,9 @@ class VaRTGuide(TreeGuide, AutoGuide):
     **Temperature.** :math:`\tau` is the attribute ``temperature`` (a float, saved with
     the module); anneal it with :class:`TemperatureSchedule` or leave it fixed.
     ``Predictive`` draws trees at the current temperature; ``temperature = 0`` draws the
-    hard trees of eq. 20 (:meth:`temperature_set_to` sets it for a block).
+    hard trees of eq. 20
+    (:meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.temperature_set_to` sets it for a
+    block).
 
     :param model: the :class:`~pyro_trees.models.VaRT` model (its ``lam``, input size
         and site names are read from it; it is not registered as a submodule).
@@ -188,48 +243,6 @@ class VaRTGuide(TreeGuide, AutoGuide):
         "log_sigma_loc",
         "log_sigma_scale",
     )
-
-    def __getstate__(self):
-        # AutoGuide's drops the model; keep it (only the weak reference to a master goes)
-        state = dict(super(AutoGuide, self).__getstate__())
-        state["master"] = None
-        return state
-
-    @property
-    def temperature(self) -> float:
-        """The relaxation temperature of the split indicators (``0``: hard trees)."""
-        return self._temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        value = float(value)
-        if not (value >= 0 and math.isfinite(value)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {value}")
-        self._temperature = value
-
-    @contextlib.contextmanager
-    def temperature_set_to(self, value: float):
-        """Temporarily set the temperature (``0`` for hard trees at prediction time)."""
-        old = self.temperature
-        self.temperature = value
-        try:
-            yield self
-        finally:
-            self.temperature = old
-
-    def _ensure_started(self, x: torch.Tensor) -> None:
-        """The lazy start of the class docstring, once (inputs ``x`` ``(N, L)``)."""
-        if self._started:
-            return
-        self._started = True
-        if not pyro.settings.get("module_local_params"):
-            store = pyro.get_param_store()
-            prefix = f"{self._pyro_name}." if self._pyro_name else ""
-            if any(prefix + k in store for k in self._PARAMS):
-                return  # parameters from the store win
-        self.to(dtype=x.dtype, device=x.device)
-        if self.init == "data":
-            self.init_splits_from_data(x)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample a truncated tree; the arguments only fix dtype and device.

@@ -8,7 +8,6 @@ References
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pyro
@@ -22,13 +21,14 @@ from torch.distributions import constraints
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.guides.base import TreeGuide
+from pyro_trees.guides.vart import RelaxedSplitGuide
 from pyro_trees.models.vart import node_weights, weighted
 from pyro_trees.models.vart_forest import VaRTForest, forest_tree
 
 __all__ = ["VaRTForestGuide"]
 
 
-class VaRTForestGuide(TreeGuide, AutoGuide):
+class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     r"""Mean-field variational family of a :class:`~pyro_trees.models.VaRTForest`: the
     truncated VaRT family of :class:`~pyro_trees.guides.VaRTGuide` for each of the ``K``
     trees, independent across trees, plus a Gaussian on the log noise scale.
@@ -49,8 +49,10 @@ class VaRTForestGuide(TreeGuide, AutoGuide):
     by about its learning rate per step, so a step moves the sum of :math:`K` trees as
     far as it moves one tree, whatever :math:`K`.
 
-    Lazy start, ``temperature`` (``0``: hard trees) and :meth:`temperature_set_to` are
-    those of :class:`~pyro_trees.guides.VaRTGuide`; with ``init="data"`` each split rule
+    Lazy start, ``temperature`` (``0``: hard trees) and
+    :meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.temperature_set_to` are those of
+    :class:`~pyro_trees.guides.VaRTGuide` (both from
+    :class:`~pyro_trees.guides.vart.RelaxedSplitGuide`); with ``init="data"`` each split rule
     starts (almost) axis-aligned through a random training point at the first call.
 
     :param model: the :class:`~pyro_trees.models.VaRTForest` (not registered as a
@@ -124,46 +126,6 @@ class VaRTForestGuide(TreeGuide, AutoGuide):
         self.theta_scale = PyroParam(torch.full((k, n_all, width), leaf), constraints.positive)
         self.log_sigma_loc = PyroParam(torch.tensor(math.log(init_noise)))
         self.log_sigma_scale = PyroParam(torch.tensor(init_scale), constraints.positive)
-
-    def __getstate__(self):
-        state = dict(super(AutoGuide, self).__getstate__())
-        state["master"] = None
-        return state
-
-    @property
-    def temperature(self) -> float:
-        """The relaxation temperature of the split indicators (``0``: hard trees)."""
-        return self._temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        value = float(value)
-        if not (value >= 0 and math.isfinite(value)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {value}")
-        self._temperature = value
-
-    @contextlib.contextmanager
-    def temperature_set_to(self, value: float):
-        """Temporarily set the temperature (``0`` for hard trees at prediction time)."""
-        old = self.temperature
-        self.temperature = value
-        try:
-            yield self
-        finally:
-            self.temperature = old
-
-    def _ensure_started(self, x: torch.Tensor) -> None:
-        if self._started:
-            return
-        self._started = True
-        if not pyro.settings.get("module_local_params"):
-            store = pyro.get_param_store()
-            prefix = f"{self._pyro_name}." if self._pyro_name else ""
-            if any(prefix + k in store for k in self._PARAMS):
-                return  # parameters from the store win
-        self.to(dtype=x.dtype, device=x.device)
-        if self.init == "data":
-            self.init_splits_from_data(x)
 
     def params(self, x: torch.Tensor) -> dict:
         """Every (constrained) parameter, read once, in ``x``'s dtype and device, with
