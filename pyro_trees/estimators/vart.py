@@ -7,6 +7,8 @@ References
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyro
 import torch
@@ -49,6 +51,9 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     :param float lam: :math:`\\lambda` of eq. 4 (the paper uses ``1e-3``).
     :param int num_steps: gradient steps.
     :param float lr: ClippedAdam learning rate.
+    :param float lr_decay: the learning rate falls geometrically from ``lr`` to
+        ``lr * lr_decay`` over ``num_steps`` steps, as the temperature falls (``1``: constant;
+        the refit of ``refit=True`` follows the same schedule).
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
@@ -175,6 +180,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         *,
         num_steps: int = 1000,
         lr: float = 0.03,
+        lr_decay: float = 1.0,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
@@ -202,6 +208,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         self.lam = lam
         self.num_steps = num_steps
         self.lr = lr
+        self.lr_decay = lr_decay
         self.batch_size = batch_size
         self.temperature_start = temperature_start
         self.temperature_end = temperature_end
@@ -268,6 +275,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             raise ValueError(f"elbo must be 'vectorised' or 'trace', got {self.elbo!r}")
         if int(self.eval_every) < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+        if not float(self.lr_decay) > 0:
+            raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
         if not isinstance(self.refit, bool):
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
         rule = self._calibration_rule()
@@ -368,6 +377,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
                     loss=loss,
                     optim="clipped_adam",
                     lr=self.lr,
+                    lr_scheduler=self._lr_scheduler(),
                     progress=self.progress and (self._label + (" refit" if num_steps else "")),
                     callback=schedule.callback(self.guide_),
                     **val,
@@ -377,6 +387,13 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         return Xva, yva
 
     _label = "VaRT"
+
+    def _lr_scheduler(self):
+        """``lr_decay``'s geometric schedule over ``num_steps`` (``None`` when constant)."""
+        if float(self.lr_decay) == 1.0:
+            return None
+        gamma = float(self.lr_decay) ** (1.0 / max(int(self.num_steps), 1))
+        return functools.partial(torch.optim.lr_scheduler.ExponentialLR, gamma=gamma)
 
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):
         """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
@@ -496,5 +513,11 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
 
     def __setstate__(self, state):
         # parameters added after an estimator was pickled: the behaviour it was fitted with
-        state = {"min_calibration_rows": None, "refit": False, "init_split_prob": 0.9, **state}
+        old = {
+            "min_calibration_rows": None,
+            "refit": False,
+            "init_split_prob": 0.9,
+            "lr_decay": 1.0,
+        }
+        state = {**old, **state}
         self.__dict__.update(state)

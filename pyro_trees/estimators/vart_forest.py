@@ -38,18 +38,24 @@ class VaRTForestRegressor(VaRTRegressor):
     A separate class rather than ``VaRTRegressor(n_trees=...)``: the forest's
     likelihood is one Gaussian around the sum of the trees, not the single tree's
     mixture of leaves with their own noise, so ``n_trees=1`` would not give
-    ``VaRTRegressor``; and its defaults (shallow trees, the full ELBO) differ.
+    ``VaRTRegressor``; and its defaults differ (below).
 
     :param int n_trees: :math:`K`, trees in the sum.
     :param int depth: the depth of every tree.
-    :param float lam: weight of the KL term (1: the ELBO; the forest's priors on
-        shallow trees regularise the sum, as BART's do).
+    :param float lam: weight of the KL term (1: the ELBO; the default ``1e-3``, as the
+        single tree's: at 1 the mean-field guide of a sum stalls, see the VaRT guide page).
+    :param float lr_decay: the learning rate falls geometrically to ``lr * lr_decay``
+        over ``num_steps`` (default 0.05; a constant rate leaves the held-out error of the
+        central forest jumping from one evaluation to the next).
+    :param int patience: evaluations without improvement before early stopping (default
+        10: the held-out error of a forest keeps improving slowly for hundreds of steps).
     :param float leaf_scale: prior scale of the sum's leaf weights (each tree's is
         ``leaf_scale / sqrt(n_trees)``).
 
     The other parameters are :class:`~pyro_trees.estimators.VaRTRegressor`'s (its
     ``elbo="vectorised"`` is :class:`~pyro_trees.infer.VaRTForestELBO`); ``export_text``
-    describes a single tree and is not offered.
+    describes a single tree and is not offered. How the defaults were chosen is in the
+    VaRT guide page (``benchmarks/results/vart_forest_defaults.md``).
 
     .. rubric:: Examples
 
@@ -72,12 +78,13 @@ class VaRTForestRegressor(VaRTRegressor):
         *,
         num_steps: int = 1000,
         lr: float = 0.03,
+        lr_decay: float = 0.05,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
         num_samples: int = 50,
         validation_fraction: float = 0.1,
-        patience: int | None = 5,
+        patience: int | None = 10,
         eval_every: int = 20,
         calibrate_noise: str | bool | None = "coverage",
         calibration_level: float = 0.9,
@@ -101,6 +108,7 @@ class VaRTForestRegressor(VaRTRegressor):
             lam,
             num_steps=num_steps,
             lr=lr,
+            lr_decay=lr_decay,
             batch_size=batch_size,
             temperature_start=temperature_start,
             temperature_end=temperature_end,

@@ -8,6 +8,7 @@ References
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pyro.distributions as dist
@@ -214,17 +215,21 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     return (leaf * x1).sum(-1).sum(-2, keepdim=keepdim)
 
 
+@functools.lru_cache(maxsize=64)
 def _paths(n_int: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestor matrices ``(n_int, 2 n_int + 1)`` of the heap nodes: ``down[j, i] = 1``
     when internal node ``j`` is a proper ancestor of node ``i``, ``right[j, i] = 1`` when
-    ``i`` lies in ``j``'s right subtree."""
+    ``i`` lies in ``j``'s right subtree. Cached per size, dtype and device (constants:
+    every step of a fit reads the same pair; built outside any ``inference_mode``, so
+    that a pair first made there can still enter a backward pass)."""
     m = 2 * n_int + 1
-    down = torch.zeros(n_int, m, dtype=dtype, device=device)
-    right = torch.zeros(n_int, m, dtype=dtype, device=device)
-    for i in range(2, m + 1):  # heap numbers; the parent of i is i // 2
-        child, j = i, i // 2
-        while j >= 1:
-            down[j - 1, i - 1] = 1.0
-            right[j - 1, i - 1] = float(child % 2)
-            child, j = j, j // 2
+    with torch.inference_mode(False):
+        down = torch.zeros(n_int, m, dtype=dtype, device=device)
+        right = torch.zeros(n_int, m, dtype=dtype, device=device)
+        for i in range(2, m + 1):  # heap numbers; the parent of i is i // 2
+            child, j = i, i // 2
+            while j >= 1:
+                down[j - 1, i - 1] = 1.0
+                right[j - 1, i - 1] = float(child % 2)
+                child, j = j, j // 2
     return down, right

@@ -10,7 +10,8 @@ from pyro_trees.distributions import gaussian_mixture_quantiles
 from pyro_trees.estimators import VaRTForestRegressor, VaRTRegressor
 from pyro_trees.models import forest_mean
 
-SMALL = {"n_trees": 8, "depth": 2, "num_steps": 150, "lr": 0.05, "num_samples": 30}
+# quick fits at a constant rate (lr_decay's default schedule is for the default 1,000 steps)
+SMALL = {"n_trees": 8, "depth": 2, "num_steps": 150, "lr": 0.05, "lr_decay": 1.0, "num_samples": 30}
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +107,31 @@ def test_defaults_fit_friedmans_function_with_calibrated_intervals():
     cover = float(np.mean((yt >= lo) & (yt <= hi)))
     assert rmse < 0.6 * float(np.std(yt))  # a constant predictor scores std(y), about 5
     assert 0.75 <= cover <= 0.99
+
+
+def test_lr_decay_schedule_reaches_its_end_and_rejects_bad_values(data):
+    """The learning rate falls geometrically to ``lr * lr_decay`` after ``num_steps``."""
+    est = VaRTForestRegressor(lr=0.03, lr_decay=0.05, num_steps=40)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.03)
+    sched = est._lr_scheduler()(opt)
+    for _ in range(40):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.03 * 0.05, rel=1e-9)
+    assert VaRTRegressor()._lr_scheduler() is None  # the single tree's default: constant
+    X, y = data
+    with pytest.raises(ValueError, match="lr_decay"):
+        VaRTForestRegressor(lr_decay=0.0, num_steps=2).fit(X, y)
+
+
+def test_lr_decay_changes_the_fit_and_old_pickles_keep_a_constant_rate(data):
+    X, y = data
+    kw = dict(SMALL, num_steps=30, random_state=2, validation_fraction=0)
+    a = VaRTForestRegressor(**kw).fit(X, y)
+    b = VaRTForestRegressor(**dict(kw, lr_decay=0.05)).fit(X, y)
+    assert not np.allclose(a.predict(X[:5]), b.predict(X[:5]))
+    state = a.__getstate__()
+    del state["lr_decay"]  # an estimator pickled before lr_decay existed
+    old = VaRTForestRegressor.__new__(VaRTForestRegressor)
+    old.__setstate__(state)
+    assert old.lr_decay == 1.0 and np.array_equal(old.predict(X[:5]), a.predict(X[:5]))

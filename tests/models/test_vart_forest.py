@@ -67,3 +67,20 @@ def test_checks():
         VaRTForest(2, depth=0)
     with pytest.raises(ValueError, match="shape"):
         VaRTForest(2)(torch.randn(3, 3))
+
+
+def test_forest_mean_differentiates_after_a_call_in_inference_mode():
+    """The cached ancestor matrices first built under ``inference_mode`` still enter a
+    backward pass later (a normal tensor, not an inference tensor)."""
+    from pyro_trees.models._vart_mixture import _paths
+
+    _paths.cache_clear()
+    forest = VaRTForest(2, n_trees=3, depth=2).sample_forest()
+    x = torch.randn(4, 2)
+    with torch.inference_mode():
+        before = forest_mean(forest, x)
+    beta = forest["beta"].clone().requires_grad_()
+    after = forest_mean(dict(forest, beta=beta), x)
+    after.sum().backward()
+    assert torch.allclose(before, after.detach())
+    assert beta.grad is not None and torch.isfinite(beta.grad).all()
