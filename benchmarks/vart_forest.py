@@ -45,6 +45,17 @@ def fit_forest(split, Xtr, ytr, Xte, yte, **kwargs) -> dict:
     }
 
 
+def uci_splits(datasets: str, splits: list[int]):
+    """``(name, split, X, Xtr, ytr, Xte, yte)`` for every set named in ``datasets``
+    (comma-separated) and every split, targets min-max scaled over the full set."""
+    for name in [n for n in datasets.split(",") if n]:
+        X, y, mask = load_uci(name)
+        y = (y - y.min()) / (y.max() - y.min())
+        for split in splits:
+            te = mask[:, split]
+            yield name, split, X, X[~te], y[~te], X[te], y[te]
+
+
 def fit_bart_default(Xtr, ytr, Xte, yte, seed) -> dict:
     """stochtree's BART at its default arguments (a seed aside)."""
     from stochtree import BARTModel
@@ -147,19 +158,15 @@ def main(argv=None):
         kwargs["depth"] = args.depth
     splits = [int(s) for s in args.splits.split(",") if s]
     records = []
-    for name in [n for n in args.datasets.split(",") if n]:
-        X, y, mask = load_uci(name)
-        y = (y - y.min()) / (y.max() - y.min())
-        for split in splits:
-            te = mask[:, split]
-            Xtr, ytr, Xte, yte = X[~te], y[~te], X[te], y[te]
-            rec = {"dataset": name, "split": split, "n": len(y), "d": X.shape[1]}
-            rec["forest"] = fit_forest(split, Xtr, ytr, Xte, yte, **kwargs)
-            rec["bart"] = fit_bart_default(Xtr, ytr, Xte, yte, split)
-            rec.update(run_peers(["xgboost"], Xtr, ytr, Xte, yte, split))
-            records.append(rec)
-            print(name, split, {k: v for k, v in rec.items() if isinstance(v, dict)}, flush=True)
-        summarise(args, records, kwargs)
+    for name, split, X, Xtr, ytr, Xte, yte in uci_splits(args.datasets, splits):
+        rec = {"dataset": name, "split": split, "n": len(X), "d": X.shape[1]}
+        rec["forest"] = fit_forest(split, Xtr, ytr, Xte, yte, **kwargs)
+        rec["bart"] = fit_bart_default(Xtr, ytr, Xte, yte, split)
+        rec.update(run_peers(["xgboost"], Xtr, ytr, Xte, yte, split))
+        records.append(rec)
+        print(name, split, {k: v for k, v in rec.items() if isinstance(v, dict)}, flush=True)
+        if split == splits[-1]:
+            summarise(args, records, kwargs)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from benchmarks._common import markdown_table, write_results
-from benchmarks.vart_forest import fit_bart_default, fit_forest
-from benchmarks.vart_uci import DATASETS, load_uci, run_peers
+from benchmarks.vart_forest import fit_bart_default, fit_forest, uci_splits
+from benchmarks.vart_uci import DATASETS, run_peers
 
 CONFIGS = {
     "default": {},
@@ -96,19 +96,16 @@ def main(argv=None):
         raise SystemExit(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
     splits = [int(s) for s in args.splits.split(",") if s]
     records = []
-    for name in [n for n in args.datasets.split(",") if n]:
-        X, y, mask = load_uci(name)
-        y = (y - y.min()) / (y.max() - y.min())
-        for split in splits:
-            te = mask[:, split]
-            Xtr, ytr, Xte, yte = X[~te], y[~te], X[te], y[te]
-            rec = {"dataset": name, "split": split, "n": len(y), "forest": {}}
-            for cfg in configs:
-                rec["forest"][cfg] = fit_forest(split, Xtr, ytr, Xte, yte, **CONFIGS[cfg])
-            rec["bart"] = fit_bart_default(Xtr, ytr, Xte, yte, split)
-            rec.update(run_peers(["xgboost"], Xtr, ytr, Xte, yte, split))
-            records.append(rec)
-            print(name, split, flush=True)
+    for name, split, X, Xtr, ytr, Xte, yte in uci_splits(args.datasets, splits):
+        rec = {"dataset": name, "split": split, "n": len(X), "forest": {}}
+        for cfg in configs:
+            rec["forest"][cfg] = fit_forest(split, Xtr, ytr, Xte, yte, **CONFIGS[cfg])
+        rec["bart"] = fit_bart_default(Xtr, ytr, Xte, yte, split)
+        rec.update(run_peers(["xgboost"], Xtr, ytr, Xte, yte, split))
+        records.append(rec)
+        print(name, split, flush=True)
+        if split != splits[-1]:
+            continue
         summary, per_set = summarise(records, configs)
         md = (
             "Candidate training settings of VaRTForestRegressor (each names only what it "
