@@ -27,6 +27,30 @@ from pyro_trees.models._vart_mixture import (
 )
 
 
+def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:
+    """Standardised inputs clipped to the training rows' range (``est.x_min_``,
+    ``est.x_max_``) widened by ``est.clip_margin`` times its width on each side
+    (``clip_margin=None``, or no range yet: unchanged)."""
+    if est.clip_margin is not None and getattr(est, "x_min_", None) is not None:
+        pad = float(est.clip_margin) * (est.x_max_ - est.x_min_)
+        Xs = torch.minimum(torch.maximum(Xs, est.x_min_ - pad), est.x_max_ + pad)
+    return Xs
+
+
+def hard_guide_draws(guide, num_samples: int, like: torch.Tensor, seed: int) -> dict:
+    """``num_samples`` draws of ``guide``'s sites with hard split indicators
+    (temperature 0), seeded ``seed`` on ``like``'s device without touching the global
+    streams; ``like`` is one dummy input row (its dtype and device)."""
+    with (
+        local_seed(seed, like.device),
+        pyro.settings.context(module_local_params=True),
+        pyro.validation_enabled(False),
+        guide.temperature_set_to(0.0),
+        torch.no_grad(),
+    ):
+        return Predictive(guide, num_samples=num_samples, parallel=True)(like)
+
+
 class _PosteriorTrees:
     """Prediction machinery of :class:`~pyro_trees.estimators.VaRTRegressor`: the inputs
     clipped as new rows, the ``num_samples`` hard posterior trees (cached, redrawn with
@@ -36,12 +60,7 @@ class _PosteriorTrees:
         return self._clip(self._validate_predict(X))
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
-        """Standardised inputs clipped to the training rows' range widened by
-        ``clip_margin`` times its width on each side (``clip_margin=None``: unchanged)."""
-        if self.clip_margin is not None and getattr(self, "x_min_", None) is not None:
-            pad = float(self.clip_margin) * (self.x_max_ - self.x_min_)
-            Xs = torch.minimum(torch.maximum(Xs, self.x_min_ - pad), self.x_max_ + pad)
-        return Xs
+        return clip_to_training_range(self, Xs)
 
     def _posterior_trees(self) -> dict:
         """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""
@@ -50,16 +69,7 @@ class _PosteriorTrees:
             _check_prediction_memory(
                 self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
             )
-            with (
-                local_seed(self._seed() + 1, dummy.device),
-                pyro.settings.context(module_local_params=True),
-                pyro.validation_enabled(False),
-                self.guide_.temperature_set_to(0.0),
-                torch.no_grad(),
-            ):
-                samples = Predictive(self.guide_, num_samples=int(self.num_samples), parallel=True)(
-                    dummy
-                )
+            samples = hard_guide_draws(self.guide_, int(self.num_samples), dummy, self._seed() + 1)
             shift = math.log(getattr(self, "noise_factor_", 1.0))
             if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
                 for key in samples:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyro
 import torch
-from pyro.infer import Predictive, Trace_ELBO
+from pyro.infer import Trace_ELBO
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -20,6 +20,7 @@ from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._vart_export import _split_importances
+from pyro_trees.estimators._vart_posterior import clip_to_training_range, hard_guide_draws
 from pyro_trees.guides._vart_memory import (
     PREDICT_BYTES,
     _check_prediction_memory,
@@ -317,23 +318,11 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""
         dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-        with (
-            local_seed(self.seed_ + 1, dummy.device),
-            pyro.settings.context(module_local_params=True),
-            pyro.validation_enabled(False),
-            self.guide_.temperature_set_to(0.0),
-            torch.no_grad(),
-        ):
-            samples = Predictive(self.guide_, num_samples=int(self.num_samples), parallel=True)(
-                dummy
-            )
+        samples = hard_guide_draws(self.guide_, int(self.num_samples), dummy, self.seed_ + 1)
         return _stack_trees(samples, self.guide_.depth)
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
-        if self.clip_margin is not None and getattr(self, "x_min_", None) is not None:
-            pad = float(self.clip_margin) * (self.x_max_ - self.x_min_)
-            Xs = torch.minimum(torch.maximum(Xs, self.x_min_ - pad), self.x_max_ + pad)
-        return Xs
+        return clip_to_training_range(self, Xs)
 
     # --------------------------------------------------------------- prediction
     @torch.no_grad()
