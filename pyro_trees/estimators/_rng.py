@@ -17,6 +17,8 @@ import torch
 
 __all__ = ["local_seed"]
 
+MEMBER_SEED = 7919  # VaRT ``n_fits``: offset between the seeds of successive fits
+
 
 def _cuda_index(device) -> int | None:
     """The index of ``device`` when it is a CUDA device, else ``None``."""

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows
+from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.models._vart_mixture import _row_mixtures
 from pyro_trees.validation import check_level
 
@@ -241,9 +242,7 @@ class _NoiseCalibration:
         other = type(self)(**params)
         other.seed_ = self._seed() + k
         self._share_inputs(other)
-        other._fit_split(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
-        if self.refit:
-            other._refit(X, y, rows, rest, other.seed_)
+        other._fit_members(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
         other.noise_factor_, other._tree_samples = 1.0, None
         level = float(self.calibration_level)
         scores = other._standardised_scores(
@@ -314,11 +313,12 @@ class _NoiseCalibration:
         batches = self._calibration_batches(Xs, ys)
         return _mixture_scores(self._raw_leaves(), batches, level).cpu().numpy()
 
-    def _refit(self, X, y, val_idx, train_idx, seed: int) -> None:
-        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED``, trained on
+    def _refit(self, X, y, val_idx, train_idx, seed: int, member: int = 0) -> None:
+        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
+        ``member * MEMBER_SEED`` for the further fits of ``n_fits``), trained on
         ``train_idx`` for the number of steps early stopping chose
-        (``fit_result_.best_step``, at least 1), replaces the stopped one."""
-        steps = max(int(self.fit_result_.best_step or 0), 1)
-        seed = int(seed) + _REFIT_SEED
+        (``stopping_result_.best_step``, at least 1), replaces the stopped one."""
+        steps = max(int(self.stopping_result_.best_step or 0), 1)
+        seed = int(seed) + _REFIT_SEED + int(member) * MEMBER_SEED
         gen = torch.Generator().manual_seed(seed)
         self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)

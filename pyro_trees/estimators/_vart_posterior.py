@@ -13,7 +13,7 @@ import torch
 from pyro.infer import Predictive
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
-from pyro_trees.estimators._rng import local_seed
+from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.guides._vart_memory import (
     PREDICT_BYTES,
     ROW_BYTES_PER_NODE,
@@ -69,7 +69,7 @@ class _PosteriorTrees:
             _check_prediction_memory(
                 self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
             )
-            samples = hard_guide_draws(self.guide_, int(self.num_samples), dummy, self._seed() + 1)
+            samples = self._member_draws(dummy)
             shift = math.log(getattr(self, "noise_factor_", 1.0))
             if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
                 for key in samples:
@@ -77,6 +77,27 @@ class _PosteriorTrees:
                         samples[key] = samples[key] + shift
             self._tree_samples = samples
         return self._tree_samples
+
+    def _guides(self) -> list:
+        """The fitted guides whose posterior draws are pooled (``guides_``; estimators
+        pickled before ``n_fits`` existed have ``guide_`` alone)."""
+        return list(getattr(self, "guides_", None) or [self.guide_])
+
+    def _member_draws(self, dummy: torch.Tensor) -> dict:
+        """``num_samples`` hard draws pooled over the fits of ``_guides()``: fit ``j``
+        gives ``num_samples // F`` of them (one more for the first ``num_samples % F``),
+        seeded ``seed_ + 1 + j * MEMBER_SEED``, so one fit's draws are as before."""
+        guides = self._guides()
+        total, f = int(self.num_samples), len(guides)
+        draws = [
+            hard_guide_draws(
+                g, total // f + (j < total % f), dummy, self._seed() + 1 + j * MEMBER_SEED
+            )
+            for j, g in enumerate(guides)
+        ]
+        if f == 1:
+            return draws[0]
+        return {k: torch.cat([d[k] for d in draws]) for k in draws[0]}
 
     def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
         samples = self._posterior_trees()

@@ -18,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
-from pyro_trees.estimators._rng import local_seed
+from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
 from pyro_trees.estimators._vart_export import _export_text, _split_importances
 from pyro_trees.estimators._vart_posterior import _PosteriorTrees
@@ -54,6 +54,16 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     :param float lr_decay: the learning rate falls geometrically from ``lr`` to
         ``lr * lr_decay`` over ``num_steps`` steps, as the temperature falls (``1``: constant;
         the refit of ``refit=True`` follows the same schedule).
+    :param int n_fits: fits pooled by the predictive, which is their equal mixture: the
+        ``num_samples`` posterior trees are shared out among them (``num_samples // n_fits``
+        each, one more for the first ``num_samples % n_fits``), so prediction costs do not
+        grow with it. The fits differ only in their seeds. With ``refit`` and held-out
+        rows each is a refit of the stopped fit's :math:`T` steps on the same training
+        rows, so the held-out rows still chose nothing but :math:`T` and calibrate the
+        pooled predictive; otherwise each is a fit like the first. Their guides are kept
+        in ``guides_`` (``guide_`` is the first) and their results in ``fit_results_``;
+        ``feature_importances_`` is their mean. Training costs about ``n_fits`` refits
+        more than one fit.
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
@@ -181,6 +191,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         num_steps: int = 1000,
         lr: float = 0.03,
         lr_decay: float = 1.0,
+        n_fits: int = 1,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
@@ -209,6 +220,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         self.num_steps = num_steps
         self.lr = lr
         self.lr_decay = lr_decay
+        self.n_fits = n_fits
         self.batch_size = batch_size
         self.temperature_start = temperature_start
         self.temperature_end = temperature_end
@@ -277,6 +289,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
         if not float(self.lr_decay) > 0:
             raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
+        self._n_fits()
         if not isinstance(self.refit, bool):
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
         rule = self._calibration_rule()
@@ -303,11 +316,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         else:
             perm = torch.arange(n, device=X.device)
         num_folds = int(ranks.min(self._calibration_folds(n, n_val, rule)))
-        self.stopping_result_ = None
-        Xva, yva = self._fit_split(X, y, perm[:n_val], perm[n_val:], gen)
-        if n_val and self.refit:
-            self.stopping_result_ = self.fit_result_
-            self._refit(X, y, perm[:n_val], perm[n_val:], self._seed())
+        Xva, yva = self._fit_members(X, y, perm[:n_val], perm[n_val:], gen)
         self.noise_factor_ = 1.0
         self._tree_samples = None
         if n_val and rule is not None:  # the held-out rows are in random order
@@ -317,6 +326,46 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             self._tree_samples = None
         self._leaf_trees()  # drawn here once: predicting changes no attribute
         return self
+
+    def _fit_members(self, X, y, val_idx, train_idx, gen):
+        """The ``n_fits`` fits of ``fit`` on rows ``train_idx`` with ``val_idx`` held out
+        (``gen`` seeds the first's initialisation): the stopped fit, then with
+        ``refit`` and held-out rows ``n_fits`` refits of its number of steps, else
+        ``n_fits - 1`` more fits like it. Sets ``guides_`` (``guide_`` is the first),
+        ``fit_results_`` and the averaged ``feature_importances_``; returns the held-out
+        rows, standardised."""
+        n_fits = self._n_fits()
+        self.stopping_result_ = None
+        Xva, yva = self._fit_split(X, y, val_idx, train_idx, gen)
+        refit = bool(len(val_idx)) and self.refit
+        if refit:
+            self.stopping_result_ = self.fit_result_
+        members = []
+        for j in range(n_fits):
+            if refit:
+                self._refit(X, y, val_idx, train_idx, self._seed(), member=j)
+            elif j:
+                seed = self._seed() + j * MEMBER_SEED
+                gen_j = torch.Generator().manual_seed(seed)
+                self._fit_split(X, y, val_idx, train_idx, gen_j, seed=seed)
+            members.append((self.guide_, self.fit_result_, self.feature_importances_))
+        self.guides_ = [m[0] for m in members]
+        self.fit_results_ = [m[1] for m in members]
+        self.guide_, self.fit_result_ = self.guides_[0], self.fit_results_[0]
+        self.feature_importances_ = np.mean([m[2] for m in members], axis=0)
+        return Xva, yva
+
+    def _n_fits(self) -> int:
+        """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
+        k = self.n_fits
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"n_fits must be an integer >= 1, got {k!r}")
+        if int(k) > int(self.num_samples):
+            raise ValueError(
+                f"n_fits ({k}) must not exceed num_samples ({self.num_samples}): every fit "
+                "gives at least one posterior draw"
+            )
+        return int(k)
 
     def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None):
         """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);
@@ -518,6 +567,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             "refit": False,
             "init_split_prob": 0.9,
             "lr_decay": 1.0,
+            "n_fits": 1,
         }
         state = {**old, **state}
         self.__dict__.update(state)

@@ -16,7 +16,9 @@ from pyro_trees.estimators import (
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
+from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.estimators._vart_calibration import _coverage_scores
+from pyro_trees.estimators._vart_posterior import hard_guide_draws
 from pyro_trees.guides import _vart_memory
 from pyro_trees.models import _vart_mixture, mixture_params, with_bias
 
@@ -491,11 +493,12 @@ def test_estimators_pickled_without_seed_keep_the_old_seed_rule(fitted, data):
 def test_estimators_pickled_before_newer_parameters_keep_their_behaviour(stopped, data):
     X, y = data
     state = pickle.loads(pickle.dumps(stopped)).__getstate__()
-    for name in ("refit", "min_calibration_rows"):  # as pickled before they existed
+    # as pickled before they existed
+    for name in ("refit", "min_calibration_rows", "n_fits", "guides_", "fit_results_"):
         del state[name]
     old = VaRTRegressor.__new__(VaRTRegressor)
     old.__setstate__(state)
-    assert old.refit is False and old.min_calibration_rows is None
+    assert old.refit is False and old.min_calibration_rows is None and old.n_fits == 1
     assert old.get_params()["refit"] is False
     np.testing.assert_array_equal(old.predict(X), stopped.predict(X))
     old.set_params(num_steps=20, num_samples=10).fit(X, y)  # refits as it was fitted
@@ -702,3 +705,52 @@ def test_row_mixture_quantiles_match_the_reference_solver():
     torch.testing.assert_close(
         _vart_calibration._compact_scores(w, z, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
     )
+
+
+def _same_params(a, b) -> bool:
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_n_fits_pools_refits_of_the_stopping_step(data):
+    X, y = data  # 120 rows, 12 held out
+    kw = dict(depth=2, num_steps=60, lr=0.05, num_samples=7, random_state=4)
+    one = VaRTRegressor(**kw).fit(X, y)
+    est = VaRTRegressor(**kw, n_fits=2).fit(X, y)
+    # one stopped fit, as n_fits=1's; then two refits of its best step, the first n_fits=1's
+    assert est.stopping_result_.val_losses == one.stopping_result_.val_losses
+    steps = max(est.stopping_result_.best_step, 1)
+    assert len(est.guides_) == len(est.fit_results_) == 2 and est.guide_ is est.guides_[0]
+    assert [r.num_steps for r in est.fit_results_] == [steps, steps]
+    assert _same_params(est.guides_[0], one.guide_)
+    assert not _same_params(est.guides_[0], est.guides_[1])
+    # the 7 posterior trees: 4 from the first fit (n_fits=1's seed), 3 from the second
+    dummy = torch.zeros(1, 3)
+    first = hard_guide_draws(est.guides_[0], 4, dummy, est.seed_ + 1)
+    second = hard_guide_draws(est.guides_[1], 3, dummy, est.seed_ + 1 + MEMBER_SEED)
+    draws = est._posterior_trees()
+    for key, value in draws.items():
+        shifted = torch.cat([first[key], second[key]])
+        if key.startswith("log_sigma"):
+            shifted = shifted + math.log(est.noise_factor_)
+        torch.testing.assert_close(value, shifted, rtol=0, atol=1e-6)
+    # the held-out rows score the pooled predictive and set its factor
+    scores = torch.as_tensor(est.noise_calibration_["scores"])
+    assert est.noise_factor_ == min(noise_factor_from_scores(scores, 0.9, None), 256.0)
+    assert not np.allclose(est.predict(X), one.predict(X))
+    again = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(again.predict_interval(X[:9]), est.predict_interval(X[:9]))
+
+
+def test_n_fits_without_held_out_rows_trains_each_fit_fully_and_rejects_bad_values(data):
+    X, y = data
+    kw = dict(depth=2, num_steps=20, num_samples=6, random_state=5, validation_fraction=0)
+    est = VaRTRegressor(**kw, n_fits=3).fit(X, y)
+    assert est.stopping_result_ is None
+    assert [r.num_steps for r in est.fit_results_] == [20, 20, 20]
+    assert _same_params(est.guide_, VaRTRegressor(**kw).fit(X, y).guide_)
+    assert est._posterior_trees()["log_sigma_2"].shape[0] == 6
+    assert est.feature_importances_.shape == (3,)
+    for bad in (0, 2.5, True, 7):  # 7 > num_samples: a fit without a posterior tree
+        with pytest.raises(ValueError, match="n_fits"):
+            VaRTRegressor(**dict(kw, n_fits=bad)).fit(X, y)
