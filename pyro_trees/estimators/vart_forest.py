@@ -47,6 +47,11 @@ class VaRTForestRegressor(VaRTRegressor):
     :param float lr_decay: the learning rate falls geometrically to ``lr * lr_decay``
         over ``num_steps`` (default 0.05; a constant rate leaves the held-out error of the
         central forest jumping from one evaluation to the next).
+    :param int n_fits: refits pooled by the predictive (default 3: on the 18 UCI sets of
+        ``benchmarks/vart_forest.py``, ten splits, their equal mixture has a lower RMSE
+        than one fit on 16 sets, 3 % lower on the geometric mean, for 1.6 times the
+        training time; prediction costs the same, as the ``num_samples`` posterior
+        forests are shared out among the fits).
     :param int patience: evaluations without improvement before early stopping (default
         10: the held-out error of a forest keeps improving slowly for hundreds of steps).
     :param float leaf_scale: prior scale of the sum's leaf weights (each tree's is
@@ -79,6 +84,7 @@ class VaRTForestRegressor(VaRTRegressor):
         num_steps: int = 1000,
         lr: float = 0.03,
         lr_decay: float = 0.05,
+        n_fits: int = 3,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
@@ -109,6 +115,7 @@ class VaRTForestRegressor(VaRTRegressor):
             num_steps=num_steps,
             lr=lr,
             lr_decay=lr_decay,
+            n_fits=n_fits,
             batch_size=batch_size,
             temperature_start=temperature_start,
             temperature_end=temperature_end,

@@ -55,7 +55,7 @@ def test_forest_outcome_model():
     X, A = rng.normal(size=(80, 2)), rng.integers(0, 2, size=80)
     y = X[:, 0] + 2.0 * A + 0.1 * rng.normal(size=80)
     reg = VaRTForestRegressor(
-        n_trees=5, depth=2, num_steps=150, lr=0.05, num_samples=10, random_state=0
+        n_trees=5, depth=2, num_steps=150, lr=0.05, num_samples=10, n_fits=2, random_state=0
     )
     causal = VaRTCausal(reg).fit(X, A, y)
     assert isinstance(causal.regressor_, VaRTForestRegressor)
