@@ -51,6 +51,21 @@ def hard_guide_draws(guide, num_samples: int, like: torch.Tensor, seed: int) -> 
         return Predictive(guide, num_samples=num_samples, parallel=True)(like)
 
 
+def pooled_guide_draws(guides, num_samples: int, like: torch.Tensor, seed: int) -> dict:
+    """:func:`hard_guide_draws` pooled over the fits ``guides`` of ``n_fits``: fit ``j``
+    gives ``num_samples // F`` draws (one more for the first ``num_samples % F``),
+    seeded ``seed + j * MEMBER_SEED``, concatenated along the draws; one fit's draws
+    are ``hard_guide_draws(guides[0], num_samples, like, seed)``."""
+    f = len(guides)
+    draws = [
+        hard_guide_draws(g, num_samples // f + (j < num_samples % f), like, seed + j * MEMBER_SEED)
+        for j, g in enumerate(guides)
+    ]
+    if f == 1:
+        return draws[0]
+    return {k: torch.cat([d[k] for d in draws]) for k in draws[0]}
+
+
 class _PosteriorTrees:
     """Prediction machinery of :class:`~pyro_trees.estimators.VaRTRegressor`: the inputs
     clipped as new rows, the ``num_samples`` hard posterior trees (cached, redrawn with
@@ -69,7 +84,9 @@ class _PosteriorTrees:
             _check_prediction_memory(
                 self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
             )
-            samples = self._member_draws(dummy)
+            samples = pooled_guide_draws(
+                self._guides(), int(self.num_samples), dummy, self._seed() + 1
+            )
             shift = math.log(getattr(self, "noise_factor_", 1.0))
             if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
                 for key in samples:
@@ -82,22 +99,6 @@ class _PosteriorTrees:
         """The fitted guides whose posterior draws are pooled (``guides_``; estimators
         pickled before ``n_fits`` existed have ``guide_`` alone)."""
         return list(getattr(self, "guides_", None) or [self.guide_])
-
-    def _member_draws(self, dummy: torch.Tensor) -> dict:
-        """``num_samples`` hard draws pooled over the fits of ``_guides()``: fit ``j``
-        gives ``num_samples // F`` of them (one more for the first ``num_samples % F``),
-        seeded ``seed_ + 1 + j * MEMBER_SEED``, so one fit's draws are as before."""
-        guides = self._guides()
-        total, f = int(self.num_samples), len(guides)
-        draws = [
-            hard_guide_draws(
-                g, total // f + (j < total % f), dummy, self._seed() + 1 + j * MEMBER_SEED
-            )
-            for j, g in enumerate(guides)
-        ]
-        if f == 1:
-            return draws[0]
-        return {k: torch.cat([d[k] for d in draws]) for k in draws[0]}
 
     def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
         samples = self._posterior_trees()

@@ -18,9 +18,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
-from pyro_trees.estimators._rng import local_seed
+from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.estimators._vart_export import _split_importances
-from pyro_trees.estimators._vart_posterior import clip_to_training_range, hard_guide_draws
+from pyro_trees.estimators._vart_posterior import clip_to_training_range, pooled_guide_draws
 from pyro_trees.guides._vart_memory import (
     PREDICT_BYTES,
     _check_prediction_memory,
@@ -68,6 +68,13 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
     :param float temperature_start: initial Gumbel-softmax temperature.
     :param float temperature_end: final temperature.
     :param int num_samples: posterior trees averaged by ``predict_proba``.
+    :param int n_fits: fits pooled by ``predict_proba``: each trains like the first (its
+        own seed, early-stopped on the same held-out rows) and gives its share of the
+        ``num_samples`` posterior trees (``num_samples // n_fits``, one more for the
+        first ``num_samples % n_fits``), so prediction costs do not grow with it; the
+        temperature of ``calibrate`` is fitted on the pooled trees. Guides in ``guides_``
+        (``guide_`` is the first), results in ``fit_results_``; ``feature_importances_``
+        is their mean. Training costs ``n_fits`` fits.
     :param float validation_fraction: share of the training rows held out (at random,
         seeded by ``seed_``) for early stopping on their log loss under the guide's
         central tree; ``0`` trains every row for ``num_steps`` steps. At least
@@ -130,6 +137,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
         num_samples: int = 50,
+        n_fits: int = 3,
         validation_fraction: float = 0.1,
         patience: int | None = 20,
         eval_every: int = 20,
@@ -155,6 +163,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         self.temperature_start = temperature_start
         self.temperature_end = temperature_end
         self.num_samples = num_samples
+        self.n_fits = n_fits
         self.validation_fraction = validation_fraction
         self.patience = patience
         self.eval_every = eval_every
@@ -188,6 +197,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             raise ValueError(f"elbo must be 'vectorised' or 'trace', got {self.elbo!r}")
         if int(self.eval_every) < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+        self._n_fits()
 
     def fit(self, X, y, *, sharded: bool = False):
         """Fit the variational posterior on ``X`` ``(N, L)`` and labels ``y`` ``(N,)``.
@@ -249,8 +259,34 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             _check_prediction_memory(depth, int(self.num_samples), width, X.device)
             self.x_min_, self.x_max_ = ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
             Xva, yva = self._clip(X[perm[:n_val]]), y[perm[:n_val]]
-            self.guide_ = VaRTGuide(
-                self.model_,
+        guides, results, importances = [], [], []
+        for j in range(self._n_fits()):
+            seed = self.seed_ + j * MEMBER_SEED
+            gen_j = gen if j == 0 else torch.Generator().manual_seed(seed)
+            guide, result = self._fit_member(
+                depth, Xtr, ytr, Xva, yva, gen_j, seed, batch, n_train, X.device
+            )
+            guides.append(guide)
+            results.append(result)
+            importances.append(_split_importances(guide, Xtr[:4096], ranks))
+        self.guides_, self.fit_results_ = guides, results
+        self.guide_, self.fit_result_ = guides[0], results[0]
+        self.feature_importances_ = np.mean(importances, axis=0)
+        self.trees_ = self._draw_trees()
+        self.temperature_ = 1.0
+        if n_val and self.calibrate:
+            self.temperature_ = self._fit_temperature(Xva, yva)
+        return self
+
+    def _fit_member(self, depth, Xtr, ytr, Xva, yva, gen, seed, batch, n_train, device):
+        """One fit of ``n_fits``: a guide initialised from ``gen`` and trained on ``Xtr``,
+        ``ytr`` with the draws of ``seed``, early-stopped on the held-out ``Xva``, ``yva``
+        (none held out: all ``num_steps``). Returns the guide and its
+        :class:`~pyro_trees.infer.FitResult`."""
+        ranks, model, n_val = self.ranks_, self.model_, Xva.shape[0]
+        with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
+            guide = VaRTGuide(
+                model,
                 depth,
                 temperature=self.temperature_start,
                 init="random",  # the data-driven start follows, from ``gen``
@@ -258,9 +294,9 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
                 generator=gen,
             )
             if self.init == "data":
-                self.guide_.init_splits_from_data(Xtr, generator=gen)
-            ranks.broadcast_modules(self.guide_)  # sharded: rank 0's start
-            self.guide_.to(X.device)
+                guide.init_splits_from_data(Xtr, generator=gen)
+            ranks.broadcast_modules(guide)  # sharded: rank 0's start
+            guide.to(device)
             schedule = TemperatureSchedule(
                 max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
             )
@@ -268,7 +304,6 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             per_rank = max(batch // ranks.size, 1)
             kwargs = {} if batch >= n_train else {"subsample_size": per_rank}
             if n_val:
-                model, guide = self.model_, self.guide_
 
                 def val_log_loss() -> float:
                     with torch.no_grad():
@@ -282,28 +317,35 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             if self.elbo != "vectorised":
                 loss = Trace_ELBO()
             elif ranks.size > 1:  # this rank's rows of each batch
-                loss = RankVaRTELBO(RankRows(ranks, self.seed_), data=(Xtr, ytr))
+                loss = RankVaRTELBO(RankRows(ranks, seed), data=(Xtr, ytr))
             else:
                 loss = VaRTELBO()
-            with local_seed(self.seed_, X.device), rank_fit(ranks):
-                self.fit_result_ = fit(
-                    self.model_,
-                    self.guide_,
+            with local_seed(seed, device), rank_fit(ranks):
+                result = fit(
+                    model,
+                    guide,
                     *fit_args(ranks, Xtr, ytr),
                     num_steps=int(self.num_steps),
                     loss=loss,
                     optim="clipped_adam",
                     lr=self.lr,
                     progress=self.progress and "VaRT classifier",
-                    callback=schedule.callback(self.guide_),
+                    callback=schedule.callback(guide),
                     **kwargs,
                 )
-        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096], ranks)
-        self.trees_ = self._draw_trees()
-        self.temperature_ = 1.0
-        if n_val and self.calibrate:
-            self.temperature_ = self._fit_temperature(Xva, yva)
-        return self
+        return guide, result
+
+    def _n_fits(self) -> int:
+        """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
+        k = self.n_fits
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"n_fits must be an integer >= 1, got {k!r}")
+        if int(k) > int(self.num_samples):
+            raise ValueError(
+                f"n_fits ({k}) must not exceed num_samples ({self.num_samples}): every fit "
+                "gives at least one posterior draw"
+            )
+        return int(k)
 
     @torch.no_grad()
     def _fit_temperature(self, Xs: torch.Tensor, y: torch.Tensor) -> float:
@@ -318,7 +360,8 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""
         dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-        samples = hard_guide_draws(self.guide_, int(self.num_samples), dummy, self.seed_ + 1)
+        guides = getattr(self, "guides_", None) or [self.guide_]
+        samples = pooled_guide_draws(guides, int(self.num_samples), dummy, self.seed_ + 1)
         return _stack_trees(samples, self.guide_.depth)
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
@@ -375,3 +418,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         """The most probable class of each row under :meth:`predict_proba`, ``(N,)``."""
         probs = self.predict_proba(X)  # raises NotFittedError before fit
         return self.classes_[probs.argmax(1)]
+
+    def __setstate__(self, state):
+        # a parameter added after an estimator was pickled: the behaviour it was fitted with
+        self.__dict__.update({"n_fits": 1, **state})

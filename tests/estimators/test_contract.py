@@ -44,12 +44,12 @@ EXPECTED_FAILED_CHECKS: dict[str, dict[str, str]] = {}
 
 
 # scikit-learn's checks fit about forty small data sets each. The default schedules of
-# VaRTClassifier (1,000 steps, patience 20) and VaRTForestRegressor (20 trees, a stopped
-# fit and three refits) make that minutes each, a third of the suite, so their checks run
-# at 200 and 100 steps; their default fits are checked on their own
+# VaRTClassifier (three fits of up to 1,000 steps, patience 20) and VaRTForestRegressor
+# (20 trees, a stopped fit and three refits) make that minutes each, a third of the
+# suite, so their checks run at 100 steps; their default fits are checked on their own
 # (tests/estimators/test_vart_classifier.py, test_vart_forest.py) and measured by
 # benchmarks/vart_classification and vart_forest.
-CHECK_ARGS = {VaRTClassifier: {"num_steps": 200}, VaRTForestRegressor: {"num_steps": 100}}
+CHECK_ARGS = {VaRTClassifier: {"num_steps": 100}, VaRTForestRegressor: {"num_steps": 100}}
 
 
 @parametrize_with_checks(

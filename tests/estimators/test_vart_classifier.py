@@ -95,3 +95,45 @@ def test_defaults_learn_three_overlapping_classes():
     p = clf.predict_proba(Xt)
     assert p.shape == (300, 3) and np.allclose(p.sum(1), 1)
     assert clf.score(Xt, yt) > 0.9  # nearest-centre accuracy here is about 0.98
+
+
+def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
+    import torch
+
+    from pyro_trees.estimators._rng import MEMBER_SEED
+    from pyro_trees.estimators._vart_posterior import hard_guide_draws
+    from pyro_trees.models._vart_mixture import _stack_trees
+
+    X, y = _blobs(n=120, classes=3)
+    one = _small(num_samples=7).fit(X, y)
+    clf = _small(num_samples=7, n_fits=2).fit(X, y)
+    assert len(clf.guides_) == len(clf.fit_results_) == 2 and clf.guide_ is clf.guides_[0]
+    # the first fit is n_fits=1's, step for step; the second has its own seed
+    assert clf.fit_results_[0].val_losses == one.fit_result_.val_losses
+    assert clf.fit_results_[1].val_losses != one.fit_result_.val_losses
+    # 4 trees from the first fit (n_fits=1's seed), 3 from the second
+    dummy = torch.zeros(1, 2)
+    parts = [
+        hard_guide_draws(clf.guides_[0], 4, dummy, clf.seed_ + 1),
+        hard_guide_draws(clf.guides_[1], 3, dummy, clf.seed_ + 1 + MEMBER_SEED),
+    ]
+    pooled = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    ref = _stack_trees(pooled, clf.guide_.depth)
+    for key, value in clf.trees_.items():
+        torch.testing.assert_close(value, ref[key], rtol=0, atol=0)
+    # the temperature is the pool's: fitted again on the same held-out rows, it repeats
+    Xs = clf._clip(torch.as_tensor(clf.x_scaler_.transform(X), dtype=torch.float32))
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
+    yt = torch.as_tensor(np.searchsorted(clf.classes_, y))
+    assert clf._fit_temperature(Xs[perm[:12]], yt[perm[:12]]) == clf.temperature_
+    loaded = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+    state = one.__getstate__() if hasattr(one, "__getstate__") else dict(one.__dict__)
+    state = {k: v for k, v in state.items() if k not in ("n_fits", "guides_", "fit_results_")}
+    old = VaRTClassifier.__new__(VaRTClassifier)
+    old.__setstate__(state)  # pickled before n_fits existed
+    assert old.n_fits == 1
+    np.testing.assert_array_equal(old.predict_proba(X), one.predict_proba(X))
+    for bad in (0, 1.5, True, 8):  # 8 > num_samples
+        with pytest.raises(ValueError, match="n_fits"):
+            _small(num_samples=7, n_fits=bad).fit(X, y)
