@@ -51,6 +51,19 @@ def hard_guide_draws(guide, num_samples: int, like: torch.Tensor, seed: int) -> 
         return Predictive(guide, num_samples=num_samples, parallel=True)(like)
 
 
+def check_n_fits(n_fits, num_samples) -> int:
+    """``n_fits`` checked: an integer from 1 to ``num_samples`` (every fit gives at least
+    one of the ``num_samples`` pooled posterior draws)."""
+    if isinstance(n_fits, bool) or int(n_fits) != n_fits or n_fits < 1:
+        raise ValueError(f"n_fits must be an integer >= 1, got {n_fits!r}")
+    if int(n_fits) > int(num_samples):
+        raise ValueError(
+            f"n_fits ({n_fits}) must not exceed num_samples ({num_samples}): every fit "
+            "gives at least one posterior draw"
+        )
+    return int(n_fits)
+
+
 def pooled_guide_draws(guides, num_samples: int, like: torch.Tensor, seed: int) -> dict:
     """:func:`hard_guide_draws` pooled over the fits ``guides`` of ``n_fits``: fit ``j``
     gives ``num_samples // F`` draws (one more for the first ``num_samples % F``),

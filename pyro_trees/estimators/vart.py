@@ -21,7 +21,7 @@ from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args,
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
 from pyro_trees.estimators._vart_export import _export_text, _split_importances
-from pyro_trees.estimators._vart_posterior import _PosteriorTrees
+from pyro_trees.estimators._vart_posterior import _PosteriorTrees, check_n_fits
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import EarlyStopping, fit
@@ -357,15 +357,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
 
     def _n_fits(self) -> int:
         """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
-        k = self.n_fits
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"n_fits must be an integer >= 1, got {k!r}")
-        if int(k) > int(self.num_samples):
-            raise ValueError(
-                f"n_fits ({k}) must not exceed num_samples ({self.num_samples}): every fit "
-                "gives at least one posterior draw"
-            )
-        return int(k)
+        return check_n_fits(self.n_fits, self.num_samples)
 
     def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None):
         """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);

@@ -20,7 +20,11 @@ from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.estimators._vart_export import _split_importances
-from pyro_trees.estimators._vart_posterior import clip_to_training_range, pooled_guide_draws
+from pyro_trees.estimators._vart_posterior import (
+    check_n_fits,
+    clip_to_training_range,
+    pooled_guide_draws,
+)
 from pyro_trees.guides._vart_memory import (
     PREDICT_BYTES,
     _check_prediction_memory,
@@ -340,15 +344,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
 
     def _n_fits(self) -> int:
         """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
-        k = self.n_fits
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"n_fits must be an integer >= 1, got {k!r}")
-        if int(k) > int(self.num_samples):
-            raise ValueError(
-                f"n_fits ({k}) must not exceed num_samples ({self.num_samples}): every fit "
-                "gives at least one posterior draw"
-            )
-        return int(k)
+        return check_n_fits(self.n_fits, self.num_samples)
 
     @torch.no_grad()
     def _fit_temperature(self, Xs: torch.Tensor, y: torch.Tensor) -> float:
