@@ -46,10 +46,12 @@ EXPECTED_FAILED_CHECKS: dict[str, dict[str, str]] = {}
 # scikit-learn's checks fit about forty small data sets each. The default schedules of
 # VaRTClassifier (three fits of up to 1,000 steps, patience 20) and VaRTForestRegressor
 # (20 trees, a stopped fit and three refits) make that minutes each, a third of the
-# suite, so their checks run at 100 steps; their default fits are checked on their own
-# (tests/estimators/test_vart_classifier.py, test_vart_forest.py) and measured by
-# benchmarks/vart_classification and vart_forest.
-CHECK_ARGS = {VaRTClassifier: {"num_steps": 100}, VaRTForestRegressor: {"num_steps": 100}}
+# suite, so their checks run one fit of 100 steps; their default fits, the pooling of
+# n_fits (pickling included) and its draws are checked on their own
+# (tests/estimators/test_vart.py, test_vart_classifier.py, test_vart_forest.py) and
+# measured by benchmarks/vart_classification and vart_forest.
+_QUICK = {"num_steps": 100, "n_fits": 1}
+CHECK_ARGS = {VaRTClassifier: _QUICK, VaRTForestRegressor: _QUICK}
 
 
 @parametrize_with_checks(

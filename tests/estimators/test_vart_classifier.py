@@ -9,8 +9,9 @@ from pyro_trees.estimators import VaRTClassifier
 
 
 def _small(**kwargs):
+    """A quick fit: one fit of 60 steps (the pooling of ``n_fits`` has its own test)."""
     return VaRTClassifier(
-        **{"depth": 2, "num_steps": 60, "num_samples": 10, "random_state": 0, **kwargs}
+        **{"depth": 2, "num_steps": 60, "num_samples": 10, "n_fits": 1, "random_state": 0, **kwargs}
     )
 
 
