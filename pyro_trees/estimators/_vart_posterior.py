@@ -64,6 +64,12 @@ def check_n_fits(n_fits, num_samples) -> int:
     return int(n_fits)
 
 
+def fitted_guides(est) -> list:
+    """The fitted guides of a VaRT estimator whose posterior draws are pooled:
+    ``est.guides_`` (estimators pickled before ``n_fits`` existed have ``guide_`` alone)."""
+    return list(getattr(est, "guides_", None) or [est.guide_])
+
+
 def pooled_guide_draws(guides, num_samples: int, like: torch.Tensor, seed: int) -> dict:
     """:func:`hard_guide_draws` pooled over the fits ``guides`` of ``n_fits``: fit ``j``
     gives ``num_samples // F`` draws (one more for the first ``num_samples % F``),
@@ -98,7 +104,7 @@ class _PosteriorTrees:
                 self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
             )
             samples = pooled_guide_draws(
-                self._guides(), int(self.num_samples), dummy, self._seed() + 1
+                fitted_guides(self), int(self.num_samples), dummy, self._seed() + 1
             )
             shift = math.log(getattr(self, "noise_factor_", 1.0))
             if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
@@ -107,11 +113,6 @@ class _PosteriorTrees:
                         samples[key] = samples[key] + shift
             self._tree_samples = samples
         return self._tree_samples
-
-    def _guides(self) -> list:
-        """The fitted guides whose posterior draws are pooled (``guides_``; estimators
-        pickled before ``n_fits`` existed have ``guide_`` alone)."""
-        return list(getattr(self, "guides_", None) or [self.guide_])
 
     def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
         samples = self._posterior_trees()

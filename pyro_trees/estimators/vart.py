@@ -63,7 +63,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         pooled predictive; otherwise each is a fit like the first. Their guides are kept
         in ``guides_`` (``guide_`` is the first) and their results in ``fit_results_``;
         ``feature_importances_`` is their mean. Training costs about ``n_fits`` refits
-        more than one fit.
+        more than one fit; each cross-fitted fold of ``min_calibration_rows`` pools as
+        many.
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.

@@ -23,6 +23,7 @@ from pyro_trees.estimators._vart_export import _split_importances
 from pyro_trees.estimators._vart_posterior import (
     check_n_fits,
     clip_to_training_range,
+    fitted_guides,
     pooled_guide_draws,
 )
 from pyro_trees.guides._vart_memory import (
@@ -359,8 +360,9 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""
         dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-        guides = getattr(self, "guides_", None) or [self.guide_]
-        samples = pooled_guide_draws(guides, int(self.num_samples), dummy, self.seed_ + 1)
+        samples = pooled_guide_draws(
+            fitted_guides(self), int(self.num_samples), dummy, self.seed_ + 1
+        )
         return _stack_trees(samples, self.guide_.depth)
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
