@@ -18,6 +18,7 @@ import torch
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows
 from pyro_trees.estimators._rng import MEMBER_SEED
+from pyro_trees.estimators._vart_posterior import fitted_guides, hard_guide_draws
 from pyro_trees.models._vart_mixture import _row_mixtures
 from pyro_trees.validation import check_level
 
@@ -232,41 +233,60 @@ class _NoiseCalibration:
         return max(1, min(math.ceil(int(m) / n_val), n // n_val))
 
     def _fold_scores(self, X, y, perm, n_val: int, k: int) -> torch.Tensor:
-        """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under a
-        fit that holds them out (for early stopping, as the main fit does with fold 0),
-        seeded ``seed_ + k``."""
+        """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under one
+        fit that holds them out (for early stopping, as each of the estimator's fits does
+        with its own fold), seeded ``seed_ + k``."""
         rows = perm[k * n_val : (k + 1) * n_val]
         rest = torch.cat([perm[: k * n_val], perm[(k + 1) * n_val :]])
         params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
-        params.update(progress=False, random_state=self._seed() + k)
+        params.update(progress=False, random_state=self._seed() + k, n_fits=1)
         other = type(self)(**params)
         other.seed_ = self._seed() + k
         self._share_inputs(other)
-        other._fit_members(X, y, rows, rest, torch.Generator().manual_seed(other.seed_))
+        gen = torch.Generator().manual_seed(other.seed_)
+        ((Xva, yva),) = other._fit_members(X, y, torch.cat([rows, rest]), n_val, gen)
         other.noise_factor_, other._tree_samples = 1.0, None
         level = float(self.calibration_level)
-        scores = other._standardised_scores(
-            other._clip(X[rows][:CALIBRATION_ROWS]), y[rows][:CALIBRATION_ROWS], level
-        )
+        scores = other._standardised_scores(Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], level)
         return self.ranks_.gather(torch.as_tensor(scores, dtype=torch.float64))
 
-    @torch.no_grad()
-    def _calibrate_noise(self, Xva: torch.Tensor, yva: torch.Tensor, extra=()) -> float:
-        """The noise factor :math:`c` of ``calibrate_noise`` from held-out standardised
-        rows ``Xva`` ``(n, L)``, ``yva`` ``(n,)``.
+    def _fit_leaves(self, j: int) -> dict:
+        """Fit ``j``'s own posterior trees (factor-1 noise), which score its held-out
+        fold: the estimator's ``_raw_leaves`` when it has one fit, else ``num_samples``
+        hard trees of ``guides_[j]`` seeded ``seed_ + 1 + j * MEMBER_SEED``."""
+        guides = fitted_guides(self)
+        if len(guides) == 1:
+            return self._raw_leaves()
+        like = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
+        seed = self._seed() + 1 + j * MEMBER_SEED
+        return self._stack(hard_guide_draws(guides[j], int(self.num_samples), like, seed))
 
-        Computes both rules' inputs on the ``num_samples`` posterior trees (factor 1):
-        the log posterior predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
-        \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log-spaced grid, and each row's
-        coverage score (:func:`_coverage_scores`); all are stored in ``noise_calibration_``
-        (``grid``, ``log_density``, ``scores``, ``level``, ``rule``: the rule that chose
-        the factor, ``"likelihood"`` where the coverage rule had too few rows)."""
+    @torch.no_grad()
+    def _calibrate_noise(self, held, extra=()) -> float:
+        """The noise factor :math:`c` of ``calibrate_noise`` from each fit's held-out
+        standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``, ``(n_j,)``, one
+        per fit in the order of ``guides_``; ``extra``: cross-fitted folds' scores.
+
+        Each fit's rows are read under its own ``num_samples`` posterior trees (factor 1;
+        the pooled trees when there is one fit), which never saw them: the log posterior
+        predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
+        \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log-spaced grid, summed over
+        the fits, and each row's coverage score (:func:`_coverage_scores`); all are stored
+        in ``noise_calibration_`` (``grid``, ``log_density``, ``scores``, ``level``,
+        ``rule``: the rule that chose the factor, ``"likelihood"`` where the coverage
+        rule had too few rows)."""
         level = float(self.calibration_level)
-        grid, total, scores = _held_out_curves(
-            self._raw_leaves(), self._calibration_batches(Xva, yva), level, int(self.num_samples)
-        )
+        total, scores = 0.0, []
+        for j, (Xva, yva) in enumerate(held):
+            grid, curve, s = _held_out_curves(
+                self._fit_leaves(j),
+                self._calibration_batches(Xva, yva),
+                level,
+                int(self.num_samples),
+            )
+            total, scores = total + curve, [*scores, s]
         ranks = self.ranks_  # sharded: every rank's held-out rows
-        total, scores = ranks.sum(total), ranks.gather(scores)
+        total, scores = ranks.sum(total), ranks.gather(torch.cat(scores))
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
         confidence = None if self.refit else 0.95  # refit: the rows chose no parameters

@@ -57,14 +57,17 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     :param int n_fits: fits pooled by the predictive, which is their equal mixture: the
         ``num_samples`` posterior trees are shared out among them (``num_samples // n_fits``
         each, one more for the first ``num_samples % n_fits``), so prediction costs do not
-        grow with it. The fits differ only in their seeds. With ``refit`` and held-out
-        rows each is a refit of the stopped fit's :math:`T` steps on the same training
-        rows, so the held-out rows still chose nothing but :math:`T` and calibrate the
-        pooled predictive; otherwise each is a fit like the first. Their guides are kept
-        in ``guides_`` (``guide_`` is the first) and their results in ``fit_results_``;
-        ``feature_importances_`` is their mean. Training costs about ``n_fits`` refits
-        more than one fit; each cross-fitted fold of ``min_calibration_rows`` pools as
-        many.
+        grow with it. With held-out rows each fit holds out its own fold of the
+        held-out split's size (fit :math:`j` fold :math:`j`; the folds are disjoint, and
+        wrap around past :math:`\\lfloor N / n_{val} \\rfloor` of them), is
+        early-stopped there (and with ``refit`` refitted), and learns from the other
+        rows: between them the fits learn from every row. Each fold's rows are scored
+        under their own fit's posterior trees, which never saw them, and the pooled
+        scores set the one noise factor of the pooled predictive. Without held-out rows
+        the fits differ only in their seeds. Their guides are kept in ``guides_``
+        (``guide_`` is the first) and their results in ``fit_results_`` (the stopped
+        fits of ``refit`` in ``stopping_results_``); ``feature_importances_`` is their
+        mean. Training costs about ``n_fits`` times one fit.
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
@@ -123,12 +126,13 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     :param min_calibration_rows: ``calibrate_noise="coverage"`` only: score at least this
         many held-out rows by cross-fitting (the CV+ idea of Barber et al., 2021; ``None``,
         the default: the held-out split alone). The training rows are cut into disjoint
-        folds of the held-out split's size (fold 0 is that split); fold
-        :math:`k = 1, \\dots, K-1` is scored by an extra fit that holds it out (for early
-        stopping too, like the main fit) and is seeded ``seed_ + k``, with :math:`K` the
-        least number of folds with that many rows (at most ``N // n_val``, every row
-        once). The pooled scores set the factor of the main fit, which alone predicts;
-        training costs :math:`K` fits. ``noise_calibration_["fold_scores"]`` keeps them.
+        folds of the held-out split's size (folds :math:`0, \\dots, F-1` are the
+        ``n_fits`` fits' own); each further fold :math:`k < K` is scored by one extra
+        fit that holds it out (for early stopping too, like the fits) and is seeded
+        ``seed_ + k``, with :math:`K` the least number of folds with that many rows (at
+        most ``N // n_val``, every row once). The pooled scores set the factor of the
+        estimator's fits, which alone predict; training costs :math:`\\max(K - F, 0)`
+        fits more. ``noise_calibration_["fold_scores"]`` keeps the extra folds' scores.
     :param bool refit: separate choosing the number of steps from calibrating the noise
         (early stopping picks the checkpoint that fits the held-out rows best, so those
         rows end up fitted better than new rows). With ``refit=True`` the stopped fit
@@ -317,44 +321,58 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         else:
             perm = torch.arange(n, device=X.device)
         num_folds = int(ranks.min(self._calibration_folds(n, n_val, rule)))
-        Xva, yva = self._fit_members(X, y, perm[:n_val], perm[n_val:], gen)
+        held = self._fit_members(X, y, perm, n_val, gen)
         self.noise_factor_ = 1.0
         self._tree_samples = None
         if n_val and rule is not None:  # the held-out rows are in random order
-            extra = [self._fold_scores(X, y, perm, n_val, k) for k in range(1, num_folds)]
+            # the fits' own folds are scored; cross-fitting adds the folds after them
+            first = int(ranks.min(min(len(held), n // n_val)))
+            extra = [self._fold_scores(X, y, perm, n_val, k) for k in range(first, num_folds)]
             rows = -(-CALIBRATION_ROWS // ranks.size) if ranks.spread else CALIBRATION_ROWS
-            self.noise_factor_ = self._calibrate_noise(Xva[:rows], yva[:rows], extra)
+            rows = -(-rows // len(held))  # shared among the fits
+            held = [(Xva[:rows], yva[:rows]) for Xva, yva in held]
+            self.noise_factor_ = self._calibrate_noise(held, extra)
             self._tree_samples = None
         self._leaf_trees()  # drawn here once: predicting changes no attribute
         return self
 
-    def _fit_members(self, X, y, val_idx, train_idx, gen):
-        """The ``n_fits`` fits of ``fit`` on rows ``train_idx`` with ``val_idx`` held out
-        (``gen`` seeds the first's initialisation): the stopped fit, then with
-        ``refit`` and held-out rows ``n_fits`` refits of its number of steps, else
-        ``n_fits - 1`` more fits like it. Sets ``guides_`` (``guide_`` is the first),
-        ``fit_results_`` and the averaged ``feature_importances_``; returns the held-out
-        rows, standardised."""
+    def _fit_members(self, X, y, perm, n_val: int, gen):
+        """The ``n_fits`` fits of ``fit``. Fit :math:`j` holds out fold
+        :math:`k = j \\bmod \\lfloor N / n_{val} \\rfloor`, the rows
+        ``perm[k n_val : (k + 1) n_val]`` (none when ``n_val`` is 0), for early stopping
+        and calibration, and learns from the other rows: stopped on its fold, then with
+        ``refit`` replaced by a fresh fit of its number of steps. The first is seeded
+        by ``gen`` and ``seed_``, fit :math:`j` by ``seed_ + j * MEMBER_SEED``. Sets
+        ``guides_`` (``guide_`` is the first), ``fit_results_``, ``stopping_results_``
+        (``stopping_result_`` is the first; empty and ``None`` without ``refit``), the
+        averaged ``feature_importances_`` and the clipping range of every fit's training
+        rows; returns each fit's held-out rows, standardised and clipped as it saw them."""
         n_fits = self._n_fits()
-        self.stopping_result_ = None
-        Xva, yva = self._fit_split(X, y, val_idx, train_idx, gen)
-        refit = bool(len(val_idx)) and self.refit
-        if refit:
-            self.stopping_result_ = self.fit_result_
-        members = []
+        num_folds = max(X.shape[0] // n_val, 1) if n_val else 1
+        refit = bool(n_val) and self.refit
+        members, held, stops, ranges = [], [], [], []
         for j in range(n_fits):
+            k = j % num_folds
+            val_idx = perm[k * n_val : (k + 1) * n_val]
+            train_idx = torch.cat([perm[: k * n_val], perm[(k + 1) * n_val :]])
+            seed = self._seed() + j * MEMBER_SEED
+            gen_j = gen if j == 0 else torch.Generator().manual_seed(seed)
+            held.append(self._fit_split(X, y, val_idx, train_idx, gen_j, seed=seed))
             if refit:
+                self.stopping_result_ = self.fit_result_
+                stops.append(self.fit_result_)
                 self._refit(X, y, val_idx, train_idx, self._seed(), member=j)
-            elif j:
-                seed = self._seed() + j * MEMBER_SEED
-                gen_j = torch.Generator().manual_seed(seed)
-                self._fit_split(X, y, val_idx, train_idx, gen_j, seed=seed)
             members.append((self.guide_, self.fit_result_, self.feature_importances_))
+            ranges.append((self.x_min_, self.x_max_))
         self.guides_ = [m[0] for m in members]
         self.fit_results_ = [m[1] for m in members]
         self.guide_, self.fit_result_ = self.guides_[0], self.fit_results_[0]
+        self.stopping_results_ = stops
+        self.stopping_result_ = stops[0] if stops else None
         self.feature_importances_ = np.mean([m[2] for m in members], axis=0)
-        return Xva, yva
+        self.x_min_ = functools.reduce(torch.minimum, [r[0] for r in ranges])
+        self.x_max_ = functools.reduce(torch.maximum, [r[1] for r in ranges])
+        return held
 
     def _n_fits(self) -> int:
         """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
@@ -563,4 +581,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             "n_fits": 1,
         }
         state = {**old, **state}
+        if "guide_" in state and "stopping_results_" not in state:  # fitted with one fit
+            stop = state.get("stopping_result_")
+            state["stopping_results_"] = [] if stop is None else [stop]
         self.__dict__.update(state)

@@ -1,5 +1,6 @@
 """VaRTRegressor: fit/predict contract, intervals, pickling, batching and bad input."""
 
+import copy
 import math
 import pickle
 
@@ -158,7 +159,7 @@ def test_early_stopping_and_noise_calibration(fitted, data):
     try:
         for rule in ("coverage", "likelihood"):
             fitted.calibrate_noise = rule
-            assert fitted._calibrate_noise(Xs, noisy.float()) > 5.0
+            assert fitted._calibrate_noise([(Xs, noisy.float())]) > 5.0
         # ... and targets drawn from the calibrated predictive itself about the fitted
         # factor (the factor is relative to the uncalibrated noise)
         draws = fitted.sample(X[:60])  # (50, 60): one draw per posterior tree
@@ -167,10 +168,10 @@ def test_early_stopping_and_noise_calibration(fitted, data):
         own = torch.as_tensor(fitted.y_scaler_.transform(own))
         for rule in ("coverage", "likelihood"):
             fitted.calibrate_noise = rule
-            assert 1 / 1.5 < fitted._calibrate_noise(Xs, own.float()) / c_fit < 1.5
+            assert 1 / 1.5 < fitted._calibrate_noise([(Xs, own.float())]) / c_fit < 1.5
     finally:
         fitted.calibrate_noise = "coverage"
-        fitted._calibrate_noise(*_held_out(fitted, data))  # restore noise_calibration_
+        fitted._calibrate_noise([_held_out(fitted, data)])  # restore noise_calibration_
     assert fitted.noise_factor_ == c_fit
     assert np.array_equal(fitted.noise_calibration_["scores"], cal["scores"])
 
@@ -494,11 +495,13 @@ def test_estimators_pickled_before_newer_parameters_keep_their_behaviour(stopped
     X, y = data
     state = pickle.loads(pickle.dumps(stopped)).__getstate__()
     # as pickled before they existed
-    for name in ("refit", "min_calibration_rows", "n_fits", "guides_", "fit_results_"):
+    names = ("refit", "min_calibration_rows", "n_fits", "guides_", "fit_results_")
+    for name in (*names, "stopping_results_"):
         del state[name]
     old = VaRTRegressor.__new__(VaRTRegressor)
     old.__setstate__(state)
     assert old.refit is False and old.min_calibration_rows is None and old.n_fits == 1
+    assert old.stopping_results_ == []
     assert old.get_params()["refit"] is False
     np.testing.assert_array_equal(old.predict(X), stopped.predict(X))
     old.set_params(num_steps=20, num_samples=10).fit(X, y)  # refits as it was fitted
@@ -712,18 +715,33 @@ def _same_params(a, b) -> bool:
     return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
-def test_n_fits_pools_refits_of_the_stopping_step(data):
-    X, y = data  # 120 rows, 12 held out
+def test_n_fits_each_fit_holds_out_its_own_fold(data):
+    X, y = data  # 120 rows, 12 held out: ten folds
     kw = dict(depth=2, num_steps=60, lr=0.05, num_samples=7, random_state=4)
     one = VaRTRegressor(**kw).fit(X, y)
     est = VaRTRegressor(**kw, n_fits=2).fit(X, y)
-    # one stopped fit, as n_fits=1's; then two refits of its best step, the first n_fits=1's
+    assert len(est.guides_) == len(est.fit_results_) == len(est.stopping_results_) == 2
+    assert est.guide_ is est.guides_[0] and est.stopping_result_ is est.stopping_results_[0]
+    # the first fit is n_fits=1's: held-out fold 0, stopped, refitted
     assert est.stopping_result_.val_losses == one.stopping_result_.val_losses
-    steps = max(est.stopping_result_.best_step, 1)
-    assert len(est.guides_) == len(est.fit_results_) == 2 and est.guide_ is est.guides_[0]
-    assert [r.num_steps for r in est.fit_results_] == [steps, steps]
     assert _same_params(est.guides_[0], one.guide_)
+    # the second holds out fold 1, seeded seed_ + MEMBER_SEED, and is refitted too
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(4))
+    Xt = torch.as_tensor(est.x_scaler_.transform(X), dtype=torch.float32)  # standardised
+    yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
+    other = VaRTRegressor(**kw)
+    other.seed_ = 4
+    est._share_inputs(other)
+    seed = 4 + MEMBER_SEED
+    rest = torch.cat([perm[:12], perm[24:]])
+    other._fit_split(Xt, yt, perm[12:24], rest, torch.Generator().manual_seed(seed), seed=seed)
+    assert est.stopping_results_[1].val_losses == other.fit_result_.val_losses
+    for stop, res in zip(est.stopping_results_, est.fit_results_, strict=True):
+        assert res.num_steps == max(stop.best_step, 1) and not res.val_losses
     assert not _same_params(est.guides_[0], est.guides_[1])
+    # between them the fits learned from every row: the clipping range is all rows'
+    torch.testing.assert_close(est.x_min_, Xt.min(0).values)
+    torch.testing.assert_close(est.x_max_, Xt.max(0).values)
     # the 7 posterior trees: 4 from the first fit (n_fits=1's seed), 3 from the second
     dummy = torch.zeros(1, 3)
     first = hard_guide_draws(est.guides_[0], 4, dummy, est.seed_ + 1)
@@ -734,12 +752,34 @@ def test_n_fits_pools_refits_of_the_stopping_step(data):
         if key.startswith("log_sigma"):
             shifted = shifted + math.log(est.noise_factor_)
         torch.testing.assert_close(value, shifted, rtol=0, atol=1e-6)
-    # the held-out rows score the pooled predictive and set its factor
-    scores = torch.as_tensor(est.noise_calibration_["scores"])
-    assert est.noise_factor_ == min(noise_factor_from_scores(scores, 0.9, None), 256.0)
+    # each fold is scored under its own fit's 7 trees; the 24 scores set the pool's factor
+    scores = est.noise_calibration_["scores"]
+    assert scores.shape == (24,)
+    np.testing.assert_allclose(scores[:12], one.noise_calibration_["scores"], rtol=1e-6)
+    solo = copy.copy(est)
+    solo.guides_, solo.guide_, solo.seed_ = [est.guides_[1]], est.guides_[1], seed
+    solo.noise_factor_, solo._tree_samples = 1.0, None
+    fold1 = perm[12:24].numpy()
+    np.testing.assert_allclose(scores[12:], solo.coverage_scores(X[fold1], y[fold1]), rtol=1e-6)
+    pooled = torch.as_tensor(scores)
+    assert est.noise_factor_ == min(noise_factor_from_scores(pooled, 0.9, None), 256.0)
     assert not np.allclose(est.predict(X), one.predict(X))
     again = pickle.loads(pickle.dumps(est))
     np.testing.assert_array_equal(again.predict_interval(X[:9]), est.predict_interval(X[:9]))
+
+
+def test_n_fits_folds_wrap_around_and_cross_fitting_adds_the_folds_after_them(data):
+    X, y = data
+    kw = dict(depth=2, num_steps=10, num_samples=12, random_state=6)
+    # 20 rows, 4 held out: five folds; the sixth fit holds out fold 0 again
+    est = VaRTRegressor(**kw, n_fits=6, refit=False).fit(X[:20], y[:20])
+    assert est.stopping_results_ == [] and est.stopping_result_ is None
+    assert est.noise_calibration_["scores"].shape == (24,)
+    assert est.noise_calibration_["confidence"] == 0.95
+    # 12 held-out rows a fold; 36 rows asked: folds 0 and 1 are the fits', fold 2 extra
+    est = VaRTRegressor(**kw, n_fits=2, min_calibration_rows=36).fit(X, y)
+    assert [len(f) for f in est.noise_calibration_["fold_scores"]] == [12]
+    assert est.noise_calibration_["scores"].shape == (24,)
 
 
 def test_n_fits_without_held_out_rows_trains_each_fit_fully_and_rejects_bad_values(data):
