@@ -8,10 +8,12 @@ arguments it sets; the others are the estimator's defaults at the time of the ru
 ``benchmarks/vart_forest.py`` (same splits, targets min-max scaled, one thread).
 
 Committed runs: ``vart_forest_defaults`` (the learning-rate schedule, patience and the
-number of trees; its ``default`` had one fit, before ``n_fits`` existed) and
+number of trees; its ``default`` had one fit, before ``n_fits`` existed),
 ``vart_forest_fits`` (``--configs "default,one fit,5 fits" --name vart_forest_fits``: the
-number of pooled fits; its ``default`` has three). Each file names the shipped defaults
-of its run in its header from now on.
+number of pooled fits; its ``default`` has three refits sharing one held-out split) and
+``vart_forest_folds`` (``--configs "default,refit,one fit" --name vart_forest_folds``:
+three fits, each on its own held-out fold, with and without a refit). From
+``vart_forest_folds`` on, each file names the shipped defaults of its run in its header.
 
 Per candidate: the sets (of 18, RMSE and coverage averaged over the splits) where it beats
 BART and XGBoost, where its 90 % intervals cover 0.85-0.95, the mean over sets of
@@ -36,7 +38,7 @@ from pyro_trees.estimators import VaRTForestRegressor
 SHIPPED = {
     k: v
     for k, v in VaRTForestRegressor().get_params().items()
-    if k in ("n_trees", "depth", "lam", "lr", "lr_decay", "n_fits", "patience")
+    if k in ("n_trees", "depth", "lam", "lr", "lr_decay", "n_fits", "refit", "patience")
 }
 
 CONFIGS = {
@@ -47,6 +49,7 @@ CONFIGS = {
     "50 trees": {"n_trees": 50},
     "one fit": {"n_fits": 1},
     "5 fits": {"n_fits": 5},
+    "refit": {"refit": True},
 }
 
 
