@@ -610,6 +610,19 @@ def test_cross_fitting_fold_count_and_bad_values(data):
             VaRTRegressor(num_steps=5, min_calibration_rows=bad).fit(X, y)
 
 
+def _replay(est, X, y, params: dict, seed: int):
+    """What replays one of ``est``'s fits by hand: its permutation of the rows (seeded
+    ``seed``, as ``fit`` draws it), the standardised data, and a fresh estimator of
+    ``params`` with ``seed_ = seed`` sharing ``est``'s scalers."""
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    Xt = torch.as_tensor(est.x_scaler_.transform(X), dtype=torch.float32)  # standardised
+    yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
+    other = VaRTRegressor(**params)
+    other.seed_ = seed
+    est._share_inputs(other)
+    return perm, Xt, yt, other
+
+
 def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     fitted, stopped, data
 ):
@@ -625,12 +638,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     steps = max(stop.best_step, 1)
     assert ref.num_steps == steps and ref.best_step is None and not ref.val_losses
     assert not np.allclose(est.predict(X), stopped.predict(X))
-    perm = torch.randperm(120, generator=torch.Generator().manual_seed(0))
-    Xt = torch.as_tensor(est.x_scaler_.transform(X), dtype=torch.float32)  # standardised
-    yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
-    other = VaRTRegressor(**SMALL)
-    other.seed_ = 0
-    est._share_inputs(other)
+    perm, Xt, yt, other = _replay(est, X, y, SMALL, 0)
     seed = _vart_calibration._REFIT_SEED
     other._fit_split(
         Xt,
@@ -726,12 +734,7 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
     assert est.stopping_result_.val_losses == one.stopping_result_.val_losses
     assert _same_params(est.guides_[0], one.guide_)
     # the second holds out fold 1, seeded seed_ + MEMBER_SEED, and is refitted too
-    perm = torch.randperm(120, generator=torch.Generator().manual_seed(4))
-    Xt = torch.as_tensor(est.x_scaler_.transform(X), dtype=torch.float32)  # standardised
-    yt = torch.as_tensor(est.y_scaler_.transform(y), dtype=torch.float32)
-    other = VaRTRegressor(**kw)
-    other.seed_ = 4
-    est._share_inputs(other)
+    perm, Xt, yt, other = _replay(est, X, y, kw, 4)
     seed = 4 + MEMBER_SEED
     rest = torch.cat([perm[:12], perm[24:]])
     other._fit_split(Xt, yt, perm[12:24], rest, torch.Generator().manual_seed(seed), seed=seed)
