@@ -28,6 +28,13 @@ _REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_`
 CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
 
 
+def fold_rows(perm: torch.Tensor, n_val: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold ``k`` of the row permutation ``perm``: its rows ``perm[k n_val : (k + 1)
+    n_val]`` and the other rows, in ``perm``'s order."""
+    start, stop = k * n_val, (k + 1) * n_val
+    return perm[start:stop], torch.cat([perm[:start], perm[stop:]])
+
+
 def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
     """The noise factor rule of :class:`~pyro_trees.estimators.VaRTRegressor`
     (``calibrate_noise="likelihood"``): the maximiser :math:`\\hat c` of the held-out log
@@ -236,8 +243,7 @@ class _NoiseCalibration:
         """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under one
         fit that holds them out (for early stopping, as each of the estimator's fits does
         with its own fold), seeded ``seed_ + k``."""
-        rows = perm[k * n_val : (k + 1) * n_val]
-        rest = torch.cat([perm[: k * n_val], perm[(k + 1) * n_val :]])
+        rows, rest = fold_rows(perm, n_val, k)
         params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
         params.update(progress=False, random_state=self._seed() + k, n_fits=1)
         other = type(self)(**params)
@@ -333,12 +339,13 @@ class _NoiseCalibration:
         batches = self._calibration_batches(Xs, ys)
         return _mixture_scores(self._raw_leaves(), batches, level).cpu().numpy()
 
-    def _refit(self, X, y, val_idx, train_idx, seed: int, member: int = 0) -> None:
+    def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
         """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
         ``member * MEMBER_SEED`` for the further fits of ``n_fits``), trained on
-        ``train_idx`` for the number of steps early stopping chose
-        (``stopping_result_.best_step``, at least 1), replaces the stopped one."""
-        steps = max(int(self.stopping_result_.best_step or 0), 1)
+        ``train_idx`` for the number of steps early stopping chose (``stopped``, the
+        stopped fit's :class:`~pyro_trees.infer.FitResult`: its ``best_step``, at least
+        1), replaces the stopped one."""
+        steps = max(int(stopped.best_step or 0), 1)
         seed = int(seed) + _REFIT_SEED + int(member) * MEMBER_SEED
         gen = torch.Generator().manual_seed(seed)
         self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)

@@ -19,7 +19,11 @@ from sklearn.utils.validation import check_is_fitted
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
-from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
+from pyro_trees.estimators._vart_calibration import (
+    CALIBRATION_ROWS,
+    _NoiseCalibration,
+    fold_rows,
+)
 from pyro_trees.estimators._vart_export import _export_text, _split_importances
 from pyro_trees.estimators._vart_posterior import _PosteriorTrees, check_n_fits
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
@@ -352,16 +356,13 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         refit = bool(n_val) and self.refit
         members, held, stops, ranges = [], [], [], []
         for j in range(n_fits):
-            k = j % num_folds
-            val_idx = perm[k * n_val : (k + 1) * n_val]
-            train_idx = torch.cat([perm[: k * n_val], perm[(k + 1) * n_val :]])
+            val_idx, train_idx = fold_rows(perm, n_val, j % num_folds)
             seed = self._seed() + j * MEMBER_SEED
             gen_j = gen if j == 0 else torch.Generator().manual_seed(seed)
             held.append(self._fit_split(X, y, val_idx, train_idx, gen_j, seed=seed))
             if refit:
-                self.stopping_result_ = self.fit_result_
                 stops.append(self.fit_result_)
-                self._refit(X, y, val_idx, train_idx, self._seed(), member=j)
+                self._refit(X, y, val_idx, train_idx, stops[-1], self._seed(), member=j)
             members.append((self.guide_, self.fit_result_, self.feature_importances_))
             ranges.append((self.x_min_, self.x_max_))
         self.guides_ = [m[0] for m in members]
