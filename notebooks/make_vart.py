@@ -413,7 +413,8 @@ has the table) the picture is mixed: at their defaults the forest is more accura
 BART on 10 sets and BART on 8 (six of them by under 3 %, two small sets by 11-12 %),
 BART is faster on all of them, and the forest's 90 % intervals cover 85-95 % of the new
 points on 16 (BART's on 17). The forest's case is a variational posterior that trains
-by minibatches, on a GPU and across processes, where MCMC does not; closing its accuracy and speed gap to BART is open work.
+by minibatches, on a GPU and across processes, where MCMC does not; closing its accuracy
+and speed gap to BART is open work.
 """),
     md(r"""
 ## 7. Where it fails: treatment effects under partial overlap
