@@ -165,10 +165,40 @@ def _compact_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torc
     return _coverage_scores(*(t.unsqueeze(0) for t in _compact_rows(weight, z)), level)
 
 
-def _held_out_curves(tree: dict, batches, level: float, num_samples: int):
+def _fit_means(tree: dict, x: torch.Tensor) -> torch.Tensor:
+    """The predictive mean ``(n,)`` of rows ``x`` under the posterior trees ``tree``."""
+    logits, loc, _ = _row_mixtures(tree, x)
+    return (logits.exp() * loc).sum(-1).mean(0)
+
+
+def _pool_shaped_mixtures(own: dict, fits: list[dict], batches):
+    """``(y, logits, loc, scale)`` of each batch of ``(x, y)`` held-out rows under the
+    pool's shape centred at the fit ``own`` that never saw them.
+
+    With the fits' posterior trees ``fits``, their means :math:`m_k(x)` and offsets
+    :math:`d_k = m_k - \\bar m`, the mixture is :math:`\\frac1K \\sum_k F(y - d_k(x))`,
+    ``own``'s predictive :math:`F` moved by each offset: ``(S, n, K M)`` components
+    (:func:`~pyro_trees.models._vart_mixture._row_mixtures`'s ``(S, n, M)`` with one fit,
+    when it is ``own``'s). It spreads as the pooled predictive does (each fit's spread
+    about its mean, and the fits' offsets), but around a mean that never saw the row.
+    """
+    k = len(fits)
+    for xb, yb in batches:
+        logits, loc, scale = _row_mixtures(own, xb)
+        if k > 1:
+            means = torch.stack([_fit_means(f, xb) for f in fits])  # (K, n)
+            offsets = (means - means.mean(0)).unsqueeze(-1)  # (K, n, 1)
+            logits = (logits - math.log(k)).repeat(1, 1, k)
+            loc = torch.cat([loc + d for d in offsets], -1)
+            scale = scale.repeat(1, 1, k)
+        yield yb, logits, loc, scale
+
+
+def _held_out_curves(mixtures, level: float, num_samples: int):
     """What both rules of ``calibrate_noise`` read from held-out standardised rows
-    under the posterior trees ``tree`` of :func:`~pyro_trees.models._vart_mixture._leaf_tree`
-    (factor-1 noise), from ``batches`` of ``(x, y)`` rows ``(n, L)``, ``(n,)``:
+    under their predictive mixtures at factor-1 noise, ``mixtures`` of ``(y, logits,
+    loc, scale)`` (rows ``(n,)``, the rest ``(S, n, M)``, the logits normalised within
+    each of the ``S`` trees; :func:`_pool_shaped_mixtures`):
 
     * ``grid`` ``(109,)``: factors on a log grid over :math:`[1/8, 64]`;
     * ``log_density`` ``(109,)``: :math:`\\ell(c) = \\sum_j \\log \\frac1S
@@ -179,8 +209,7 @@ def _held_out_curves(tree: dict, batches, level: float, num_samples: int):
     total = torch.zeros_like(grid)
     log_s = math.log(int(num_samples))
     scores = []
-    for xb, yb in batches:
-        logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, K)
+    for yb, logits, loc, scale in mixtures:
         z = (yb.double().unsqueeze(-1) - loc) / scale
         # log N(y; loc, (c scale)^2) = base - 0.5 z^2 / c^2 - log c
         base = logits - scale.log() - 0.5 * math.log(2 * math.pi)
@@ -193,12 +222,11 @@ def _held_out_curves(tree: dict, batches, level: float, num_samples: int):
     return grid, total, torch.cat(scores)
 
 
-def _mixture_scores(tree: dict, batches, level: float) -> torch.Tensor:
-    """Coverage scores ``(N,)`` at ``level`` of the standardised rows of ``batches``
-    (``(x, y)`` pairs) under the posterior trees ``tree`` (factor-1 noise)."""
+def _mixture_scores(mixtures, level: float) -> torch.Tensor:
+    """Coverage scores ``(N,)`` at ``level`` of held-out rows under their mixtures
+    (``(y, logits, loc, scale)`` batches, as :func:`_held_out_curves` reads them)."""
     out = []
-    for xb, yb in batches:
-        logits, loc, scale = _row_mixtures(tree, xb)
+    for yb, logits, loc, scale in mixtures:
         weight = logits.exp() / logits.shape[0]
         z = (yb.double().unsqueeze(-1) - loc) / scale
         out.append(_compact_scores(weight, z, level))
@@ -242,7 +270,8 @@ class _NoiseCalibration:
     def _fold_scores(self, X, y, perm, n_val: int, k: int) -> torch.Tensor:
         """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under one
         fit that holds them out (for early stopping, as each of the estimator's fits does
-        with its own fold), seeded ``seed_ + k``."""
+        with its own fold), seeded ``seed_ + k``, in the pool's shape
+        (:func:`_pool_shaped_mixtures` about that fit, with the estimator's fits' offsets)."""
         rows, rest = fold_rows(perm, n_val, k)
         params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
         params.update(progress=False, random_state=self._seed() + k, n_fits=1)
@@ -252,9 +281,17 @@ class _NoiseCalibration:
         gen = torch.Generator().manual_seed(other.seed_)
         ((Xva, yva),) = other._fit_members(X, y, torch.cat([rows, rest]), n_val, gen)
         other.noise_factor_, other._tree_samples = 1.0, None
-        level = float(self.calibration_level)
-        scores = other._standardised_scores(Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], level)
-        return self.ranks_.gather(torch.as_tensor(scores, dtype=torch.float64))
+        fits = self._all_fit_leaves()
+        batches = self._calibration_batches(
+            Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
+        )
+        mixtures = _pool_shaped_mixtures(other._raw_leaves(), fits, batches)
+        scores = _mixture_scores(mixtures, float(self.calibration_level))
+        return self.ranks_.gather(scores)
+
+    def _all_fit_leaves(self) -> list[dict]:
+        """:meth:`_fit_leaves` of every fit."""
+        return [self._fit_leaves(j) for j in range(len(fitted_guides(self)))]
 
     def _fit_leaves(self, j: int) -> dict:
         """Fit ``j``'s own posterior trees (factor-1 noise), which score its held-out
@@ -274,28 +311,29 @@ class _NoiseCalibration:
         per fit in the order of ``guides_``; ``extra``: cross-fitted folds' scores.
 
         Each fit's rows are read under its own ``num_samples`` posterior trees (factor 1;
-        the pooled trees when there is one fit), which never saw them: the log posterior
-        predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
+        the pooled trees when there is one fit), which never saw them, in the pool's shape
+        (:func:`_pool_shaped_mixtures`: moved by every fit's offset from the fits' mean):
+        the log predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
         \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log-spaced grid, summed over
         the fits, and each row's coverage score (:func:`_coverage_scores`); all are stored
         in ``noise_calibration_`` (``grid``, ``log_density``, ``scores``, ``level``,
-        ``rule``: the rule that chose the factor, ``"likelihood"`` where the coverage
+        ``confidence`` of the coverage rule's shrinking bound, ``rule``: the rule that
+        chose the factor, ``"likelihood"`` where the coverage
         rule had too few rows)."""
         level = float(self.calibration_level)
+        fits = self._all_fit_leaves()
         total, scores = 0.0, []
         for j, (Xva, yva) in enumerate(held):
-            grid, curve, s = _held_out_curves(
-                self._fit_leaves(j),
-                self._calibration_batches(Xva, yva),
-                level,
-                int(self.num_samples),
-            )
+            batches = self._calibration_batches(Xva, yva, parts=len(fits))
+            mixtures = _pool_shaped_mixtures(fits[j], fits, batches)
+            grid, curve, s = _held_out_curves(mixtures, level, int(self.num_samples))
             total, scores = total + curve, [*scores, s]
         ranks = self.ranks_  # sharded: every rank's held-out rows
         total, scores = ranks.sum(total), ranks.gather(torch.cat(scores))
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
-        confidence = None if self.refit else 0.95  # refit: the rows chose no parameters
+        # refit: the rows chose no parameters; a pool: see the n_fits docstring
+        confidence = None if self.refit or len(fits) > 1 else 0.95
         c_cov = _coverage_factor(pooled, level, confidence)
         rule = self._calibration_rule()
         if rule == "coverage" and c_cov is None:
@@ -336,8 +374,9 @@ class _NoiseCalibration:
 
     def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
         """:meth:`coverage_scores` of standardised (and clipped) rows."""
-        batches = self._calibration_batches(Xs, ys)
-        return _mixture_scores(self._raw_leaves(), batches, level).cpu().numpy()
+        tree = self._raw_leaves()
+        mixtures = ((yb, *_row_mixtures(tree, xb)) for xb, yb in self._calibration_batches(Xs, ys))
+        return _mixture_scores(mixtures, level).cpu().numpy()
 
     def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
         """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus

@@ -180,11 +180,11 @@ class _PosteriorTrees:
             draws = draws[:num_samples]
         return draws
 
-    def _calibration_batches(self, *tensors: torch.Tensor):
+    def _calibration_batches(self, *tensors: torch.Tensor, parts: int = 1):
         """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
-        their ``(S, rows, M)`` double mixture tensors fit the prediction budget."""
-        rows = PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * self._row_nodes())
-        rows = max(1, rows)
+        their ``(S, rows, parts M)`` double mixture tensors fit the prediction budget."""
+        nodes = self._row_nodes() * int(parts)
+        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
         for start in range(0, tensors[0].shape[0], rows):
             yield tuple(t[start : start + rows] for t in tensors)
 

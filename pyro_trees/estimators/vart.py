@@ -66,8 +66,12 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         wrap around past :math:`\\lfloor N / n_{val} \\rfloor` of them), is
         early-stopped there (and with ``refit`` refitted), and learns from the other
         rows: between them the fits learn from every row. Each fold's rows are scored
-        under their own fit's posterior trees, which never saw them, and the pooled
-        scores set the one noise factor of the pooled predictive. Without held-out rows
+        under their own fit's posterior trees, which never saw them, moved by each
+        fit's offset from the fits' mean at that row: the pooled predictive's spread
+        about a mean that never saw the row. The pooled scores set the one noise factor
+        of the pooled predictive (``"coverage"`` takes their quantile as it is, below
+        one too: the scores' centre, one fit, errs more than the pool's mean, so no
+        confidence bound is added; VaRT guide page). Without held-out rows
         the fits differ only in their seeds. Their guides are kept in ``guides_``
         (``guide_`` is the first) and their results in ``fit_results_`` (the stopped
         fits of ``refit`` in ``stopping_results_``); ``feature_importances_`` is their
@@ -105,14 +109,16 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
           (:func:`~pyro_trees.estimators.noise_factor_from_scores`). Each held-out row's score
           (:meth:`coverage_scores`) is the least factor from which it lies inside the
           central ``calibration_level`` interval of the posterior predictive (eq. 32
-          over the ``num_samples`` trees, computed exactly from the Gaussian mixture);
+          over the ``num_samples`` trees, computed exactly from the Gaussian mixture;
+          with several ``n_fits``, in the pool's shape about the row's own fit);
           :math:`\\hat c` is the score at position :math:`\\mathrm{level}\\,(n+1)` of
           the :math:`n` sorted scores (interpolated), so that a new row is covered
           with probability close to the level whatever the shape of the residuals.
-          With ``refit`` (the default) :math:`c = \\hat c`. With ``refit=False``, as with
-          the likelihood rule, :math:`c = \\hat c` when :math:`\\hat c \\ge 1`, and below
-          one the noise is shrunk only to the one-sided 95 % upper confidence bound of
-          the score quantile (not at all with fewer than 29 rows at 0.9). With
+          With ``refit`` (the default) or several ``n_fits``, :math:`c = \\hat c`.
+          With one fit and ``refit=False``, as with the likelihood rule,
+          :math:`c = \\hat c` when :math:`\\hat c \\ge 1`, and below one the noise
+          is shrunk only to the one-sided 95 % upper confidence bound of the score
+          quantile (not at all with fewer than 29 rows at 0.9). With
           fewer than :math:`\\mathrm{level}/(1-\\mathrm{level})` held-out rows (9 at
           0.9) the likelihood rule is used (``noise_calibration_["rule"]`` says
           which). Intervals of other levels keep the predictive's shape. The factor
@@ -134,7 +140,8 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         ``n_fits`` fits' own); each further fold :math:`k < K` is scored by one extra
         fit that holds it out (for early stopping too, like the fits) and is seeded
         ``seed_ + k``, with :math:`K` the least number of folds with that many rows (at
-        most ``N // n_val``, every row once). The pooled scores set the factor of the
+        most ``N // n_val``, every row once; with several ``n_fits`` in the pool's
+        shape, as the fits' folds are). The pooled scores set the factor of the
         estimator's fits, which alone predict; training costs :math:`\\max(K - F, 0)`
         fits more. ``noise_calibration_["fold_scores"]`` keeps the extra folds' scores.
     :param bool refit: separate choosing the number of steps from calibrating the noise

@@ -57,8 +57,7 @@ class VaRTForestRegressor(VaRTRegressor):
         fits).
     :param bool refit: default ``False`` (``VaRTRegressor``'s is ``True``): with
         ``n_fits`` fits on their own folds a refit of each costs twice the training
-        for the same accuracy, and the pooled intervals err on the wide side already
-        (each fold is scored under its own fit alone, as in CV+).
+        for the same accuracy.
     :param int patience: evaluations without improvement before early stopping (default
         10: the held-out error of a forest keeps improving slowly for hundreds of steps).
     :param float leaf_scale: prior scale of the sum's leaf weights (each tree's is

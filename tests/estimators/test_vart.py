@@ -1,6 +1,5 @@
 """VaRTRegressor: fit/predict contract, intervals, pickling, batching and bad input."""
 
-import copy
 import math
 import pickle
 
@@ -755,15 +754,38 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
         if key.startswith("log_sigma"):
             shifted = shifted + math.log(est.noise_factor_)
         torch.testing.assert_close(value, shifted, rtol=0, atol=1e-6)
-    # each fold is scored under its own fit's 7 trees; the 24 scores set the pool's factor
+    # fold j is scored under fit j's 7 trees moved by each fit's offset from their mean
     scores = est.noise_calibration_["scores"]
     assert scores.shape == (24,)
-    np.testing.assert_allclose(scores[:12], one.noise_calibration_["scores"], rtol=1e-6)
-    solo = copy.copy(est)
-    solo.guides_, solo.guide_, solo.seed_ = [est.guides_[1]], est.guides_[1], seed
-    solo.noise_factor_, solo._tree_samples = 1.0, None
-    fold1 = perm[12:24].numpy()
-    np.testing.assert_allclose(scores[12:], solo.coverage_scores(X[fold1], y[fold1]), rtol=1e-6)
+    fits = [
+        est._stack(hard_guide_draws(g, 7, dummy, est.seed_ + 1 + j * MEMBER_SEED))
+        for j, g in enumerate(est.guides_)
+    ]
+    for j, rows in enumerate([perm[:12], perm[12:24]]):
+        xj, yj = est._clip(Xt[rows]), yt[rows].double()
+        mix = [_vart_mixture._row_mixtures(f, xj) for f in fits]  # (7, 12, M) each
+        means = torch.stack([(lw.exp() * loc).sum(-1).mean(0) for lw, loc, _ in mix])
+
+        def cdf(c, mix=mix, means=means, j=j, yj=yj):  # the pool's shape about fit j
+            lw, loc, scale = mix[j]
+            out = 0.0
+            for d in means - means.mean(0):
+                z = (yj - d).unsqueeze(-1) - loc
+                out = out + (lw.exp() * torch.special.ndtr(z / (c * scale))).sum(-1).mean(0) / 2
+            return out
+
+        s = torch.as_tensor(scores[12 * j : 12 * (j + 1)]).unsqueeze(-1)
+        inside = [((cdf(s * f) >= 0.05) & (cdf(s * f) <= 0.95)) for f in (0.999, 1.001)]
+        floor = s.squeeze(-1) <= 2.0**-6  # covered from the grid's smallest factor on
+        assert (inside[1] | floor).all()
+        assert (~inside[0] | floor).all()
+        assert not floor.all()
+    # with one fit the scores are n_fits=1's coverage scores (fold 0 under its trees)
+    np.testing.assert_allclose(
+        one.noise_calibration_["scores"],
+        one.coverage_scores(X[perm[:12].numpy()], y[perm[:12].numpy()]),
+        rtol=1e-5,
+    )
     pooled = torch.as_tensor(scores)
     assert est.noise_factor_ == min(noise_factor_from_scores(pooled, 0.9, None), 256.0)
     assert not np.allclose(est.predict(X), one.predict(X))
@@ -778,7 +800,7 @@ def test_n_fits_folds_wrap_around_and_cross_fitting_adds_the_folds_after_them(da
     est = VaRTRegressor(**kw, n_fits=6, refit=False).fit(X[:20], y[:20])
     assert est.stopping_results_ == [] and est.stopping_result_ is None
     assert est.noise_calibration_["scores"].shape == (24,)
-    assert est.noise_calibration_["confidence"] == 0.95
+    assert est.noise_calibration_["confidence"] is None  # a pool shrinks on the quantile
     # 12 held-out rows a fold; 36 rows asked: folds 0 and 1 are the fits', fold 2 extra
     est = VaRTRegressor(**kw, n_fits=2, min_calibration_rows=36).fit(X, y)
     assert [len(f) for f in est.noise_calibration_["fold_scores"]] == [12]
