@@ -149,6 +149,7 @@ def main(argv=None):
         "--n-trees", type=int, default=None, help="non-default n_trees (named in the results)"
     )
     p.add_argument("--depth", type=int, default=None, help="non-default depth (named too)")
+    p.add_argument("--n-fits", type=int, default=None, help="non-default n_fits (named too)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     kwargs = {}
@@ -156,6 +157,8 @@ def main(argv=None):
         kwargs["n_trees"] = args.n_trees
     if args.depth is not None:
         kwargs["depth"] = args.depth
+    if args.n_fits is not None:
+        kwargs["n_fits"] = args.n_fits
     splits = [int(s) for s in args.splits.split(",") if s]
     records = []
     for name, split, X, Xtr, ytr, Xte, yte in uci_splits(args.datasets, splits):
