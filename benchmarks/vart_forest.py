@@ -3,7 +3,9 @@ of the VaRT benchmark, in one run.
 
 Run from the repository root, e.g. ``python -m benchmarks.vart_forest`` (3 splits of
 each set) or ``python -m benchmarks.vart_forest --splits 0,1,2,3,4,5,6,7,8,9`` (all ten),
-``--datasets kin40k --splits 0`` for Table B's large set.
+``--datasets kin40k --splits 0`` for Table B's large set; ``--n-fits``, ``--n-trees``
+and ``--depth`` run a non-default forest, named in the results (``vart_forest_5fits``:
+``--n-fits 5 --splits 0,...,9 --name vart_forest_5fits``).
 
 Protocol: that of ``benchmarks/vart_uci.py`` (the same cached ``uci/<name>`` sets, their
 ``test_mask`` 90/10 splits, targets min-max scaled to [0, 1] over the full set, inputs as
