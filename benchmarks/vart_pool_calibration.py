@@ -54,9 +54,9 @@ LEVEL = 0.9
 class _Recording(VaRTForestRegressor):
     """Keeps the held-out rows each fit was calibrated on (``held_``)."""
 
-    def _calibrate_noise(self, held, extra=()):
+    def _calibrate_noise(self, held, extra=(), fits=None):
         self.held_ = held
-        return super()._calibrate_noise(held, extra)
+        return super()._calibrate_noise(held, extra, fits)
 
 
 def fit_rules(split, Xtr, ytr, Xte, yte, n_fits: int) -> dict:

@@ -267,11 +267,12 @@ class _NoiseCalibration:
             return 1
         return max(1, min(math.ceil(int(m) / n_val), n // n_val))
 
-    def _fold_scores(self, X, y, perm, n_val: int, k: int) -> torch.Tensor:
+    def _fold_scores(self, X, y, perm, n_val: int, k: int, fits: list[dict]) -> torch.Tensor:
         """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under one
         fit that holds them out (for early stopping, as each of the estimator's fits does
         with its own fold), seeded ``seed_ + k``, in the pool's shape
-        (:func:`_pool_shaped_mixtures` about that fit, with the estimator's fits' offsets)."""
+        (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
+        estimator's fits, whose posterior trees are ``fits``: :meth:`_all_fit_leaves`)."""
         rows, rest = fold_rows(perm, n_val, k)
         params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
         params.update(progress=False, random_state=self._seed() + k, n_fits=1)
@@ -281,7 +282,6 @@ class _NoiseCalibration:
         gen = torch.Generator().manual_seed(other.seed_)
         ((Xva, yva),) = other._fit_members(X, y, torch.cat([rows, rest]), n_val, gen)
         other.noise_factor_, other._tree_samples = 1.0, None
-        fits = self._all_fit_leaves()
         batches = self._calibration_batches(
             Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
         )
@@ -305,10 +305,11 @@ class _NoiseCalibration:
         return self._stack(hard_guide_draws(guides[j], int(self.num_samples), like, seed))
 
     @torch.no_grad()
-    def _calibrate_noise(self, held, extra=()) -> float:
+    def _calibrate_noise(self, held, extra=(), fits=None) -> float:
         """The noise factor :math:`c` of ``calibrate_noise`` from each fit's held-out
         standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``, ``(n_j,)``, one
-        per fit in the order of ``guides_``; ``extra``: cross-fitted folds' scores.
+        per fit in the order of ``guides_``; ``extra``: cross-fitted folds' scores;
+        ``fits``: the fits' posterior trees (default: :meth:`_all_fit_leaves`).
 
         Each fit's rows are read under its own ``num_samples`` posterior trees (factor 1;
         the pooled trees when there is one fit), which never saw them, in the pool's shape
@@ -321,7 +322,7 @@ class _NoiseCalibration:
         chose the factor, ``"likelihood"`` where the coverage
         rule had too few rows)."""
         level = float(self.calibration_level)
-        fits = self._all_fit_leaves()
+        fits = self._all_fit_leaves() if fits is None else fits
         total, scores = 0.0, []
         for j, (Xva, yva) in enumerate(held):
             batches = self._calibration_batches(Xva, yva, parts=len(fits))

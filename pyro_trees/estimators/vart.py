@@ -338,11 +338,12 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         if n_val and rule is not None:  # the held-out rows are in random order
             # the fits' own folds are scored; cross-fitting adds the folds after them
             first = int(ranks.min(min(len(held), n // n_val)))
-            extra = [self._fold_scores(X, y, perm, n_val, k) for k in range(first, num_folds)]
+            fits = self._all_fit_leaves()  # each fit's posterior trees, drawn once
+            extra = [self._fold_scores(X, y, perm, n_val, k, fits) for k in range(first, num_folds)]
             rows = -(-CALIBRATION_ROWS // ranks.size) if ranks.spread else CALIBRATION_ROWS
             rows = -(-rows // len(held))  # shared among the fits
             held = [(Xva[:rows], yva[:rows]) for Xva, yva in held]
-            self.noise_factor_ = self._calibrate_noise(held, extra)
+            self.noise_factor_ = self._calibrate_noise(held, extra, fits)
             self._tree_samples = None
         self._leaf_trees()  # drawn here once: predicting changes no attribute
         return self
