@@ -18,7 +18,18 @@ def _pyro_hygiene():
     pyro.clear_param_store()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reverse-order",
+        action="store_true",
+        help="run the collected tests in reverse order (a check that no test leans on "
+        "state an earlier test left behind)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--reverse-order"):
+        items.reverse()
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device; none is present")
     for item in items:
         if "cuda" in item.keywords and not torch.cuda.is_available():
