@@ -15,6 +15,8 @@ import random
 import numpy as np
 import torch
 
+from pyro_trees.infer import exclusive
+
 __all__ = ["local_seed"]
 
 MEMBER_SEED = 7919  # VaRT ``n_fits``: offset between the seeds of successive fits
@@ -42,16 +44,26 @@ def local_seed(seed: int | None, device=None):
     and restores the saved states on exit, also on an exception. Other CUDA devices
     are neither seeded nor touched.
 
-    With ``seed=None`` it does nothing: the block draws from the global streams as
-    usual (and advances them), so repeated unseeded runs differ.
+    With ``seed=None`` the block draws from the global streams as usual (and advances
+    them), so repeated unseeded runs differ.
+
+    Either way the block holds :func:`~pyro_trees.infer.exclusive`: the streams (and
+    Pyro's handler stack, which the seeded work uses) are process-wide, so seeded
+    blocks in several threads run one at a time and draw what sequential calls draw.
 
     :param seed: an integer seed or ``None``.
     :param device: the torch device the block computes on (default CPU).
     """
-    if seed is None:
-        yield
-        return
-    seed = int(seed)
+    with exclusive():
+        if seed is None:
+            yield
+        else:
+            with _seeded(int(seed), device):
+                yield
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device):
     index = _cuda_index(device)
     devices = [] if index is None else [index]
     py_state = random.getstate()

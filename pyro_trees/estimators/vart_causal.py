@@ -12,6 +12,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from pyro_trees.estimators._base import guarded_fit
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.estimators.vart_forest import VaRTForestRegressor
 from pyro_trees.validation import check_level
@@ -81,6 +82,7 @@ class VaRTCausal(BaseEstimator):
         self.device = device
         self.progress = progress
 
+    @guarded_fit
     def fit(self, X, A, y, *, sharded: bool = False):
         """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``.
 

@@ -1,5 +1,12 @@
 """Training: the ``fit`` loop, ELBO pieces that Pyro lacks, and tree structures for TreeVI."""
 
+from pyro_trees._exclusive import (
+    exclusive,
+)
+from pyro_trees._interrupts import (
+    deferred_interrupts,
+    raise_if_interrupted,
+)
 from pyro_trees.infer.bayesian_hme_svi import (
     SVIRestarts,
     fit_svi_restarts,
@@ -103,8 +110,10 @@ __all__ = [
     "broadcast_parameters",
     "check_same_across_ranks",
     "collapse_ratio",
+    "deferred_interrupts",
     "dgp_predict",
     "elbo_estimate",
+    "exclusive",
     "fit",
     "fit_restarts",
     "fit_svi_restarts",
@@ -121,6 +130,7 @@ __all__ = [
     "parents_from_edges",
     "parents_to_adjacency",
     "parents_to_probs",
+    "raise_if_interrupted",
     "rank_subsample",
     "restart_elbos",
     "select_topology",

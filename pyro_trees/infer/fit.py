@@ -25,6 +25,8 @@ from pyro.infer import Trace_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
 from pyro.util import get_rng_state
 
+from pyro_trees._exclusive import exclusive
+from pyro_trees._interrupts import deferred_interrupts, raise_if_interrupted
 from pyro_trees.infer._fit_data import TrainingData, _to_device, local_device
 from pyro_trees.infer.checkpoint import Checkpoint, _cuda_rng_state, resume_from
 from pyro_trees.infer.distributed import is_main
@@ -56,8 +58,9 @@ class FitResult:
     :ivar best_step: step whose parameters were kept (``None`` without validation;
         0 when the starting state scored best).
     :ivar best_val: the validation criterion at ``best_step``.
-    :ivar stopped: why the loop ended: ``"num_steps"``, ``"early_stopping"``,
-        ``"interrupted"`` (Ctrl-C) or ``"non_finite"``.
+    :ivar stopped: why the loop ended: ``"num_steps"``, ``"early_stopping"`` or
+        ``"non_finite"`` (a Ctrl-C raises ``KeyboardInterrupt`` out of :func:`fit`;
+        the last checkpoint's result then says ``"interrupted"``).
     :ivar seconds: wall-clock seconds spent in the loop.
 
     .. rubric:: Examples
@@ -94,9 +97,10 @@ def isolated_params():
 
     ``PyroModule`` parameters accessed inside are registered in the scope only, so a
     model never picks up a same-named parameter of another model from the global
-    store; the global store is restored on exit.
+    store; the global store is restored on exit. The store is process-wide: the block
+    holds :func:`~pyro_trees.infer.exclusive`.
     """
-    with pyro.get_param_store().scope():
+    with exclusive(), pyro.get_param_store().scope():
         yield
 
 
@@ -241,27 +245,27 @@ def train_steps(step_fn, start: int, stop: int, result: FitResult, *, after_step
     """The loop: ``step_fn()`` (one gradient step, returning the loss) for steps
     ``start..stop-1``, recording losses in ``result``.
 
-    Ends early on a non-finite loss (``result.stopped = "non_finite"``), when
-    ``after_step(step, loss)`` returns ``True`` (its reason is already in ``result``) or on
-    Ctrl-C (``"interrupted"``, what was learnt is kept).
+    Ends early on a non-finite loss (``result.stopped = "non_finite"``) and when
+    ``after_step(step, loss)`` returns ``True`` (its reason is already in ``result``).
+    Every finished step (``after_step`` included) is a safe point of
+    :func:`~pyro_trees.infer.deferred_interrupts`: a Ctrl-C held there raises
+    ``KeyboardInterrupt``, with ``result`` holding the finished steps.
 
     :param bar: a tqdm bar to advance, or ``None``.
     """
-    try:
-        for step in range(start, stop):
-            loss_value = step_fn()
-            result.losses.append(loss_value)
-            if not math.isfinite(loss_value):
-                result.stopped = "non_finite"
-                break
-            if bar is not None:
-                bar.update(1)
-                if step % 10 == 0:
-                    bar.set_postfix(loss=f"{loss_value:.4g}")
-            if after_step is not None and after_step(step, loss_value):
-                break
-    except KeyboardInterrupt:
-        result.stopped = "interrupted"
+    for step in range(start, stop):
+        loss_value = step_fn()
+        result.losses.append(loss_value)
+        if not math.isfinite(loss_value):
+            result.stopped = "non_finite"
+            break
+        if bar is not None:
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{loss_value:.4g}")
+        if after_step is not None and after_step(step, loss_value):
+            break
+        raise_if_interrupted()
 
 
 def fit(
@@ -338,11 +342,60 @@ def fit(
     :param progress: show a tqdm progress bar with the loss (a string: its label).
     :returns: a :class:`FitResult`; the model and guide hold the learnt parameters.
 
-    Pressing Ctrl-C stops cleanly and keeps what was learnt (``stopped ==
-    "interrupted"``).
+    **Ctrl-C** (or a ``KeyboardInterrupt`` raised by ``callback``) ends the run after
+    the step in progress: the checkpoint, if any, is written at that step (its
+    ``result.stopped`` says ``"interrupted"``), and ``KeyboardInterrupt`` propagates,
+    with the model and guide holding the parameters of the last finished step.
+    Resuming from that checkpoint continues exactly as the uninterrupted run would
+    have. A second Ctrl-C stops at once, without writing a checkpoint.
+
+    **Threads.** Pyro's handler stack, param store and random streams are
+    process-wide: ``fit`` holds :func:`~pyro_trees.infer.exclusive` while it runs, so
+    fits started from several threads run one after another.
     """
     if num_steps < 0:
         raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+    with exclusive(), deferred_interrupts():
+        return _train(
+            model,
+            guide,
+            args,
+            kwargs,
+            loss=loss,
+            num_steps=num_steps,
+            optim=optim,
+            lr=lr,
+            lr_scheduler=lr_scheduler,
+            early_stopping=early_stopping,
+            checkpoint=checkpoint,
+            resume=resume,
+            callback=callback,
+            seed=seed,
+            device=device,
+            progress=progress,
+        )
+
+
+def _train(
+    model,
+    guide,
+    args,
+    kwargs,
+    *,
+    loss,
+    num_steps,
+    optim,
+    lr,
+    lr_scheduler,
+    early_stopping,
+    checkpoint,
+    resume,
+    callback,
+    seed,
+    device,
+    progress,
+) -> FitResult:
+    """:func:`fit`'s work, run under its lock and with Ctrl-C held to safe points."""
     if seed is not None:
         pyro.set_rng_seed(seed)
     loss = Trace_ELBO() if loss is None else loss
@@ -393,7 +446,10 @@ def fit(
                 "cuda_rng": _cuda_rng_state(),
             }
 
+        mid_step = [False]  # a KeyboardInterrupt that lands inside a step leaves it half done
+
         def step_fn() -> float:
+            mid_step[0] = True
             optimizer.zero_grad()
             value = data.loss(elbo, len(result.losses))
             value.backward()
@@ -401,6 +457,7 @@ def fit(
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
+            mid_step[0] = False
             return value
 
         def after_step(step: int, loss_value: float) -> bool:
@@ -422,6 +479,17 @@ def fit(
         t0 = time.perf_counter()
         try:
             train_steps(step_fn, start_step, num_steps, result, after_step=after_step, bar=bar)
+        except KeyboardInterrupt:
+            # Held to the end of a step (or raised by the callback, after its step):
+            # the checkpoint then holds the state after the last finished step, and
+            # resuming it continues as the uninterrupted run. An interrupt inside a
+            # step (a second Ctrl-C) leaves a half-updated state: the last periodic
+            # checkpoint stands.
+            result.stopped = "interrupted"
+            result.seconds += time.perf_counter() - t0
+            if saver is not None and not mid_step[0]:
+                saver.save(len(result.losses), saved())
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -430,6 +498,6 @@ def fit(
         # resuming it with more steps continues the run, as a longer run would have.
         if saver is not None:
             saver.save(len(result.losses), saved())
-        if stopping is not None and result.stopped != "interrupted":
+        if stopping is not None:
             stopping.restore()
     return result

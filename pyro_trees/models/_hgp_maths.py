@@ -15,6 +15,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
+from pyro_trees._interrupts import raise_if_interrupted
 from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
 from pyro_trees.gp import cholesky, conditional, kernel_matrix
 
@@ -106,6 +107,7 @@ def fit_noise_level(kernel, xs, ys, *, jitter: float, num_steps: int, lr: float)
         loss = -dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(resid)
         loss.backward()
         opt.step()
+        raise_if_interrupted()  # a safe point for Ctrl-C inside an estimator's fit
     return log_noise
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from pyro_trees._interrupts import raise_if_interrupted
 from pyro_trees.models.bayesian_hme_vb_updates import (
     _LOG_2PI,
     VBData,
@@ -52,7 +53,11 @@ def _fused_cycle(data, state, temperature, sq_a=None):
     Internally the per-point arrays are laid out ``(..., K, N)`` (points last, so that
     elementwise work and the sums over experts run along contiguous memory); the
     returned ``log_r`` is a transposed view of that layout.
+
+    The start of a cycle is a safe point for Ctrl-C held by
+    :func:`~pyro_trees.infer.deferred_interrupts` (an estimator's ``fit``).
     """
+    raise_if_interrupted()
     x, t = data.x, data.t
     p, d = x.shape[-1], t.shape[-1]
     a0, b0 = data.prior_a, data.prior_b

@@ -91,17 +91,38 @@ def test_a_tie_with_the_starting_state_keeps_the_trained_one():
     assert result.best_step == 5 and result.best_val == 1.0
 
 
-def test_ctrl_c_keeps_what_was_learnt():
+def test_ctrl_c_propagates_after_the_step_and_keeps_what_was_learnt(tmp_path):
     model, guide, x, y = _problem()
+    pyro.set_rng_seed(0)
+    ref_model, ref_guide, _, _ = _problem()
+    fit(ref_model, ref_guide, x, y, loss=TreeELBO(), num_steps=8, progress=False, seed=3)
 
     def interrupt(step, loss):
         if step == 7:
             raise KeyboardInterrupt
 
-    result = fit(
-        model, guide, x, y, loss=TreeELBO(), num_steps=50, callback=interrupt, progress=False
-    )
-    assert result.stopped == "interrupted" and result.num_steps == 8
+    path = tmp_path / "ckpt.pt"
+    pyro.set_rng_seed(0)
+    model, guide, x, y = _problem()
+    with pytest.raises(KeyboardInterrupt):
+        fit(
+            model,
+            guide,
+            x,
+            y,
+            loss=TreeELBO(),
+            num_steps=50,
+            callback=interrupt,
+            checkpoint=path,
+            progress=False,
+            seed=3,
+        )
+    state = torch.load(path, weights_only=False)
+    assert state["result"].stopped == "interrupted" and state["result"].num_steps == 8
+    # the modules hold the parameters after 8 steps, as a run of 8 steps leaves them
+    for a, b in ((model, ref_model), (guide, ref_guide)):
+        for key, value in a.state_dict().items():
+            assert torch.equal(b.state_dict()[key], value), key
 
 
 def test_checkpoint_and_resume(tmp_path):
@@ -118,9 +139,9 @@ def _step_lr(optimizer):
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
 
 
-def _run(seed, **kwargs):
-    """A fresh model and guide, initialised from ``seed``, trained by ``fit``."""
-    pyro.set_rng_seed(seed)
+def _run(init_seed, **kwargs):
+    """A fresh model and guide, initialised from ``init_seed``, trained by ``fit``."""
+    pyro.set_rng_seed(init_seed)
     model, guide, x, y = _problem()
     result = fit(
         model,
@@ -148,9 +169,11 @@ def test_resume_into_fresh_objects_continues_the_run_exactly(tmp_path, interrupt
             raise KeyboardInterrupt
 
     path = tmp_path / "ckpt.pt"
-    _, _, part = _run(0, num_steps=30, callback=interrupt, checkpoint=path)
-    assert part.stopped == "interrupted" and part.num_steps == interrupt_at
+    with pytest.raises(KeyboardInterrupt):
+        _run(0, num_steps=30, callback=interrupt, checkpoint=path)
     state = torch.load(path, weights_only=False)
+    assert state["result"].stopped == "interrupted"
+    assert state["result"].num_steps == interrupt_at
     assert state["step"] == interrupt_at
     assert state["scheduler"]["last_epoch"] == interrupt_at
     model2, guide2, resumed = _run(1, num_steps=30, resume=path)
@@ -186,7 +209,8 @@ def test_resume_continues_the_random_streams(tmp_path, device):
             raise KeyboardInterrupt
 
     path = tmp_path / "ckpt.pt"
-    run(0, num_steps=20, callback=interrupt, checkpoint=path)
+    with pytest.raises(KeyboardInterrupt):
+        run(0, num_steps=20, callback=interrupt, checkpoint=path)
     if device == "cuda":
         assert torch.load(path, weights_only=False)["cuda_rng"] is not None
     guide2, resumed = run(1, num_steps=20, resume=path)
@@ -222,14 +246,15 @@ def test_resume_keeps_early_stopping_state(tmp_path):
 
     path = tmp_path / "ckpt.pt"
     done[0] = 0
-    _, _, part = _run(
-        0,
-        num_steps=40,
-        early_stopping=EarlyStopping(val_metric, eval_every=5, patience=3),
-        callback=interrupt,
-        checkpoint=path,
-    )
-    assert part.stopped == "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        _run(
+            0,
+            num_steps=40,
+            early_stopping=EarlyStopping(val_metric, eval_every=5, patience=3),
+            callback=interrupt,
+            checkpoint=path,
+        )
+    assert torch.load(path, weights_only=False)["result"].stopped == "interrupted"
     done[0] = 17
     model2, guide2, resumed = _run(
         1,
@@ -240,6 +265,42 @@ def test_resume_keeps_early_stopping_state(tmp_path):
     )
     assert resumed.stopped == "early_stopping" and resumed.num_steps == 25
     assert resumed.best_step == 10 and resumed.losses == full.losses
+    for a, b in ((model, model2), (guide, guide2)):
+        for key, value in a.state_dict().items():
+            assert torch.equal(b.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("delay", [0.02, 0.1])
+def test_a_real_ctrl_c_resumes_bit_identically(tmp_path, delay):
+    """A SIGINT from another thread (as Ctrl-C delivers it), at an arbitrary moment of
+    a minibatch fit with a scheduler: ``fit`` finishes the step in progress, writes the
+    checkpoint and raises; the resumed run is the uninterrupted one, bit for bit."""
+    import _thread
+    import threading
+
+    steps = 300  # each takes over 0.5 ms: the interrupt comes well before the end
+
+    def run(init_seed, **kwargs):
+        return _run(init_seed, num_steps=steps, subsample_size=16, **kwargs)
+
+    model, guide, full = run(0, seed=1)
+    path = tmp_path / "ckpt.pt"
+    timer = threading.Timer(delay, _thread.interrupt_main)
+
+    def start_the_clock(step, loss):
+        if step == 0:
+            timer.start()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(0, seed=1, checkpoint=path, callback=start_the_clock)
+    finally:
+        timer.cancel()
+    state = torch.load(path, weights_only=False)
+    assert 0 < state["step"] < steps and state["result"].stopped == "interrupted"
+    assert state["result"].losses == full.losses[: state["step"]]
+    model2, guide2, resumed = run(1, resume=path)
+    assert resumed.losses == full.losses
     for a, b in ((model, model2), (guide, guide2)):
         for key, value in a.state_dict().items():
             assert torch.equal(b.state_dict()[key], value), key
