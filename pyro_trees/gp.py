@@ -36,6 +36,7 @@ classification*, AISTATS 2015.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -44,9 +45,26 @@ __all__ = [
     "cholesky",
     "conditional",
     "gaussian_kl",
+    "import_gpytorch",
     "kernel_matrix",
     "sample_gaussian",
 ]
+
+
+def import_gpytorch():
+    """GPyTorch, imported on first use.
+
+    Nothing in pyro_trees imports GPyTorch at module level: it is slow to import, and
+    its ``linear_operator`` calls the deprecated ``torch.jit.script`` while importing
+    (a ``DeprecationWarning`` that is not ours, ignored here so that test suites run
+    with warnings as errors still pass).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*torch.jit.script.*deprecated", category=DeprecationWarning
+        )
+        import gpytorch
+    return gpytorch
 
 
 def kernel_matrix(kernel, x1: torch.Tensor, x2: torch.Tensor | None = None, *, diag=False):

@@ -20,9 +20,11 @@ import types
 
 import pytest
 import torch
-from docutils import nodes, utils
-from docutils.core import publish_doctree
-from docutils.parsers.rst import Directive, directives, roles
+
+pytest.importorskip("docutils", reason="the reST check needs docutils (the test extra)")
+from docutils import nodes, utils  # noqa: E402
+from docutils.core import publish_doctree  # noqa: E402
+from docutils.parsers.rst import Directive, directives, roles  # noqa: E402
 
 import pyro_trees
 

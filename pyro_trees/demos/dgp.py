@@ -7,13 +7,13 @@ and reports the inner layer's collapse ratio and the training log-likelihood.
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
+from ..gp import import_gpytorch
 from ..guides import DGPFactorisedGuide, DGPIntermediateGuide
 from ..infer import collapse_ratio, dgp_predict, fit, layer_samples
 from ..models import DeepGP
@@ -35,10 +35,7 @@ def toy_model(kind: str = "factorised", num_layers: int = 2, num_inducing: int =
     :param kind: ``"factorised"`` or ``"intermediate"`` (``"joint"`` works the same way
         with :class:`~pyro_trees.guides.DGPJointGuide` and ``Trace_ELBO``).
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import gpytorch
-
+    gpytorch = import_gpytorch()
     kernels = [
         gpytorch.kernels.ScaleKernel(
             gpytorch.kernels.RBFKernel()

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 
-import gpytorch
 import pyro
 import pyro.distributions as dist
 import torch
@@ -56,7 +55,13 @@ from pyro.nn.module import pyro_method
 
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import BalancedLeaf
-from pyro_trees.gp import check_kernel_memory, cholesky, conditional, kernel_matrix
+from pyro_trees.gp import (
+    check_kernel_memory,
+    cholesky,
+    conditional,
+    import_gpytorch,
+    kernel_matrix,
+)
 from pyro_trees.models._hgp_base import _HGPBase
 from pyro_trees.models._hgp_maths import (
     collapsed_bound,
@@ -137,6 +142,7 @@ class HeteroscedasticGP(_HGPBase):
         if not jitter >= 0:
             raise ValueError(f"jitter must be >= 0, got {jitter}")
         self.jitter = float(jitter)
+        gpytorch = import_gpytorch()
         if kernel is None:
             kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
         if not isinstance(kernel, gpytorch.kernels.Kernel):
