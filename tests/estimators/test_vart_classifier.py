@@ -35,7 +35,10 @@ def test_binary_probabilities_labels_and_separable_accuracy():
     Xt, yt = _blobs(classes=2, seed=1)
     acc = np.mean(clf.predict(Xt) == np.array(["cat", "dog"])[yt])
     assert acc > 0.95, acc  # the blobs are 4 standard deviations apart
-    np.testing.assert_allclose(clf.predict_log_proba(X[:5]), np.log(p[:5]))
+    # the same rows in the same batch: an identity (in another batch, BLAS may round
+    # the float32 tree arithmetic differently in the last bits)
+    np.testing.assert_array_equal(clf.predict_log_proba(X[:5]), np.log(clf.predict_proba(X[:5])))
+    np.testing.assert_allclose(clf.predict_proba(X[:5]), p[:5], rtol=1e-5)
 
 
 def test_multiclass_softmax():
