@@ -1,6 +1,8 @@
-"""Pyro's test hygiene: a fixed seed per test, a clean param store, validation on."""
+"""Pyro's test hygiene: a fixed seed per test, a clean param store, validation on, and
+no process-wide state carried from one test to the next."""
 
 import os
+import signal
 
 import pyro
 import pytest
@@ -13,13 +15,44 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 SEED = int(os.environ.get("PYRO_TREES_TEST_SEED", "0"))
 
 
+def _process_state() -> dict:
+    """What one test could change for every later one: torch's default dtype, thread
+    count and grad mode, Pyro's settings (validation included), the SIGINT handler, and
+    the environment."""
+    return {
+        "default dtype": torch.get_default_dtype(),
+        "torch threads": torch.get_num_threads(),
+        "grad enabled": torch.is_grad_enabled(),
+        "pyro settings": pyro.settings.get(),
+        "SIGINT handler": signal.getsignal(signal.SIGINT),
+        # not ours: pytest's PYTEST_CURRENT_TEST changes with every phase of every test,
+        # and torch sets TORCHINDUCTOR_CACHE_DIR once, on first use
+        "environment": {
+            k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TORCHINDUCTOR_"))
+        },
+    }
+
+
 @pytest.fixture(autouse=True)
 def _pyro_hygiene():
     pyro.clear_param_store()
     pyro.set_rng_seed(SEED)
     pyro.enable_validation(True)
+    before = _process_state()
     yield
     pyro.clear_param_store()
+    after = _process_state()
+    changed = sorted(k for k in before if before[k] != after[k])
+    # put it back first, so that one leaking test fails alone
+    torch.set_default_dtype(before["default dtype"])
+    torch.set_num_threads(before["torch threads"])
+    torch.set_grad_enabled(before["grad enabled"])
+    pyro.settings.set(**before["pyro settings"])
+    signal.signal(signal.SIGINT, before["SIGINT handler"])
+    for key in set(after["environment"]) - set(before["environment"]):
+        del os.environ[key]
+    os.environ.update(before["environment"])
+    assert not changed, f"the test left process-wide state changed: {changed}"
 
 
 def pytest_addoption(parser):
