@@ -9,6 +9,8 @@ References
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pyro
 import torch
@@ -100,7 +102,14 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         posterior trees and :math:`T` (``temperature_``, a log grid over
         :math:`[1/4, 4]`) minimising the held-out log loss (Guo et al., 2017). One number,
         read off rows that chose only the stopping step; without held-out rows
-        :math:`T = 1`.
+        :math:`T = 1`. The calibration never goes by rows it cannot be checked on:
+        with a class that has no held-out row (a rare class: sharpening would shrink
+        its probabilities towards 0 unopposed) :math:`T = 1` with a warning, and
+        :math:`T` is kept only when it lowers the held-out log loss out of sample
+        (leave-one-out: each held-out row scored at the temperature fitted on the
+        others), else :math:`T = 1` (with a warning when the least log loss was at
+        the grid's edge). A :math:`T` at the edge that passes the check is kept: on
+        separable rows the log loss falls without end as :math:`T \\to 0`.
     :param str init: ``"data"`` (default) starts the split rules through random training
         points; ``"random"`` uses random hyperplanes through the origin.
     :param float init_split_prob: initial split probability of every internal node of
@@ -349,13 +358,49 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
 
     @torch.no_grad()
     def _fit_temperature(self, Xs: torch.Tensor, y: torch.Tensor) -> float:
-        """The temperature of the held-out rows' least log loss (a log grid over [1/4, 4];
-        sharded, the log loss of every rank's held-out rows: its sums all-reduced)."""
+        """The temperature of the held-out rows ``Xs`` ``(n, L)``, ``y`` ``(n,)`` (see
+        ``calibrate``): the least log loss on a log grid over [1/4, 4], kept only when
+        every class has a held-out row and the leave-one-out check beats ``T = 1``;
+        else 1. Sharded, every rank's held-out rows count (the sums all-reduced)."""
+        ranks = self.ranks_
+        counts = ranks.sum(torch.bincount(y, minlength=self.n_classes_).double())
+        if bool((counts == 0).any()):
+            missing = [self.classes_[k] for k in (counts == 0).nonzero().flatten().tolist()]
+            warnings.warn(
+                f"VaRTClassifier: no held-out row of class {', '.join(map(str, missing))} "
+                f"(of {int(counts.sum())} held-out rows); a temperature would move that "
+                "class's probabilities with no row to check them on, so calibration is "
+                "skipped (temperature_ = 1). Hold out more rows (validation_fraction) to "
+                "calibrate.",
+                UserWarning,
+                stacklevel=4,  # the caller of fit (through torch.no_grad)
+            )
+            return 1.0
         log_p = self._tree_probs_std(Xs).double().mean(0).clamp_min(1e-300).log()
         grid = torch.logspace(-2, 2, 41, base=2.0, dtype=torch.float64)
-        picked = [(log_p / t).log_softmax(-1).gather(-1, y.unsqueeze(-1)) for t in grid]
-        nll = self.ranks_.sum(-torch.stack([p.sum() for p in picked]))  # (41,)
-        return float(grid[int(torch.argmin(nll))])
+        # per-row log loss at each temperature, (n, 41), and at T = 1, (n,)
+        scaled = (log_p.unsqueeze(-1) / grid).log_softmax(-2)  # (n, K, 41)
+        rows = -scaled.gather(-2, y.view(-1, 1, 1).expand(-1, 1, grid.numel())).squeeze(-2)
+        raw = -log_p.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        nll = ranks.sum(rows.sum(0))  # (41,)
+        best = int(torch.argmin(nll))
+        # leave-one-out: each row scored at the temperature fitted without it; the
+        # calibration must beat no calibration on rows that did not choose it
+        loo = (nll - rows).argmin(-1, keepdim=True)  # (n, 1)
+        crossed = ranks.sum(rows.gather(-1, loo).sum())
+        if bool(crossed < ranks.sum(raw.sum())):
+            return float(grid[best])
+        if best in (0, grid.numel() - 1):  # the signature of too few rows of a class
+            warnings.warn(
+                f"VaRTClassifier: the held-out log loss is least at the edge of the "
+                f"temperature grid [1/4, 4] (T = {float(grid[best]):g}), but that "
+                "temperature scores worse than none on held-out rows that did not choose "
+                "it (leave-one-out; a class with few held-out rows); calibration is "
+                "skipped (temperature_ = 1).",
+                UserWarning,
+                stacklevel=4,  # the caller of fit (through torch.no_grad)
+            )
+        return 1.0
 
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""
