@@ -178,3 +178,21 @@ def test_inputs_of_any_finite_magnitude_give_finite_predictions(options):
         noise = est.predict_noise(batch)
     assert np.all(np.isfinite(np.c_[mean, lo, hi, noise]))
     np.testing.assert_allclose(mean[0], est.predict(batch[:1])[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("units", [1e6, 1e-3])
+def test_predictions_follow_the_units_of_x(units):
+    # standardised, X and units * X differ in the last bits (2e-15); the start's split
+    # dimension was the argmax of spreads that are all 1 up to those bits, so the start,
+    # and the fit, depended on the units (0.22 sd(y) in the mean, 0.99 in the intervals)
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(60, 4)) * [1.0, 30.0, 0.2, 5.0] + [3.0, -1.0, 100.0, 0.0]
+    y = np.sin(X[:, 0]) + 0.3 * np.exp(0.1 * X[:, 3]) * rng.normal(size=60)
+    kw = {"num_steps": 3, "init_steps": 5, "random_state": 0}
+    a = HeteroscedasticGPRegressor(**kw).fit(X, y)
+    b = HeteroscedasticGPRegressor(**kw).fit(X * units, y)
+    tol = 1e-9 * y.std()  # rounding of the standardisation, carried through the fit
+    np.testing.assert_allclose(b.predict(X * units), a.predict(X), rtol=0, atol=tol)
+    np.testing.assert_allclose(
+        np.ravel(b.predict_interval(X * units)), np.ravel(a.predict_interval(X)), rtol=0, atol=tol
+    )
