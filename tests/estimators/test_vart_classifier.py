@@ -199,3 +199,19 @@ def test_temperature_is_kept_only_when_it_holds_out_of_sample(monkeypatch):
     y, p1 = np.array([1, 0, 0]), np.array([0.001, 0.037, 0.053])
     with pytest.warns(UserWarning, match="edge of the temperature grid"):
         assert _temperature_of(np.c_[1 - p1, p1], y, monkeypatch) == 1.0
+
+
+def test_a_rare_class_is_predicted_near_its_frequency():
+    # noise features, 1 % positives: the leaves' prior mean at equal probabilities pulled
+    # P(1) up to 0.074-0.085 on new rows (three data sets, this schedule); at the class
+    # frequencies (base_rate, the default) 0.014-0.020
+    freq = 0.01
+    for seed in range(2):
+        X, y = _rare(seed=seed)
+        Xt, _ = _rare(n=1000, seed=seed + 100)
+        kwargs = {"num_steps": 100, "n_fits": 1, "calibrate": False, "random_state": 0}
+        p1 = VaRTClassifier(**kwargs).fit(X, y).predict_proba(Xt)[:, 1].mean()
+        assert freq / 3 < p1 < 3 * freq, p1
+        flat = VaRTClassifier(base_rate=False, **kwargs).fit(X, y)
+        assert flat.predict_proba(Xt)[:, 1].mean() > 5 * freq
+        assert flat.model_.offset is None
