@@ -100,7 +100,7 @@ class GPMLPNoise(nn.Module):
     def log_pred(self, x, y, x_new, y_new):
         K = kernel_matrix(self.kernel, x)[0] + torch.diag_embed(torch.exp(2 * self.log_sigma(x)))
         L = cholesky(K)
-        Ksx = kernel_matrix(self.kernel, x_new, x)[0]
+        Ksx = kernel_matrix(self.kernel, x, x_new)[0].mT  # training inputs first (gp.kernel_matrix)
         mu = (Ksx @ torch.cholesky_solve((y - self.mean).unsqueeze(-1), L)).squeeze(-1)
         mu = mu + self.mean
         W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)

@@ -94,10 +94,24 @@ def _greedy_cuts(pts: torch.Tensor, y: torch.Tensor, min_leaf: int = 1):
     return 0.5 * (lo + hi), best
 
 
+def _first_max(values: torch.Tensor, rtol: float = 1e-9) -> int:
+    """The first index whose value is within ``rtol`` (relative) of the largest.
+
+    Standardised inputs all have spread 1 up to the last bits of the standardisation,
+    which change with the units of the data (``X`` and ``1e6 * X`` standardise to inputs
+    2e-15 apart); a plain ``argmax`` would pick the split dimension by that rounding and
+    a fit would depend on the units. Ties at rounding level go to the first dimension.
+    """
+    top = float(values.max())
+    close = values >= top - rtol * abs(top)
+    return int(close.nonzero()[0, 0])
+
+
 def _choose_dimension(pts, y, cut, spread) -> int:
-    """The widest dimension, or, with targets, the most informative wide dimension."""
+    """The widest dimension, or, with targets, the most informative wide dimension
+    (ties at rounding level go to the first dimension, see :func:`_first_max`)."""
     if y is None or pts.shape[0] < 2 or float(spread.max()) <= 0:
-        return int(spread.argmax())
+        return _first_max(spread)
     right = (pts > cut).to(pts.dtype)  # (n, L)
     ones = torch.ones_like(right)
     gain = _impurity(y, ones) - _impurity(y, right) - _impurity(y, ones - right)
@@ -106,8 +120,8 @@ def _choose_dimension(pts, y, cut, spread) -> int:
     # A gain below 5 % of the node's impurity is noise (e.g. parity, where no single
     # split informs): then the widest dimension is taken.
     if float(gain.max()) <= 0.05 * float(_impurity(y, ones[:, :1])[0]):
-        return int(spread.argmax())
-    return int(gain.argmax())
+        return _first_max(spread)
+    return _first_max(gain)
 
 
 def check_init(init) -> None:
@@ -160,7 +174,7 @@ def balanced_start(
         if cuts == "greedy" and int(mask.sum()) >= 2 * max(1, min_leaf):
             g_cut, gain = _greedy_cuts(x[mask], y[mask], min_leaf=max(1, min_leaf))
             if float(gain.max()) > 0:
-                l = int(gain.argmax())
+                l = _first_max(gain)
                 cut = torch.where(torch.isfinite(gain), g_cut, cut)
         if l is None:
             l = _choose_dimension(x[mask], None if y is None else y[mask], cut, spread)

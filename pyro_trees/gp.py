@@ -70,8 +70,23 @@ def import_gpytorch():
 def kernel_matrix(kernel, x1: torch.Tensor, x2: torch.Tensor | None = None, *, diag=False):
     """Dense kernel matrix of a GPyTorch kernel with an output-batch dimension.
 
+    **Pass the fixed set first.** GPyTorch's stationary kernels (RBF, Matern, ...) shift
+    both inputs by the mean of the rows of ``x1`` before the quadratic expansion
+    :math:`\\|a\\|^2 + \\|b\\|^2 - 2 a^\\top b` of the squared distances, so every entry
+    depends on all rows of ``x1``: one far-away row there (say at ``1e10``) moves the
+    mean and cancels every other entry's digits. The rows of ``x2`` do not interact:
+    column ``j`` of ``k(x1, x2)`` depends only on ``x2[j]`` and ``x1``. Callers therefore
+    pass the training or inducing inputs as ``x1`` and new inputs as ``x2``, so that
+    each new row's kernel values do not depend on the other rows of its batch (up to
+    the last bits of the matrix product, which can vary with the batch size). The
+    diagonal (``diag=True``) does not mix rows either (a row's distance to itself is
+    zero). A full ``k(x, x)`` of new rows is
+    joint by nature: its entries move with the batch's mean at rounding level while
+    the inputs are bounded (the estimators clip new inputs to a band around the
+    training range).
+
     :param kernel: a :class:`gpytorch.kernels.Kernel` (``batch_shape`` ``()`` or ``(P,)``).
-    :param torch.Tensor x1: ``batch_shape + (N, D)``.
+    :param torch.Tensor x1: ``batch_shape + (N, D)``, the fixed (reference) set.
     :param torch.Tensor x2: ``batch_shape + (M, D)``; ``None`` means ``x1``.
     :param bool diag: return only the diagonal of ``k(x1, x1)``.
     :returns: ``batch_shape + (Pk, N, M)``, or ``batch_shape + (Pk, N)`` with ``diag``,
@@ -134,6 +149,10 @@ def conditional(
     :returns: ``(loc, cov)``: ``loc`` is ``batch_shape + (P, N)``; ``cov`` is
         ``batch_shape + (P, N, N)`` if ``full_cov`` else the variances
         ``batch_shape + (P, N)``.
+
+    Without ``full_cov``, each row's mean and variance do not depend on the other rows
+    of ``x`` (the cross-covariances are evaluated with ``z`` first, see
+    :func:`kernel_matrix`).
     """
     if Lzz is None:
         Lzz = cholesky(kernel_matrix(kernel, z), jitter)

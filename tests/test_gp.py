@@ -184,3 +184,31 @@ def test_projection_equals_transposed_matvec(a_shape, u_shape):
     ra, ru = torch.autograd.grad((ref * w).sum(), (A, u))
     torch.testing.assert_close(ga, ra)
     torch.testing.assert_close(gu, ru)
+
+
+@pytest.mark.parametrize("base", [gpytorch.kernels.RBFKernel, gpytorch.kernels.MaternKernel])
+def test_kernel_columns_do_not_depend_on_the_other_new_rows(base):
+    # GPyTorch centres both inputs at the mean of its first argument's rows: with the
+    # fixed set first, a far-away new row must not move the other rows' kernel values
+    torch.manual_seed(0)
+    k = gpytorch.kernels.ScaleKernel(base()).double()
+    z = torch.randn(9, 2, dtype=torch.float64)
+    x = torch.randn(4, 2, dtype=torch.float64)
+    far = torch.tensor([[1e10, 0.0]], dtype=torch.float64)
+    alone = kernel_matrix(k, z, x)
+    batch = kernel_matrix(k, z, torch.cat([x, far]))
+    torch.testing.assert_close(batch[..., :4], alone, rtol=1e-12, atol=1e-15)
+    assert float(batch[..., 4].detach().abs().max()) == 0.0  # a far row is uncorrelated
+
+
+def test_conditional_marginals_do_not_depend_on_the_other_rows():
+    torch.manual_seed(0)
+    k = _kernel()
+    z = torch.randn(6, 2, dtype=torch.float64)
+    u = torch.randn(1, 6, dtype=torch.float64)
+    x = torch.randn(4, 2, dtype=torch.float64)
+    xb = torch.cat([x, torch.tensor([[1e10, -1e10]], dtype=torch.float64)])
+    loc, var = conditional(k, x, z, u, whiten=True)
+    loc_b, var_b = conditional(k, xb, z, u, whiten=True)
+    torch.testing.assert_close(loc_b[..., :4], loc, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(var_b[..., :4], var, rtol=1e-12, atol=1e-14)

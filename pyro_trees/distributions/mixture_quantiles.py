@@ -25,8 +25,9 @@ def gaussian_mixture_quantiles(
     = p`, the sum running over the component dims ``dim``.
 
     Newton steps on the mixture's CDF, kept inside a bracket that bisection shrinks
-    (starting at the used components' :math:`\mu \pm 40 \sigma`), until every CDF is
-    within 1e-13 of its target or ``iters`` steps have run.
+    (starting at the used components' :math:`\mu \pm 40 \sigma`, within the dtype's
+    finite range), until every CDF is within 1e-13 of its target or ``iters`` steps have
+    run. The quantiles are finite for finite ``loc`` and ``scale`` of any magnitude.
 
     :param weight: component weights, broadcastable with ``loc``, summing to one over
         ``dim``; components of weight 0 are ignored.
@@ -40,12 +41,13 @@ def gaussian_mixture_quantiles(
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     used = weight > 0
     inf = torch.full_like(loc, math.inf)
-    low = torch.where(used, loc - 40 * scale, inf).amin(dims, keepdim=True)
-    high = torch.where(used, loc + 40 * scale, -inf).amax(dims, keepdim=True)
+    big = torch.finfo(loc.dtype).max
+    low = torch.where(used, loc - 40 * scale, inf).amin(dims, keepdim=True).clamp_min(-big)
+    high = torch.where(used, loc + 40 * scale, -inf).amax(dims, keepdim=True).clamp_max(big)
     out = []
     for p in probs:
         a, b = low.clone(), high.clone()
-        q = (a + b) / 2
+        q = a / 2 + b / 2  # (a + b) / 2 without overflow (the same bits otherwise)
         for _ in range(iters):
             z = (q - loc) / scale
             cdf = (weight * torch.special.ndtr(z)).sum(dims, keepdim=True)
@@ -57,7 +59,7 @@ def gaussian_mixture_quantiles(
                 break
             step = q - (cdf - p) / pdf
             inside = (step > a) & (step < b)
-            q = torch.where(inside, step, (a + b) / 2)
+            q = torch.where(inside, step, a / 2 + b / 2)
         out.append(q.squeeze(dims))
     return torch.stack(out)
 

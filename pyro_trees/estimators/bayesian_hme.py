@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -31,6 +32,22 @@ _ROUTINGS = ("hard", "posterior")
 # parameter of a linear expert
 _AUTO_MAX_EXPERTS = 5
 _POINTS_PER_PARAM = 5
+
+
+def _mixture_std(d: dist.MixtureSameFamily) -> torch.Tensor:
+    """The standard deviation of a Gaussian mixture over ``dim=-2`` (event ``(D,)``),
+    ``batch + (D,)``, without squaring numbers that overflow: its terms are divided by a
+    power of two at or above the largest of them (exact, so ordinary rows get the bits of
+    ``d.variance.sqrt()``)."""
+    w = d.mixture_distribution.probs.unsqueeze(-1)  # (..., E, 1)
+    loc = d.component_distribution.base_dist.loc  # (..., E, D)
+    scale = d.component_distribution.base_dist.scale
+    mean = (w * loc).sum(-2, keepdim=True)
+    dev = loc - mean
+    big = torch.maximum(scale.amax(-2, keepdim=True), dev.abs().amax(-2, keepdim=True))
+    s = torch.exp2(torch.ceil(torch.log2(big.clamp_min(torch.finfo(big.dtype).tiny))))
+    var = (w * (scale / s).pow(2)).sum(-2) + (w * (dev / s).pow(2)).sum(-2)
+    return s.squeeze(-2) * var.sqrt()
 
 
 def _as_topology(value) -> Topology:
@@ -318,22 +335,35 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     # ------------------------------------------------------------------ prediction
     def _components(self, X, index: int):
         """Log gate probabilities ``(N, E)``, expert means ``(N, E, D)`` and predictive
-        variances ``(N, E, D)`` on the standardised scale, for topology ``index``."""
+        standard deviations ``(N, E, D)`` on the standardised scale, for topology
+        ``index``.
+
+        The quadratic forms :math:`x^\\top S x` of the variances overflow for far-away
+        rows (``x`` of ``1e200`` gives ``1e400``); they are evaluated at :math:`x / s`
+        with :math:`s` the power of two at or above :math:`\\max_j |x_j|` (an exact
+        scaling, so ordinary rows get the same bits as without it) and only the
+        standard deviations and the probit-corrected gate logits, which grow at most
+        like :math:`|x|`, are scaled back.
+        """
         state = self.states_[index]
         top = self.topologies_[index]
         data = VBData.build(X, torch.zeros(X.shape[0], 1, dtype=X.dtype), top)
         xb = data.x
+        s = torch.exp2(torch.ceil(torch.log2(xb.abs().amax(-1)))).unsqueeze(-1)  # (N, 1), >= 1
+        small = dataclasses.replace(data, x=xb / s)
         if top.num_gates:
-            mean_a = xb @ state.v_mean.T  # (N, G)
-            var_a = data.quad(state.v_cov).T
-            # MacKay's probit approximation of E[sigma(a)] under a Gaussian a
-            kappa = (1 + math.pi * var_a / 8).rsqrt()
+            mean_a = small.x @ state.v_mean.T  # (N, G), a / s
+            var_a = small.quad(state.v_cov).T  # var(a) / s^2
+            # MacKay's probit approximation of E[sigma(a)] under a Gaussian a:
+            # a / sqrt(1 + pi var(a) / 8), with numerator and denominator divided by s
+            kappa = (1 / s**2 + math.pi * var_a / 8).rsqrt()
             log_pi = top.expert_log_probs(kappa * mean_a)
         else:
             log_pi = xb.new_zeros(xb.shape[0], 1)
         means = torch.einsum("np,jdp->njd", xb, state.w_mean)
-        var = (state.tau_b / state.tau_a)[None, :] + data.quad(state.w_cov).T  # (N, E)
-        return log_pi, means, var.unsqueeze(-1).expand(means.shape)
+        var = (state.tau_b / state.tau_a)[None, :] / s**2 + small.quad(state.w_cov).T  # (N, E)
+        sd = s * var.sqrt()
+        return log_pi, means, sd.unsqueeze(-1).expand(means.shape)
 
     def predict_distribution(self, X, average: bool = False) -> dist.MixtureSameFamily:
         """Approximate predictive density ``p(y | x)`` on the scale of ``y``.
@@ -348,18 +378,18 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         """
         Xs = self._validate_predict(X)
         indices = range(len(self.topologies_)) if average else [self.best_index_]
-        log_w, means, var = [], [], []
+        log_w, means, sds = [], [], []
         for k in indices:
-            lp, m, v = self._components(Xs, k)
+            lp, m, sd = self._components(Xs, k)
             shift = math.log(self.weights_[k]) if average and self.weights_[k] > 0 else 0.0
             if average and self.weights_[k] <= 0:
                 continue
             log_w.append(lp + shift)
             means.append(m)
-            var.append(v)
-        log_w, means, var = torch.cat(log_w, -1), torch.cat(means, -2), torch.cat(var, -2)
+            sds.append(sd)
+        log_w, means, sds = torch.cat(log_w, -1), torch.cat(means, -2), torch.cat(sds, -2)
         loc = self.y_scaler_.inverse(means)
-        scale = self.y_scaler_.inverse_scale(var.sqrt())
+        scale = self.y_scaler_.inverse_scale(sds)
         comp = dist.Normal(loc, scale).to_event(1)
         return dist.MixtureSameFamily(dist.Categorical(logits=log_w), comp)
 
@@ -387,6 +417,11 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
 
         :param bool return_std: also return the standard deviation of the predictive
             distribution (the whole mixture, whatever ``routing``), same shape.
+
+        Predictions, standard deviations and the intervals of :meth:`predict_interval`
+        are finite for inputs of any finite magnitude (standardised inputs below about
+        ``1e300``): the linear experts extrapolate, and so do their standard deviations,
+        without squaring the inputs.
         """
         routing = self._routing(routing)
         d = self.predict_distribution(X, average=average)
@@ -398,7 +433,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
             loc = d.component_distribution.base_dist.loc  # (N, E, D)
             mean = self._out(loc[torch.arange(loc.shape[0]), best])
         if return_std:
-            return mean, self._out(d.variance.sqrt())
+            return mean, self._out(_mixture_std(d))
         return mean
 
     def predict_interval(self, X, level: float = 0.9, average: bool = False):

@@ -41,6 +41,11 @@ _AUTO_INDUCING = 256
 # _PLATEAU_WINDOW steps (without a validation split)
 _PLATEAU_WINDOW = 20
 _PLATEAU_TOL = 1e-3
+# new inputs are clipped to the training range widened by this many times its width on
+# each side (standardised units): far enough out that a stationary kernel is ~0 there
+# for any lengthscale up to a few widths, near enough that squared distances cannot
+# overflow (in float32 too)
+_CLIP_MARGIN = 10.0
 
 
 class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
@@ -81,7 +86,16 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
     Inputs and targets are standardised inside; predictions, noise levels, intervals
     and rules are in the units of ``X`` and ``y``.
 
+    Each row's prediction does not depend on the other rows of the batch (up to the
+    last bits of the matrix products). New inputs are clipped, feature by feature, to
+    the training range widened by 10 times its width on each side, so that the
+    predictions are finite for inputs of any finite magnitude: a row that far out has
+    a kernel of about 0 to every training row under a stationary kernel and gets
+    about the prior (the constant mean and the prior variance of ``f``) plus its
+    leaf's noise.
+
     Fitted attributes: ``num_inducing_`` (inducing points used; 0 for the exact GP),
+    ``x_min_`` and ``x_max_`` (the standardised training range, ``(L,)`` each),
     ``fit_result_`` (the :class:`~pyro_trees.infer.FitResult`), ``model_``, ``guide_``.
 
     .. rubric:: Examples
@@ -220,6 +234,8 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             )
         Xs, ys = self._validate_fit(X, y)
         self._check_parallel(Xs.shape[0])
+        # the range that new inputs are clipped to (see _clip)
+        self.x_min_, self.x_max_ = Xs.min(0).values, Xs.max(0).values
         with local_seed(self._shared_seed(), self.device_):
             self._fit_seeded(Xs, ys)
         return self
@@ -314,11 +330,21 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
         routing = self.routing if routing is None else routing
         if routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {_ROUTINGS}, got {routing!r}")
-        Xs = self._validate_predict(X)
+        Xs = self._clip(self._validate_predict(X))
         with isolated_params():
             return self.model_.predict(
                 Xs, self.guide_, self._X_train, self._y_train, routing=routing
             )
+
+    def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
+        """Standardised new inputs ``(N, L)`` clipped to the training range widened by
+        ``_CLIP_MARGIN`` times its width on each side (infinities from the conversion to
+        ``dtype`` included); estimators pickled without the range are left as they are."""
+        lo, hi = getattr(self, "x_min_", None), getattr(self, "x_max_", None)
+        if lo is None or hi is None:
+            return Xs
+        pad = _CLIP_MARGIN * (hi - lo)
+        return torch.minimum(torch.maximum(Xs, lo - pad), hi + pad)
 
     def predict(self, X, *, return_std: bool = False, routing: str | None = None):
         """Predictive mean ``(N,)`` (and the standard deviation of ``y`` with ``return_std``).

@@ -83,12 +83,17 @@ def exact_posterior(kernel, x, resid, r, x_new, jitter: float):
     :returns: ``(loc, W)``: the mean ``(N*,)`` (without the constant mean) and
         :math:`W = L^{-1} K_{x x_*}` ``(N, N*)``, so that the covariance is
         :math:`K_{**} - W^\top W`.
+
+    Each entry of ``loc`` and each column of ``W`` depend only on their row of
+    ``x_new`` (and the training data), not on the other rows of the batch: the
+    cross-covariance is evaluated with the training inputs first
+    (:func:`~pyro_trees.gp.kernel_matrix`).
     """
     L = cholesky(kernel_matrix(kernel, x)[..., 0, :, :] + torch.diag_embed(r), jitter)
-    Ksx = kernel_matrix(kernel, x_new, x)[..., 0, :, :]
+    Kxs = kernel_matrix(kernel, x, x_new)[..., 0, :, :]  # (N, N*): training inputs first
     alpha = torch.cholesky_solve(resid.unsqueeze(-1), L)
-    W = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
-    return (Ksx @ alpha).squeeze(-1), W
+    W = torch.linalg.solve_triangular(L, Kxs, upper=False)
+    return (alpha.mT @ Kxs).squeeze(-2), W
 
 
 def fit_noise_level(kernel, xs, ys, *, jitter: float, num_steps: int, lr: float):
@@ -154,7 +159,8 @@ def exact_f_joint(kernel, x, resid, r, x_new, jitter: float):
 
 
 def exact_f_marginals(kernel, x, resid, r, x_new, jitter: float):
-    """Marginals of :func:`exact_posterior` at ``x_new``: ``(loc, var)``, each ``(N*,)``."""
+    """Marginals of :func:`exact_posterior` at ``x_new``: ``(loc, var)``, each ``(N*,)``;
+    each row's pair does not depend on the other rows of ``x_new``."""
     loc, W = exact_posterior(kernel, x, resid, r, x_new, jitter)
     kss = kernel_matrix(kernel, x_new, diag=True)[..., 0, :]
     return loc, (kss - W.pow(2).sum(-2)).clamp_min(0.0)

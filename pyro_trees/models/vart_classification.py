@@ -18,7 +18,7 @@ import torch
 from pyro_trees.models._vart_mixture import log_leaf_weights, with_bias
 from pyro_trees.models.vart import VaRT
 
-__all__ = ["VaRTClassification", "class_logits", "tree_scores"]
+__all__ = ["VaRTClassification", "base_rate_offset", "class_logits", "tree_scores"]
 
 
 def tree_scores(tree: dict, x: torch.Tensor, num_outputs: int) -> torch.Tensor:
@@ -48,6 +48,32 @@ def class_logits(scores: torch.Tensor, link: str) -> torch.Tensor:
     return scores.log_softmax(-1)
 
 
+def base_rate_offset(counts: torch.Tensor, link: str) -> torch.Tensor:
+    r"""The offset that puts a leaf value of 0 at the class frequencies of ``counts``
+    ``(K,)``: :math:`\Phi^{-1}(\pi_1)` ``(1,)`` for ``"probit"`` (two classes; BART's
+    probit offset), :math:`\log \pi_k` centred ``(K,)`` for ``"softmax"``, with
+    :math:`\pi_k = (c_k + 1/2) / (N + K/2)` (half a row added to every class, so that a
+    class without rows stays finite).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.models.vart_classification import base_rate_offset
+    >>> base_rate_offset(torch.tensor([50.0, 50.0]), "probit")
+    tensor([0.])
+    >>> torch.special.ndtr(base_rate_offset(torch.tensor([395.5, 3.5]), "probit"))
+    tensor([0.0100])
+    """
+    counts = torch.as_tensor(counts, dtype=torch.float64)
+    freq = (counts + 0.5) / (counts.sum() + 0.5 * counts.numel())
+    if link == "probit":
+        if counts.numel() != 2:
+            raise ValueError("the probit link needs two classes")
+        return torch.special.ndtri(freq[1:]).to(torch.get_default_dtype())
+    log_freq = freq.log()
+    return (log_freq - log_freq.mean()).to(torch.get_default_dtype())
+
+
 class VaRTClassification(VaRT):
     r"""VaRT's stochastic tree with a categorical likelihood.
 
@@ -59,8 +85,14 @@ class VaRTClassification(VaRT):
     routing-weighted sum of its leaves,
     :math:`f_k(x) = \sum_i \kappa_i P(x \to i)\,\theta_{ik}^\top x`. The link:
 
-    * ``"probit"`` (two classes, ``K' = 1``): :math:`P(y = 1 \mid x) = \Phi(f(x))`;
-    * ``"softmax"`` (``K' = K`` classes): :math:`P(y = k \mid x) = \mathrm{softmax}_k f(x)`.
+    * ``"probit"`` (two classes, ``K' = 1``): :math:`P(y = 1 \mid x) = \Phi(f(x) + b)`;
+    * ``"softmax"`` (``K' = K`` classes):
+      :math:`P(y = k \mid x) = \mathrm{softmax}_k (f(x) + b)`,
+
+    with a fixed ``offset`` :math:`b` (default 0; :func:`base_rate_offset` puts a leaf
+    value of 0, the prior mean, at the training class frequencies, as BART's probit
+    does: without it the prior pulls every leaf towards equal probabilities, and a
+    rare class's probability up).
 
     The site ``obs`` is ``Categorical`` over the class indices ``0..K-1`` and the site
     ``probs`` records the class probabilities ``(N, K)`` of the drawn tree, inside the
@@ -74,6 +106,8 @@ class VaRTClassification(VaRT):
     :param float leaf_scale: :math:`s_\theta` of the leaf weights (default 1: a leaf's
         value at the inputs' mean has prior standard deviation 1 on the probit or logit
         scale).
+    :param offset: :math:`b`, ``(K',)`` values added to the tree's values before the
+        link (e.g. :func:`base_rate_offset`); ``None`` for zeros.
     :param kwargs: ``lam``, ``split_alpha``, ``split_beta``, ``split_scale``,
         ``site_depth``, ``name``, ``node_split_prob``, ``node_split_loc``,
         ``node_split_scale``, as in :class:`~pyro_trees.models.VaRT`.
@@ -96,6 +130,7 @@ class VaRTClassification(VaRT):
         *,
         link: str | None = None,
         leaf_scale: float = 1.0,
+        offset: torch.Tensor | None = None,
         **kwargs,
     ):
         for bad in ("node_leaf_loc", "node_leaf_scale", "noise_loc", "noise_scale"):
@@ -111,6 +146,27 @@ class VaRTClassification(VaRT):
         if link == "probit" and self.num_classes != 2:
             raise ValueError("the probit link needs num_classes=2; use link='softmax'")
         self.link = link
+        self.offset = offset
+
+    @property
+    def offset(self) -> torch.Tensor | None:
+        """:math:`b`, ``(K',)`` or ``None`` (zeros)."""
+        return self.__dict__.get("_offset")
+
+    @offset.setter
+    def offset(self, value) -> None:
+        if value is not None:
+            value = torch.as_tensor(value, dtype=torch.get_default_dtype()).detach().clone()
+            if value.shape != (self.num_outputs,) or not bool(torch.isfinite(value).all()):
+                raise ValueError(
+                    f"offset must be {self.num_outputs} finite values, got {tuple(value.shape)}"
+                )
+        self.__dict__["_offset"] = value
+
+    def _link(self, scores: torch.Tensor) -> torch.Tensor:
+        """Normalised log class probabilities from the tree's values ``(..., K')``."""
+        b = self.offset
+        return class_logits(scores if b is None else scores + b.to(scores), self.link)
 
     @property
     def num_outputs(self) -> int:
@@ -129,7 +185,7 @@ class VaRTClassification(VaRT):
 
     def class_log_probs(self, tree: dict, x: torch.Tensor) -> torch.Tensor:
         """Log class probabilities ``B + (N, K)`` of the rows ``x`` under ``tree``."""
-        return class_logits(tree_scores(tree, x, self.num_outputs), self.link)
+        return self._link(tree_scores(tree, x, self.num_outputs))
 
     def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
         """The summed categorical log-likelihood of class indices ``y`` ``(B,)`` (the
@@ -137,7 +193,7 @@ class VaRTClassification(VaRT):
         weights = mix_logits.softmax(-1)  # (B, M)
         theta = theta.reshape(theta.shape[0], self.num_outputs, x1.shape[-1])
         scores = torch.einsum("nm,mkl,nl->nk", weights, theta, x1)
-        logp = class_logits(scores, self.link)
+        logp = self._link(scores)
         return logp.gather(-1, y.long().unsqueeze(-1)).sum()
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):

@@ -44,3 +44,16 @@ def test_component_dims_may_be_anywhere():
     q2 = gaussian_mixture_quantiles(layout(w), layout(loc), layout(scale), probs, dim=-2)
     assert q2.shape == (2, 4, 1)
     torch.testing.assert_close(q2[..., 0], q, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("factor", [1e200, 1e307])
+def test_quantiles_of_huge_mixtures_scale_with_them(factor):
+    # the bracket mu +- 40 sigma overflowed to +-inf and its midpoint was NaN
+    w = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    loc = torch.tensor([0.3, -2.0], dtype=torch.float64)
+    scale = torch.tensor([0.5, 3.0], dtype=torch.float64)
+    probs = (0.05, 0.5, 0.95)
+    q = gaussian_mixture_quantiles(w, loc, scale, probs)
+    q_big = gaussian_mixture_quantiles(w, factor * loc, factor * scale, probs)
+    assert bool(torch.isfinite(q_big).all())
+    torch.testing.assert_close(q_big / factor, q, rtol=1e-9, atol=0)

@@ -179,3 +179,27 @@ def test_max_experts_auto_scales_with_the_data():
     assert max(t.num_experts for t in est.topologies_) == 2
     est = BayesianHMERegressor(min_experts=3, n_restarts=2, n_iter=10, random_state=0)
     assert min(t.num_experts for t in est.fit(X, y).topologies_) == 3
+
+
+def test_far_inputs_give_finite_intervals_that_scale_with_them():
+    # x^T S x of the predictive variance overflowed at 1e200 (std inf, intervals NaN) and
+    # the probit-corrected gates collapsed to 1/2 (the mean jumped off the linear trend)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2))
+    y = np.abs(X[:, 0]) + 0.1 * rng.normal(size=60)
+    reg = BayesianHMERegressor(max_experts=2, n_restarts=4, n_iter=30, grow=0, random_state=0).fit(
+        X, y
+    )
+    assert reg.topology_.num_experts == 2
+    direction = np.array([[1.0, 0.0], [0.3, -1.0]])
+    ref = 1e100  # far out already: the predictions grow linearly with the input
+    out = {}
+    for far in (ref, 1e200):
+        batch = np.vstack([X[:2], far * direction])
+        mean, std = reg.predict(batch, return_std=True)
+        lo, hi = reg.predict_interval(batch)
+        out[far] = np.c_[mean, std, lo, hi]
+        assert np.all(np.isfinite(out[far]))
+        assert np.all(lo < mean) and np.all(mean < hi)
+    np.testing.assert_array_equal(out[1e200][:2], out[ref][:2])
+    np.testing.assert_allclose(out[1e200][2:] / 1e200, out[ref][2:] / ref, rtol=1e-6)

@@ -144,3 +144,55 @@ def test_stops_on_a_plateau():
     X, y = _data(60)
     est = HeteroscedasticGPRegressor(depth=1, num_steps=2000, init_steps=10, random_state=0)
     assert est.fit(X, y).fit_result_.num_steps < 2000
+
+
+@pytest.mark.parametrize("far", [1e10, 1e30, 1e200])
+def test_a_far_row_changes_no_other_row(far):
+    # GPyTorch centred the cross-covariance at the mean of the new rows: one row at 1e10
+    # moved the others by 10x sd(y), at 1e30 made them all equal, at 1e200 NaN
+    X, y = _data(40)
+    est = HeteroscedasticGPRegressor(depth=1, num_steps=5, init_steps=5, random_state=0)
+    est.fit(X, y)
+    Xt = np.array([[2.5], [4.0], [6.3], [7.9]])
+    alone = [np.r_[est.predict(r[None]), np.ravel(est.predict_interval(r[None]))] for r in Xt]
+    batch = np.vstack([Xt, [[far]]])
+    mean = est.predict(batch)
+    lo, hi = est.predict_interval(batch)
+    np.testing.assert_allclose(np.c_[mean, lo, hi][:4], np.vstack(alone), rtol=1e-9, atol=1e-12)
+    # the far row is finite: about the prior mean (the mean of y), wider than the others
+    assert np.all(np.isfinite([mean[4], lo[4], hi[4]]))
+    assert abs(mean[4] - y.mean()) < 0.5 * y.std()
+    assert hi[4] - lo[4] > np.max(hi[:4] - lo[:4])
+
+
+@pytest.mark.parametrize("options", [{"dtype": "float32"}, {"num_inducing": 8}])
+def test_inputs_of_any_finite_magnitude_give_finite_predictions(options):
+    X, y = _data(40)
+    est = HeteroscedasticGPRegressor(
+        depth=1, num_steps=3, init_steps=3, random_state=0, **options
+    ).fit(X, y)
+    batch = np.array([[5.0], [1e200], [-1e300], [1.7e308]])
+    with np.errstate(over="ignore"):  # the standardisation of 1.7e308 overflows to inf
+        mean = est.predict(batch)
+        lo, hi = est.predict_interval(batch)
+        noise = est.predict_noise(batch)
+    assert np.all(np.isfinite(np.c_[mean, lo, hi, noise]))
+    np.testing.assert_allclose(mean[0], est.predict(batch[:1])[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("units", [1e6, 1e-3])
+def test_predictions_follow_the_units_of_x(units):
+    # standardised, X and units * X differ in the last bits (2e-15); the start's split
+    # dimension was the argmax of spreads that are all 1 up to those bits, so the start,
+    # and the fit, depended on the units (0.22 sd(y) in the mean, 0.99 in the intervals)
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(60, 4)) * [1.0, 30.0, 0.2, 5.0] + [3.0, -1.0, 100.0, 0.0]
+    y = np.sin(X[:, 0]) + 0.3 * np.exp(0.1 * X[:, 3]) * rng.normal(size=60)
+    kw = {"num_steps": 3, "init_steps": 5, "random_state": 0}
+    a = HeteroscedasticGPRegressor(**kw).fit(X, y)
+    b = HeteroscedasticGPRegressor(**kw).fit(X * units, y)
+    tol = 1e-9 * y.std()  # rounding of the standardisation, carried through the fit
+    np.testing.assert_allclose(b.predict(X * units), a.predict(X), rtol=0, atol=tol)
+    np.testing.assert_allclose(
+        np.ravel(b.predict_interval(X * units)), np.ravel(a.predict_interval(X)), rtol=0, atol=tol
+    )

@@ -4,6 +4,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from pyro_trees.estimators import VaRTClassifier
 
@@ -141,3 +142,79 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
     for bad in (0, 1.5, True, 8):  # 8 > num_samples
         with pytest.raises(ValueError, match="n_fits"):
             _small(num_samples=7, n_fits=bad).fit(X, y)
+
+
+def _rare(n=400, positives=4, seed=0, features=2):
+    """``n`` rows of noise features, ``positives`` of them of class 1 at random."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, features))
+    y = np.zeros(n, dtype=int)
+    y[rng.choice(n, positives, replace=False)] = 1
+    return X, y
+
+
+def test_a_rare_class_absent_from_the_held_out_rows_is_not_calibrated_away():
+    # 4 positives in 400 rows, none among the 40 held out: the held-out log loss fell
+    # without end as the temperature sharpened, T stopped at 1/4 and the mean P(1) on
+    # new rows was about 1e-6 (frequency 0.01)
+    X, y = _rare()
+    Xt, _ = _rare(seed=1)
+    kwargs = {"num_steps": 100, "n_fits": 1, "random_state": 0}
+    with pytest.warns(UserWarning, match="no held-out row of class 1"):
+        clf = VaRTClassifier(**kwargs).fit(X, y)
+    assert clf.temperature_ == 1.0
+    raw = VaRTClassifier(calibrate=False, **kwargs).fit(X, y)
+    np.testing.assert_array_equal(clf.predict_proba(Xt), raw.predict_proba(Xt))
+    assert clf.predict_proba(Xt)[:, 1].mean() > 0.01 / 3
+
+
+def _temperature_of(probs, y, monkeypatch):
+    """``_fit_temperature`` of a fitted classifier at given held-out probabilities."""
+    X, labels = _blobs(n=40)
+    clf = _small(num_steps=2).fit(X, labels)
+    probs = torch.as_tensor(np.asarray(probs, dtype=np.float64)).unsqueeze(0)
+    monkeypatch.setattr(clf, "_tree_probs_std", lambda Xs: probs)
+    y = torch.as_tensor(np.asarray(y))
+    return clf._fit_temperature(torch.zeros(len(y), 2), y)
+
+
+def test_temperature_is_kept_only_when_it_holds_out_of_sample(monkeypatch):
+    rng = np.random.default_rng(0)
+    # under-confident on many rows of both classes: a temperature below one, kept
+    n = 200
+    y = rng.integers(2, size=n)
+    p1 = np.where(y == 1, 0.7, 0.3)
+    flip = rng.random(n) < 0.15  # the best probability is 0.85: T = log(7 / 3) / log(0.85 / 0.15)
+    p1 = np.where(flip, 1 - p1, p1)
+    t = _temperature_of(np.c_[1 - p1, p1], y, monkeypatch)
+    assert 0.35 < t < 0.7, t  # about 0.49
+    # separable rows: the least log loss at the grid's edge, and it holds out of sample
+    p1 = np.where(y == 1, 0.8, 0.2)
+    assert _temperature_of(np.c_[1 - p1, p1], y, monkeypatch) == 0.25
+    # one positive among 40 (a rare class) and under-predicted: the least log loss of all
+    # 40 rows sharpens (T about 0.76, 39 negatives gain), but each row scored at the
+    # temperature fitted without it loses more on the positive than the negatives gain
+    y = np.r_[np.zeros(39, dtype=int), 1]
+    p1 = np.r_[np.full(39, 0.05), 0.1]
+    assert _temperature_of(np.c_[1 - p1, p1], y, monkeypatch) == 1.0
+    # few held-out rows, one positive missed with confidence: the least log loss is at the
+    # grid's upper edge, which does not hold out of sample either; skipped with a warning
+    y, p1 = np.array([1, 0, 0]), np.array([0.001, 0.037, 0.053])
+    with pytest.warns(UserWarning, match="edge of the temperature grid"):
+        assert _temperature_of(np.c_[1 - p1, p1], y, monkeypatch) == 1.0
+
+
+def test_a_rare_class_is_predicted_near_its_frequency():
+    # noise features, 1 % positives: the leaves' prior mean at equal probabilities pulled
+    # P(1) up to 0.074-0.085 on new rows (three data sets, this schedule); at the class
+    # frequencies (base_rate, the default) 0.014-0.020
+    freq = 0.01
+    for seed in range(2):
+        X, y = _rare(seed=seed)
+        Xt, _ = _rare(n=1000, seed=seed + 100)
+        kwargs = {"num_steps": 100, "n_fits": 1, "calibrate": False, "random_state": 0}
+        p1 = VaRTClassifier(**kwargs).fit(X, y).predict_proba(Xt)[:, 1].mean()
+        assert freq / 3 < p1 < 3 * freq, p1
+        flat = VaRTClassifier(base_rate=False, **kwargs).fit(X, y)
+        assert flat.predict_proba(Xt)[:, 1].mean() > 5 * freq
+        assert flat.model_.offset is None

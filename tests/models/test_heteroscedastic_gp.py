@@ -396,3 +396,25 @@ def test_sparse_collapsed_bound_at_the_data_is_the_exact_bound():
     # CollapsedELBO trains the sparse model as the exact one
     loss = CollapsedELBO().differentiable_loss(sparse, sguide, x, y)
     assert torch.allclose(loss, -b, atol=1e-4)
+
+
+def test_exact_marginals_of_a_row_do_not_depend_on_the_other_rows():
+    from pyro_trees.models._hgp_maths import exact_f_marginals
+
+    torch.manual_seed(0)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+    x = torch.randn(20, 2, dtype=torch.float64)
+    resid = torch.sin(x[:, 0])
+    r = torch.full((20,), 0.1, dtype=torch.float64)
+    x_new = torch.randn(4, 2, dtype=torch.float64)
+    with torch.no_grad():
+        loc, var = exact_f_marginals(kernel, x, resid, r, x_new, 1e-6)
+    for far in (1e10, 1e30, 1e200):
+        batch = torch.cat([x_new, torch.tensor([[far, 0.0]], dtype=torch.float64)])
+        with torch.no_grad():
+            loc_b, var_b = exact_f_marginals(kernel, x, resid, r, batch, 1e-6)
+        torch.testing.assert_close(loc_b[:4], loc, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(var_b[:4], var, rtol=1e-10, atol=1e-12)
+        # the far row is uncorrelated with the data: the prior
+        assert float(loc_b[4]) == 0.0
+        torch.testing.assert_close(var_b[4], kernel.outputscale.detach())

@@ -1,5 +1,6 @@
 """VaRTClassification: the VaRT tree prior with a probit or softmax likelihood."""
 
+import pyro
 import pytest
 import torch
 from pyro import poutine
@@ -55,3 +56,38 @@ def test_bad_options():
         VaRTClassification(2, 2, noise_loc=0.0)
     with pytest.raises(ValueError, match="class indices"):
         VaRTClassification(2, 2)(torch.randn(3, 2), torch.zeros(3))
+
+
+def test_the_offset_puts_a_leaf_value_of_zero_at_the_class_frequencies():
+    from pyro_trees.models.vart_classification import base_rate_offset
+
+    counts = torch.tensor([396.0, 4.0])
+    b = base_rate_offset(counts, "probit")
+    freq = (counts + 0.5) / (counts.sum() + 1.0)
+    torch.testing.assert_close(torch.special.ndtr(b), freq[1:].float())
+    counts3 = torch.tensor([10.0, 30.0, 0.0])
+    b3 = base_rate_offset(counts3, "softmax")
+    torch.testing.assert_close(b3.softmax(-1), ((counts3 + 0.5) / 41.5).float())
+    x = torch.randn(5, 2)
+    for classes, offset in ((2, b), (3, b3)):
+        model = VaRTClassification(2, classes, offset=offset)
+        tree = model.sample_tree(like=torch.zeros(()))
+        tree = {**tree, "theta": torch.zeros_like(tree["theta"])}  # every leaf value 0
+        probs = model.class_log_probs(tree, x).exp()
+        expected = torch.cat([1 - freq[1:], freq[1:]]) if classes == 2 else b3.softmax(-1)
+        torch.testing.assert_close(probs, expected.float().expand(5, -1))
+        # the vectorised ELBO's likelihood reads the offset as the model's sites do
+        xd, yd = torch.randn(30, 2, dtype=torch.float64), torch.randint(classes, (30,))
+        pyro.clear_param_store()  # the guide of the other number of classes
+        guide = VaRTGuide(model, depth=2)
+        tr = poutine.trace(guide).get_trace(xd, yd)
+        values = {k: v["value"] for k, v in tr.nodes.items() if v["type"] == "sample"}
+        ours = float(vart_elbo(model, guide, xd, yd, values=values).detach())
+        pyros = -Trace_ELBO().loss(
+            poutine.replay(model, trace=tr), poutine.replay(guide, trace=tr), xd, yd
+        )
+        assert ours == pytest.approx(pyros, rel=1e-10)
+    with pytest.raises(ValueError, match="offset"):
+        VaRTClassification(2, 2, offset=torch.zeros(2))
+    with pytest.raises(ValueError, match="offset"):
+        VaRTClassification(2, 3, offset=torch.tensor([0.0, float("nan"), 0.0]))
