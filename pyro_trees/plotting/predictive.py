@@ -29,7 +29,7 @@ def plot_predictive(
     band: str | None = "auto",
     target=None,
     grid_resolution: int = 50,
-    max_rows: int = 200,
+    max_rows: int | None = 200,
     feature_names=None,
     ax=None,
 ):
@@ -53,8 +53,8 @@ def plot_predictive(
         ``classes_``, the positive class of a binary problem).
     :param int grid_resolution: grid points over the range of ``feature`` (fewer when
         it takes fewer distinct values).
-    :param int max_rows: the rows averaged over: at most this many of ``X``, drawn at
-        random (seeded) when it has more.
+    :param max_rows: the rows averaged over: at most this many of ``X``, drawn at
+        random (seeded) when it has more; ``None``: all of them.
     :param feature_names: ``L`` names of the inputs, for the axis label.
     :param ax: the matplotlib axes; ``None``: a new figure.
     :returns: the matplotlib axes.
@@ -89,7 +89,7 @@ def plot_predictive(
     j = _feature_index(feature, names, width)
 
     rows = values
-    if n > max_rows:
+    if max_rows is not None and n > max_rows:
         rows = values[np.sort(np.random.default_rng(0).choice(n, int(max_rows), replace=False))]
     column = values[:, j]
     grid = np.unique(column)
