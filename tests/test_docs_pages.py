@@ -50,9 +50,10 @@ def test_the_pictures_of_the_estimators_guide_run(monkeypatch, tmp_path):
     block = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)
     fewer = ("random_state=0).fit", "random_state=0, num_steps=10).fit")
     code = textwrap.dedent(block).replace(*fewer)
-    namespace = {"__name__": "guide_example"}
-    exec(compile(code, "estimators.rst, pictures", "exec"), namespace)
     import matplotlib.pyplot as plt
 
+    plt.close("all")  # figures other tests left open
+    namespace = {"__name__": "guide_example"}
+    exec(compile(code, "estimators.rst, pictures", "exec"), namespace)
     assert len(plt.get_fignums()) == 3  # the tree, the partial dependence, the importances
     plt.close("all")
