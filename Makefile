@@ -3,6 +3,7 @@
 #   make test   same install, runs the whole test suite
 #   make docs   same install plus Sphinx, builds the user guide and API reference into docs/_build/html
 #   make notebooks  rebuilds and executes the teaching notebooks (full mode, outputs committed)
+#   make install-test  a new user's install: the wheel into a fresh venv, README examples, sdist tests
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,13 +13,13 @@ PYRO_TREES_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(HOME)/.cache
 export PYRO_TREES_DATA
 DEMO_OUT ?= demo_output
 
-.PHONY: install demo test docs lint clean notebooks
+.PHONY: install demo test install-test docs lint clean notebooks
 
 install: $(VENV)/.installed
 
 # torch is installed first, pinned to the CPU build, only when the venv has none:
 # an unpinned torch would pull several GB of CUDA packages.
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg setup.py pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt torch
 	$(BIN)/python -m pip install -q -e '.[test]'
@@ -29,6 +30,12 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# Builds the sdist and the wheel, installs the wheel into a fresh virtual environment outside
+# the repository (torch pinned by constraints.txt), imports every module, runs the README's
+# examples and the sdist's tests there, and uninstalls: about two minutes, needs the index.
+install-test: install
+	PYRO_TREES_INSTALL_TEST=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_install.py
 
 # The user guide and API reference; -W: any Sphinx warning fails the build.
 docs: $(VENV)/.docs-installed
@@ -43,7 +50,7 @@ lint: install
 	$(BIN)/ruff format --check pyro_trees tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache docs/_build
+	rm -rf $(VENV) $(DEMO_OUT) *.egg-info .pytest_cache docs/_build build dist
 
 # Rebuild every teaching notebook from its builder and execute it in full mode
 # (at most 3 minutes each); the outputs are written into the committed notebooks.

@@ -308,6 +308,18 @@ plt.show()
 print(est.export_text(feature_names=["x"]))
 """),
     md(r"""
+The same tree drawn (`pyro_trees.plotting.plot_tree`): each split shows its threshold, the
+band of inputs the soft tree routes unsure (probability of going right between 5 % and
+95 %) and the probability that the node routes on $x$ at all; each leaf its value with the
+experts' 90 % noise interval.
+"""),
+    code("""
+from pyro_trees.plotting import plot_tree
+
+plot_tree(est, feature_names=["x"])
+plt.show()
+"""),
+    md(r"""
 ## Things to try
 
 1. Set `noise_scale=0.3` in Section 4 and predict from the table in Section 5 how sharp

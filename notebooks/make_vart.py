@@ -48,6 +48,7 @@ from pyro_trees.distributions import RelaxedSplitIndicator
 from pyro_trees.estimators import VaRTCausal, VaRTRegressor
 from pyro_trees.guides import VaRTGuide
 from pyro_trees.models import VaRT, tree_mean
+from pyro_trees.plotting import plot_importances, plot_predictive, plot_tree
 
 SMOKE = os.environ.get("PYRO_TREES_SMOKE") == "1"
 STEPS = 40 if SMOKE else 1000  # SVI steps of the library fit
@@ -323,6 +324,8 @@ est = VaRTRegressor(depth=3, validation_fraction=0.0, random_state=0, **smoke_st
 est.fit(step["X"], step["y"])
 report(est, "every row trains")
 print(est.export_text(feature_names=["x"]))
+plot_tree(est, feature_names=["x"])
+plt.show()
 """),
     md(r"""
 With its defaults (depth 5) the estimator holds out 10 % of the rows (here 10 points) to
@@ -333,9 +336,11 @@ soft; the patience (5 evaluations, 20 steps apart) runs out long before the 1,00
 schedule ends, and the tree kept has found none of the steps. Training on every row for
 the full schedule (the paper's setting, `validation_fraction=0.0`) recovers the function.
 Held-out stopping needs enough held-out rows to see a difference; on a hundred points,
-train on all of them. The printed rules are
+train on all of them. The printed rules, drawn below them by `plot_tree`, are
 the most probable tree's: each leaf is a line in $x$ (value at the training mean of $x$,
-noise scale, slope). Read them against the figure above: the most probable tree need not
+noise scale, slope). The drawing adds the posterior's uncertainty: each split's 90 %
+credible interval for its threshold and its probability of splitting at all, each
+leaf's 90 % predictive interval at the training mean of $x$. Read them against the figure above: the most probable tree need not
 have one leaf per step (a leaf with a steep slope can cover two steps, the soft routing
 of its neighbours does the rest), and a leaf may sit beyond the data (its tiny noise scale
 then says nothing). The posterior mean over trees is what predicts; the single tree is a
@@ -418,6 +423,25 @@ BART is faster on all of them, and the forest's 90 % intervals cover 85-95 % of 
 points on 16 (BART's on 17). The forest's case is a variational posterior that trains
 by minibatches, on a GPU and across processes, where MCMC does not; closing its accuracy
 and speed gap to BART is open work.
+"""),
+    md(r"""
+What did the forest learn? `plot_importances` draws each input's share in the splits of
+the posterior forests (bar: the posterior mean, whisker: its 90 % interval), and
+`plot_predictive` the partial dependence on one input (the prediction with that input set
+to each grid value, averaged over the rows) with its 90 % credible band. Friedman's
+function uses $x_1, \dots, x_5$ only, and depends on $x_4$ through the line $10x_4$.
+Split usage counts splits alone: VaRT's leaves are lines, so an input that acts linearly
+can be carried by the leaves' slopes rather than by splits, and a small share does not
+make an input irrelevant. The partial dependence shows what the forest does with $x_4$.
+"""),
+    code(r"""
+names = [f"x{j + 1}" for j in range(Xf.shape[1])]
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+plot_importances(forest, Xf, feature_names=names, ax=axes[0])
+plot_predictive(forest, Xf, yf, feature=3, feature_names=names, ax=axes[1])
+rest = 10 * np.sin(np.pi * Xf[:, 0] * Xf[:, 1]) + 20 * (Xf[:, 2] - 0.5) ** 2 + 5 * Xf[:, 4]
+axes[1].plot([0, 1], [rest.mean(), 10 + rest.mean()], "k--", lw=1, label="true partial dependence")
+axes[1].legend(fontsize=8); plt.tight_layout(); plt.show()
 """),
     md(r"""
 ## 7. Where it fails: treatment effects under partial overlap

@@ -37,15 +37,23 @@ def main(argv=None) -> int:
     :returns: the exit status: 0, or 1 when a demo raised (the others still run).
     :rtype: int
     """
-    parser = argparse.ArgumentParser(description=__doc__)
+    names = sorted(m.name for m in pkgutil.iter_modules(pyro_trees.demos.__path__))
+    parser = argparse.ArgumentParser(
+        prog="python -m pyro_trees.demo", description=__doc__.replace("``", "")
+    )
     parser.add_argument("--out", default="demo_output", help="folder for figures")
     parser.add_argument("--smoke", action="store_true", help="tiny runs (for tests)")
-    parser.add_argument("--only", nargs="*", help="demo modules to run (default: all)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=names,
+        metavar="NAME",
+        help=f"demos to run (default: all): {', '.join(names)}",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    names = sorted(m.name for m in pkgutil.iter_modules(pyro_trees.demos.__path__))
     if args.only:
         names = [n for n in names if n in args.only]
     rows, failed = [], []

@@ -425,7 +425,6 @@ class DecisionRules:
         """
         names = feature_names
         lines: list[str] = []
-        depth = self.depth
 
         def name(f: int) -> str:
             return str(names[f]) if names is not None else f"x_{f}"
@@ -433,11 +432,30 @@ class DecisionRules:
         def fmt(t: float) -> str:
             return f"{t:.{decimals}f}" if math.isfinite(t) else str(t)
 
-        def visit(node: int, level: int, bounds: dict) -> None:
+        def visit(node: dict, level: int) -> None:
             indent = "|   " * level + "|--- "
-            if node >= 1 << depth:
-                lines.append(indent + self.leaf_values[node - (1 << depth)])
+            if "leaf" in node:
+                lines.append(indent + self.leaf_values[node["leaf"]])
                 return
+            for op, child in node["children"]:
+                lines.append(f"{indent}{name(node['feature'])} {op:<2} {fmt(node['threshold'])}")
+                visit(child, level + 1)
+
+        visit(self._structure(prune), 0)
+        return "\n".join(lines) + "\n"
+
+    def _structure(self, prune: bool = True) -> dict:
+        """The tree as nested dicts, as :meth:`export_text` prints it: a leaf is
+        ``{"leaf": k}`` (its index), a split ``{"node": i, "feature": f, "threshold": t,
+        "children": [(op, subtree), (op, subtree)]}`` in heap order (left child first,
+        ``op`` the side's test of ``x[f]`` against ``t``). With ``prune``, a branch no
+        input reaches is left out and a test the path already decides is replaced by its
+        reachable side."""
+        depth = self.depth
+
+        def visit(node: int, bounds: dict) -> dict:
+            if node >= 1 << depth:
+                return {"leaf": node - (1 << depth)}
             j = node - 1
             f, t, g = int(self.feature[j]), float(self.threshold[j]), bool(self.greater[j])
             left_op, right_op = ("<=", ">") if g else (">=", "<")
@@ -447,14 +465,11 @@ class DecisionRules:
                 if not prune or not _empty(*inner[f]):
                     sides.append((child, op, inner))
             if len(sides) == 1:  # the path decides this test: only one side is reachable
-                visit(sides[0][0], level, sides[0][2])
-                return
-            for child, op, inner in sides:
-                lines.append(f"{indent}{name(f)} {op:<2} {fmt(t)}")
-                visit(child, level + 1, inner)
+                return visit(sides[0][0], sides[0][2])
+            children = [(op, visit(child, inner)) for child, op, inner in sides]
+            return {"node": node, "feature": f, "threshold": t, "children": children}
 
-        visit(1, 0, {})
-        return "\n".join(lines) + "\n"
+        return visit(1, {})
 
 
 def _tighten(bounds: dict, feature: int, op: str, threshold: float) -> dict:

@@ -37,3 +37,23 @@ def test_every_notebook_is_in_the_docs():
     for name in notebooks:
         assert f"notebooks/{name}\n" in toc, name
         assert f'"{name}"' in conf, name
+
+
+def test_the_pictures_of_the_estimators_guide_run(monkeypatch, tmp_path):
+    """The user guide's plotting example runs as printed (with 10 training steps)."""
+    import textwrap
+
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.chdir(tmp_path)
+    text = (DOCS / "guide" / "estimators.rst").read_text()
+    section = text.split("Pictures of what was learnt\n")[1]
+    block = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)
+    fewer = ("random_state=0).fit", "random_state=0, num_steps=10).fit")
+    code = textwrap.dedent(block).replace(*fewer)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")  # figures other tests left open
+    namespace = {"__name__": "guide_example"}
+    exec(compile(code, "estimators.rst, pictures", "exec"), namespace)
+    assert len(plt.get_fignums()) == 3  # the tree, the partial dependence, the importances
+    plt.close("all")

@@ -39,6 +39,62 @@ def _split_importances(guide, Xs: torch.Tensor, ranks=None) -> np.ndarray:
 
 
 @torch.no_grad()
+def _most_probable_tree(guide, x_scaler=None) -> dict:
+    """The most probable tree under ``guide``
+    (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as nested dicts, with
+    its unreachable regions folded away (the rules of :func:`_export_text`).
+
+    A leaf is ``{"node": i}`` (heap number); a split is ``{"node": i, "feature": j,
+    "threshold": t, "share": s, "children": [(op, empty, subtree), (op, empty,
+    subtree)]}`` in heap order (left child first), with ``op`` the side's test of
+    feature ``j`` against ``t`` (``">"`` or ``"<="``; the left child is the side where
+    :math:`\\tilde\\mu_i^\\top x > 0`) and ``empty`` whether the side is empty where the
+    other inputs sit at their means. ``t`` is in the units of ``x_scaler`` (``mean``
+    and ``scale`` ``(L,)``; ``None``: the guide's own units).
+    """
+    g = guide
+    split = g.most_probable_structure().tolist()
+    n_int = len(split)
+    mu = g.beta_loc.detach().double().cpu()
+    n_feat = mu.shape[-1] - 1
+    if x_scaler is None:
+        xm, xs = torch.zeros(n_feat, dtype=torch.float64), torch.ones(n_feat, dtype=torch.float64)
+    else:
+        xm = torch.as_tensor(x_scaler.mean, dtype=torch.float64)
+        xs = torch.as_tensor(x_scaler.scale, dtype=torch.float64)
+
+    def visit(i: int, box: dict) -> dict:
+        if i - 1 >= n_int or not split[i - 1]:
+            return {"node": i}
+        b = mu[i - 1]
+        j = int(b[:-1].abs().argmax())
+        share = float(b[j].abs() / b[:-1].abs().sum().clamp_min(1e-300))
+        t_std = -float(b[-1]) / float(b[j]) if float(b[j]) != 0 else math.inf
+        t = float(xm[j] + xs[j] * t_std)
+        exact = share >= 1.0 - 1e-9 or n_feat == 1
+        # the children's intervals of feature j: (lo, hi], exact flags of the bounds
+        lo, hi = box.get(j, ((-math.inf, True), (math.inf, True)))
+        cut = (t, exact)
+        upper = (max(lo, cut, key=lambda v: v[0]), hi)  # x_j > t
+        lower = (lo, min(hi, cut, key=lambda v: v[0]))  # x_j <= t
+        left, right = (upper, lower) if float(b[j]) > 0 else (lower, upper)
+        children = []
+        for child, (c_lo, c_hi), op in (
+            (2 * i, left, ">" if float(b[j]) > 0 else "<="),
+            (2 * i + 1, right, "<=" if float(b[j]) > 0 else ">"),
+        ):
+            empty = c_lo[0] >= c_hi[0]
+            children.append((child, (c_lo, c_hi), op, empty, empty and c_lo[1] and c_hi[1]))
+        if any(c[4] for c in children):  # one side is empty: the split is vacuous, fold it
+            child, bounds, *_ = next(c for c in children if not c[4])
+            return visit(child, {**box, j: bounds})
+        sides = [(op, empty, visit(c, {**box, j: bd})) for c, bd, op, empty, _ in children]
+        return {"node": i, "feature": j, "threshold": t, "share": share, "children": sides}
+
+    return visit(1, {})
+
+
+@torch.no_grad()
 def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 3) -> str:
     """The most probable tree under the guide
     (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style
@@ -64,12 +120,8 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
     :param int decimals: printed digits.
     """
     g = guide
-    split = g.most_probable_structure().tolist()
-    n_int = len(split)
-    mu = g.beta_loc.detach().double().cpu()
     theta = g.theta_loc.detach().double().cpu()
     sig = g.log_sigma_loc.detach().double().exp().cpu()
-    xm = torch.as_tensor(x_scaler.mean, dtype=torch.float64)
     xs = torch.as_tensor(x_scaler.scale, dtype=torch.float64)
     ym, ysc = float(y_scaler.mean), float(y_scaler.scale)
 
@@ -88,40 +140,57 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
         )
 
     lines: list[str] = []
-    n_feat = mu.shape[-1] - 1
 
-    def visit(i: int, level: int, box: dict) -> None:
+    def visit(node: dict, level: int) -> None:
         indent = "|   " * level + "|--- "
-        if i - 1 >= n_int or not split[i - 1]:
-            lines.append(indent + leaf(i))
+        if "children" not in node:
+            lines.append(indent + leaf(node["node"]))
             return
-        b = mu[i - 1]
-        j = int(b[:-1].abs().argmax())
-        share = float(b[j].abs() / b[:-1].abs().sum().clamp_min(1e-300))
-        t_std = -float(b[-1]) / float(b[j]) if float(b[j]) != 0 else math.inf
-        t = float(xm[j] + xs[j] * t_std)
-        exact = share >= 1.0 - 1e-9 or n_feat == 1
-        # the children's intervals of feature j: (lo, hi], exact flags of the bounds
-        lo, hi = box.get(j, ((-math.inf, True), (math.inf, True)))
-        cut = (t, exact)
-        upper = (max(lo, cut, key=lambda v: v[0]), hi)  # x_j > t
-        lower = (lo, min(hi, cut, key=lambda v: v[0]))  # x_j <= t
-        left, right = (upper, lower) if float(b[j]) > 0 else (lower, upper)
-        children = []
-        for child, (c_lo, c_hi), op in (
-            (2 * i, left, ">" if float(b[j]) > 0 else "<="),
-            (2 * i + 1, right, "<=" if float(b[j]) > 0 else "> "),
-        ):
-            empty = c_lo[0] >= c_hi[0]
-            children.append((child, (c_lo, c_hi), op, empty, empty and c_lo[1] and c_hi[1]))
-        if any(c[4] for c in children):  # one side is empty: the split is vacuous, fold it
-            child, bounds, *_ = next(c for c in children if not c[4])
-            visit(child, level, {**box, j: bounds})
-            return
-        for child, bounds, op, empty, _ in children:
+        j, t, share = node["feature"], node["threshold"], node["share"]
+        for op, empty, child in node["children"]:
             note = "  (empty where the other inputs sit at their means)" if empty else ""
+            op = "> " if op == ">" and node["children"][0][0] == "<=" else op
             lines.append(f"{indent}{name(j)} {op} {t:.{decimals}f}  [{share:.0%}]{note}")
-            visit(child, level + 1, {**box, j: bounds})
+            visit(child, level + 1)
 
-    visit(1, 0, {})
+    visit(_most_probable_tree(g, x_scaler), 0)
     return "\n".join(lines) + "\n"
+
+
+@torch.no_grad()
+def _importance_draws(samples: dict, site, depth: int, Xs: torch.Tensor) -> np.ndarray:
+    """The split-usage importances of :func:`_split_importances` under each posterior
+    draw instead of the guide's expectations: for draw :math:`s`,
+    :math:`\\sum_i \\psi_i^{(s)}\\,\\overline{P^{(s)}(x \\to i)}\\,|\\beta^{(s)}_{ij}| /
+    \\sum_k |\\beta^{(s)}_{ik}|`, normalised to sum to one, with the draw's hard split
+    indicators, its split weights and the reach averaged over the standardised rows
+    ``Xs`` ``(N, L)``.
+
+    :param samples: hard draws of a VaRT guide or VaRT forest guide by site name
+        (``split_d`` ``(S, [K,] 2**d)``, ``beta_d`` ``(S, [K,] 2**d, L + 1)``).
+    :param site: the model's site-name function.
+    :param int depth: the guide's truncation depth.
+    :returns: ``(S, L)``, rows summing to one.
+    """
+    split = torch.cat([samples[site(f"split_{d}")] for d in range(depth)], -1)
+    beta = torch.cat([samples[site(f"beta_{d}")] for d in range(depth)], -2)
+    split, beta = split.to(Xs.dtype), beta.to(Xs.dtype)
+    n_int = split.shape[-1]
+    exist = torch.ones_like(split[..., :1])
+    psi = []
+    for d in range(depth):  # existence times split, level by level
+        s = split[..., (1 << d) - 1 : (2 << d) - 1]
+        psi.append(exist * s)
+        exist = (exist * s).repeat_interleave(2, dim=-1)
+    psi = torch.cat(psi, -1)  # (S, [K,] I)
+    x1 = with_bias(Xs)
+    out = []
+    for b, p in zip(beta, psi, strict=True):  # one draw at a time: (N, [K,] ...) stays small
+        logits = -torch.matmul(x1, b.transpose(-1, -2))  # ([K,] N, I)
+        reach = trees.node_log_reach(trees.leaf_log_probs(logits)).exp()[..., :n_int].mean(-2)
+        w = b[..., :-1].abs()
+        w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
+        imp = ((p * reach).unsqueeze(-1) * w).reshape(-1, w.shape[-1]).sum(0)
+        total = imp.sum()
+        out.append(imp / total if total > 0 else torch.full_like(imp, 1 / imp.numel()))
+    return torch.stack(out).double().cpu().numpy()

@@ -24,7 +24,11 @@ from pyro_trees.estimators._vart_calibration import (
     _NoiseCalibration,
     fold_rows,
 )
-from pyro_trees.estimators._vart_export import _export_text, _split_importances
+from pyro_trees.estimators._vart_export import (
+    _export_text,
+    _importance_draws,
+    _split_importances,
+)
 from pyro_trees.estimators._vart_posterior import _PosteriorTrees, check_n_fits
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
@@ -562,6 +566,25 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         return q[0], q[1]
 
     # ------------------------------------------------------------ interpretation
+    def sample_importances(self, X) -> np.ndarray:
+        """The features' shares in the splits under each posterior tree (or forest):
+        ``(num_samples, L)``, each row summing to one; their spread is the posterior
+        uncertainty of ``feature_importances_``.
+
+        Draw :math:`s` is one of the ``num_samples`` hard posterior trees behind
+        ``predict``: :math:`\\sum_i \\psi_i |\\beta_{ij}| / \\sum_k |\\beta_{ik}|` over its
+        internal nodes :math:`i` (:math:`\\psi_i` whether node :math:`i` exists and
+        splits, :math:`\\beta_i` its split weights), each node weighted by the share of
+        the rows ``X`` that reach it under the tree's soft routing.
+        ``feature_importances_`` is the same sum with the guide's expected split
+        indicators and mean weights, over the training rows.
+
+        :param X: ``(N, L)`` rows that weight the nodes by their reach (the training
+            rows, or any others).
+        """
+        Xs = self._prepare(X)[:4096]
+        return _importance_draws(self._posterior_trees(), self.model_.site, self.guide_.depth, Xs)
+
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The most probable tree under the guide
         (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style

@@ -21,7 +21,7 @@ from sklearn.utils.validation import check_is_fitted
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
-from pyro_trees.estimators._vart_export import _split_importances
+from pyro_trees.estimators._vart_export import _importance_draws, _split_importances
 from pyro_trees.estimators._vart_posterior import (
     check_n_fits,
     clip_to_training_range,
@@ -473,6 +473,23 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
                 )
             draws = draws[: int(num_samples)]
         return draws
+
+    def sample_importances(self, X) -> np.ndarray:
+        """The features' shares in the splits under each of the ``num_samples``
+        posterior trees behind ``predict_proba``: ``(num_samples, L)``, rows summing to
+        one (:meth:`VaRTRegressor.sample_importances
+        <pyro_trees.estimators.VaRTRegressor.sample_importances>`; their mean is close to
+        ``feature_importances_``, which plugs in the guide's expectations).
+
+        :param X: ``(N, L)`` rows that weight the nodes by their reach.
+        """
+        check_is_fitted(self, "trees_")
+        Xs = self._clip(self._validate_predict(X))[:4096]
+        dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
+        samples = pooled_guide_draws(
+            fitted_guides(self), int(self.num_samples), dummy, self.seed_ + 1
+        )
+        return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
 
     def predict(self, X) -> np.ndarray:
         """The most probable class of each row under :meth:`predict_proba`, ``(N,)``."""

@@ -421,6 +421,36 @@ class RNNTree(PyroModule):
             leaf_values = [f"leaf {i}" for i in range(trees.num_leaves(self.depth))]
         return trees.DecisionRules(feature, threshold, greater, list(leaf_values))
 
+    @torch.no_grad()
+    def rule_spread(self, level: float = 0.9) -> dict:
+        """How firmly each rule of :meth:`rules` routes, per internal node, heap order.
+
+        :param float level: the routing probability that counts as sure.
+        :returns: a dict of tensors ``(2**D - 1,)``: ``"feature_prob"``, the probability
+            :math:`\\mathrm{softmax}_l(f(h_i))` of the node's feature :math:`l^*` (the
+            chance that the node routes on it at all); ``"lower"`` and ``"upper"``, in the
+            units of ``x``, the inputs :math:`x_{l^*}` whose probability of going right
+            on that feature, :math:`\\sigma(w_{l^*0} + w_{l^*1} x_{l^*})`, lies between
+            :math:`(1 - \\mathrm{level})/2` and :math:`(1 + \\mathrm{level})/2`: the
+            band about the threshold where the soft tree routes unsure (the threshold
+            itself where the slope is infinite, the whole line where it is zero).
+        """
+        if not 0 < level < 1:
+            raise ValueError(f"level must lie in (0, 1), got {level}")
+        log_dim, w0, w1 = self._node_heads()
+        feature = log_dim.argmax(-1)
+        prob = log_dim.gather(-1, feature.unsqueeze(-1)).squeeze(-1).exp()
+        a = w0.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
+        b = w1.gather(-1, feature.unsqueeze(-1)).squeeze(-1)
+        half = math.log((1 + level) / (1 - level)) / b.abs()  # inf where b == 0
+        centre = torch.where(b == 0, torch.zeros_like(a), -a / torch.where(b == 0, 1.0, b))
+        loc, scale = self.x_loc.to(a)[feature], self.x_scale.to(a)[feature]
+        return {
+            "feature_prob": prob,
+            "lower": loc + scale * (centre - half),
+            "upper": loc + scale * (centre + half),
+        }
+
     def hard_leaf(self, x: torch.Tensor) -> torch.Tensor:
         """Leaf ``(N,)`` of each input under the single most likely tree."""
         return self.rules().route(x)

@@ -91,6 +91,18 @@ def test_export_text_and_params(fitted):
     assert "depth=2" in repr(fitted)
 
 
+def test_sample_importances_spread_feature_importances_over_the_posterior_trees(fitted, data):
+    X, _ = data
+    draws = fitted.sample_importances(X)
+    assert draws.shape == (50, 3) and np.allclose(draws.sum(1), 1.0)
+    assert (draws >= 0).all() and draws.std(0).max() > 0  # the trees differ
+    mean = draws.mean(0)
+    # y depends on x_0 (the step) and x_1 (a slope in one leaf), never on x_2
+    assert mean.argmax() == fitted.feature_importances_.argmax() == 0
+    assert mean[2] == mean.min()
+    assert np.array_equal(fitted.sample_importances(X), draws)  # the predictions' trees
+
+
 def test_minibatch_training_runs(data):
     X, y = data
     est = VaRTRegressor(depth=2, num_steps=20, batch_size=16, num_samples=5, random_state=1)

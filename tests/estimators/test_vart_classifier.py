@@ -42,6 +42,16 @@ def test_binary_probabilities_labels_and_separable_accuracy():
     np.testing.assert_allclose(clf.predict_proba(X[:5]), p[:5], rtol=1e-5)
 
 
+def test_sample_importances_follow_the_informative_input():
+    X, y = _blobs(classes=2)
+    clf = _small().fit(X, y)
+    draws = clf.sample_importances(X)
+    assert draws.shape == (clf.num_samples, X.shape[1]) and np.allclose(draws.sum(1), 1.0)
+    # the blobs differ in x_0 alone
+    assert draws.mean(0).argmax() == clf.feature_importances_.argmax() == 0
+    assert abs(draws.mean(0) - clf.feature_importances_).max() < 0.25
+
+
 def test_multiclass_softmax():
     X, y = _blobs(n=210, classes=3)
     clf = _small().fit(X, y)

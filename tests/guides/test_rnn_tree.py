@@ -366,3 +366,27 @@ def test_conditional_and_aggregate_posteriors_by_hand(feedback):
     # differentiable, as the KL of App. B needs
     (g,) = torch.autograd.grad(agg.sum(), guide.tree.split_head.bias)
     assert torch.isfinite(g).all() and g.abs().sum() > 0
+
+
+def test_rule_spread_is_where_the_chosen_split_routes_unsure():
+    torch.manual_seed(5)
+    tree = RNNTree(2, 2).double()
+    x = 3.0 + 2.0 * torch.randn(200, 2, dtype=torch.float64)
+    tree.init_scaling(x)
+    tree.init_balanced(x, sharpness=4.0)
+    rules, spread = tree.rules(), tree.rule_spread(level=0.9)
+    log_dim, w0, w1 = tree._node_heads()
+    for i in range(3):
+        f = int(rules.feature[i])
+        assert torch.isclose(spread["feature_prob"][i], log_dim[i, f].exp())
+        lo, t, hi = spread["lower"][i], rules.threshold[i], spread["upper"][i]
+        assert lo < t < hi
+        # at the band's ends the chosen feature's soft split goes right w.p. 5 % and 95 %
+        ends = torch.stack([lo, hi]).unsqueeze(-1).expand(2, 2).clone()
+        z = (ends[:, f] - tree.x_loc[f]) / tree.x_scale[f]
+        probs = torch.sigmoid(w0[i, f] + w1[i, f] * z).sort().values
+        assert torch.allclose(probs, torch.tensor([0.05, 0.95], dtype=torch.float64))
+    wider = tree.rule_spread(level=0.99)
+    assert ((wider["upper"] - wider["lower"]) > (spread["upper"] - spread["lower"])).all()
+    with pytest.raises(ValueError, match="level"):
+        tree.rule_spread(level=1.0)
