@@ -34,6 +34,8 @@ from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoGuideList, AutoNormal
 from pyro.poutine.subsample_messenger import _Subsample
 
+from tests.conftest import SEED
+
 Args = tuple[tuple, dict]
 
 
@@ -63,6 +65,11 @@ class Case:
         another).
     :param dtypes: dtypes the model trains in; any other is refused at construction.
     :param num_samples: predictive draws.
+    :param restarts: fits of the module's toy fit, from seeds ``SEED + 1000 r``; the one
+        with the lowest mean loss over its last 50 steps is kept, as the training guide
+        advises for multimodal posteriors (``fit_restarts``). Set, with the spread that
+        asks for it, where one start lands in a poor optimum on some seeds.
+    :param fit_dtype: dtype of the module's toy fit.
     """
 
     id: str
@@ -81,6 +88,8 @@ class Case:
     dtypes: tuple = (torch.float32, torch.float64)
     num_samples: int = 20
     extra: dict = field(default_factory=dict)
+    restarts: int = 1
+    fit_dtype: torch.dtype = torch.float64
 
 
 def corr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -373,6 +382,12 @@ def _dgp_figure(model, guide, args, kwargs):
 def _dgp_cases():
     from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 
+    # The intermediate guide's toy fit follows the docs' snippet (torch's default float32,
+    # restarts kept by the loss). Measured over 20 seeds of one 500-step start: float32
+    # lands in a poor optimum (RMSE 0.36-0.64, final loss 215-418; the others 0.08-0.20,
+    # loss 34-141) on 3 of 20; float64 on 5 of 10 (guide page, "Known limitations").
+    # Three restarts: all three poor with probability about 0.3 %.
+    robust = {"dgp-intermediate": dict(restarts=3, fit_dtype=torch.float32)}
     for cid, cls, inducing in (
         ("dgp-factorised", DGPFactorisedGuide, "layer"),
         ("dgp-joint", DGPJointGuide, "layer"),
@@ -391,6 +406,7 @@ def _dgp_cases():
             min_centred=0.8,
             steps=500,
             lr=0.01,
+            **robust.get(cid, {}),
         )
 
 
@@ -656,6 +672,9 @@ CASES += [
         centred=_treevi_reconstructions,
         steps=300,
         lr=0.01,
+        # one start merges two clusters on 2 of 20 seeds (ACC 0.667-0.675, final loss
+        # 400-431; the others ACC 0.86-0.99, loss below 120): three restarts
+        restarts=3,
     ),
 ]
 
@@ -674,10 +693,15 @@ def fitted(request):
 
     def get(case: Case):
         if case.id not in cache:
-            pyro.clear_param_store()
-            pyro.set_rng_seed(0)
-            model, guide, data, losses = train(case)
-            cache[case.id] = (model, guide, data, losses, pyro.get_param_store().get_state())
+            best = None
+            for r in range(case.restarts):
+                pyro.clear_param_store()
+                pyro.set_rng_seed(SEED + 1000 * r)
+                model, guide, data, losses = train(case, dtype=case.fit_dtype)
+                score = sum(losses[-50:]) / len(losses[-50:])
+                if best is None or score < best[0]:
+                    best = (score, model, guide, data, losses, pyro.get_param_store().get_state())
+            cache[case.id] = best[1:]
         model, guide, data, losses, state = cache[case.id]
         pyro.get_param_store().set_state(state)
         return model, guide, data, losses
@@ -789,7 +813,7 @@ def test_param_store_save_load_reproduces_predictions(case, fitted, tmp_path):
     before = predict(model, guide)
     pyro.get_param_store().save(tmp_path / "params.pt")
     pyro.clear_param_store()
-    model2, guide2 = case.build(name=None, dtype=torch.float64)
+    model2, guide2 = case.build(name=None, dtype=case.fit_dtype)
     pyro.get_param_store().load(tmp_path / "params.pt")
     after = predict(model2, guide2)
     for site in case.observed:
