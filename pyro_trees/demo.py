@@ -51,7 +51,16 @@ def main(argv=None) -> int:
         help=f"demos to run (default: all): {', '.join(names)}",
     )
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()  # the caller's, put back at the end
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    try:
+        return _run_demos(args, names)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_demos(args, names) -> int:
+    """Run the demos ``names`` with the parsed ``args``; the exit status of :func:`main`."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.only:

@@ -6,6 +6,7 @@ import signal
 
 import pyro
 import pytest
+import sklearn  # noqa: F401  (sets KMP_* variables when first imported: here, not in a test)
 import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")

@@ -38,10 +38,13 @@ def test_models_guides_and_estimators_import_without_gpytorch_under_strict_warni
 
 
 def test_a_gaussian_process_model_imports_gpytorch_cleanly_under_strict_warnings():
-    assert _run(
-        "import sys; from pyro_trees.models import HeteroscedasticGP; "
-        "HeteroscedasticGP(1, 2); print('gpytorch' in sys.modules)"
-    ) == "True"
+    assert (
+        _run(
+            "import sys; from pyro_trees.models import HeteroscedasticGP; "
+            "HeteroscedasticGP(1, 2); print('gpytorch' in sys.modules)"
+        )
+        == "True"
+    )
 
 
 @pytest.mark.parametrize("name", pyro_trees.__all__)
