@@ -15,10 +15,12 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from pyro_trees.estimators import (
+pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pyro_trees.estimators import (  # noqa: E402
     BayesianHMERegressor,
     HeteroscedasticGPRegressor,
     RNNTreeClassifier,
