@@ -187,8 +187,8 @@ class Ranks:
         that large offsets keep their precision)."""
         values = np.asarray(values, dtype=np.float64)
         n = self.count(values.shape[0])
-        mean = self.sum(torch.as_tensor(np.asarray(values.sum(axis=0)))).numpy() / n
-        ss = self.sum(torch.as_tensor(np.asarray(((values - mean) ** 2).sum(axis=0)))).numpy()
+        mean = self.sum(torch.as_tensor(np.asarray(values.sum(axis=0)))).cpu().numpy() / n
+        ss = self.sum(torch.as_tensor(np.asarray(((values - mean) ** 2).sum(axis=0)))).cpu().numpy()
         std = np.sqrt(ss / (n - 1)) if n > 1 else np.zeros_like(mean)
         return n, np.asarray(mean), np.asarray(std)
 

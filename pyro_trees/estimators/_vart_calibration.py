@@ -340,8 +340,8 @@ class _NoiseCalibration:
         if rule == "coverage" and c_cov is None:
             rule = "likelihood"
         self.noise_calibration_ = {
-            "grid": grid.numpy(),
-            "log_density": total.numpy(),
+            "grid": grid.cpu().numpy(),
+            "log_density": total.cpu().numpy(),
             "scores": scores.cpu().numpy(),
             "fold_scores": [e.cpu().numpy() for e in extra],
             "level": level,

@@ -317,9 +317,9 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         # log p(y) = log p(y_std) - N sum_d log std_d: report bounds on the scale of y
         jacobian = n_all * float(np.log(self.y_scaler_.scale).sum())
         self.topologies_ = sel.topologies
-        self.bounds_ = (sel.bounds - jacobian).numpy()
-        self.random_bounds_ = (random_bounds - jacobian).numpy()
-        self.weights_ = sel.weights.numpy()
+        self.bounds_ = (sel.bounds - jacobian).cpu().numpy()
+        self.random_bounds_ = (random_bounds - jacobian).cpu().numpy()
+        self.weights_ = sel.weights.cpu().numpy()
         self.states_ = sel.states
         self.best_index_ = sel.best
         self.topology_ = sel.topologies[sel.best]
@@ -328,7 +328,9 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         self.search_seconds_ = sel.seconds
         self.search_cycles_ = sel.cycles
         self.grown_ = (
-            sel.grown.numpy() if sel.grown is not None else np.zeros(len(sel.topologies), bool)
+            sel.grown.cpu().numpy()
+            if sel.grown is not None
+            else np.zeros(len(sel.topologies), bool)
         )
         return self
 

@@ -253,7 +253,9 @@ class RNNTree(PyroModule):
             self.node_offset.copy_(targets - base)
             return
         design = torch.cat([states, torch.ones_like(states[:, :1])], dim=-1).double()
-        gram = design.T @ design + ridge * torch.eye(design.shape[1], dtype=design.dtype)
+        gram = design.T @ design + ridge * torch.eye(
+            design.shape[1], dtype=design.dtype, device=design.device
+        )
         w = torch.linalg.solve(gram, design.T @ targets.double()).to(states.dtype)
         self.dim_head.weight.copy_(w[:-1, :L].T)
         self.dim_head.bias.copy_(w[-1, :L])

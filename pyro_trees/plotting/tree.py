@@ -239,7 +239,7 @@ def _vart(guide, est, feature_names, class_names, leaf_labels, level, decimals) 
             probs = class_logits(loc + scale * z, model.link).exp().mean(0)
             if temperature != 1.0:  # calibrate's temperature, as predict_proba applies it
                 probs = (probs.clamp_min(1e-300).log() / temperature).softmax(-1)
-            lines = _class_lines(probs.numpy(), classes)
+            lines = _class_lines(probs.cpu().numpy(), classes)
         else:  # the leaf's linear model at the training means: its intercept, plus noise
             mean = ym + ysc * float(t_loc[k, -1])
             # the intercept, the log noise scale and the noise: independent normals
@@ -332,12 +332,12 @@ def _rnn_leaves(est, class_names, level, decimals):
     loc = est._leaf_loc().double()  # (2**D, width), standardised
     if hasattr(est, "classes_"):
         names = _class_names(est, class_names, len(est.classes_))
-        return [_class_lines(p.numpy(), names) for p in loc.softmax(-1)]
+        return [_class_lines(p.cpu().numpy(), names) for p in loc.softmax(-1)]
     with isolated_params():
         noise = est.model_.scale().detach().double().cpu()
     z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor((1 + level) / 2)))
-    value = est.y_scaler_.inverse(loc.numpy())
-    half = z * est.y_scaler_.inverse_scale(noise.numpy())
+    value = est.y_scaler_.inverse(loc.cpu().numpy())
+    half = z * est.y_scaler_.inverse_scale(noise.cpu().numpy())
     out = []
     for row in np.atleast_2d(value):
         if row.shape[0] == 1:
