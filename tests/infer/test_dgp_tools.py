@@ -23,25 +23,31 @@ def _rbf():
     return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
 
 
-def _sparse_gp(scale):
+def _sparse_gp(scale, generator=None):
+    """A one-layer deep GP and a guide with random means (from ``generator``: the
+    test's fixture, the same whatever seed the test starts from)."""
     Z = torch.linspace(-1, 1, 12, dtype=torch.float64).unsqueeze(-1)
     with pyro.settings.context(module_local_params=True):
         model = DeepGP([_rbf()], [Z], noise=0.2)
         guide = DGPFactorisedGuide(model, init_scale=scale)
         with torch.no_grad():
-            guide.u_1_loc = torch.randn(1, 12, dtype=torch.float64)
+            guide.u_1_loc = torch.randn(1, 12, dtype=torch.float64, generator=generator)
     return model, guide
 
 
 def test_predictive_matches_the_analytic_sparse_gp():
-    model, guide = _sparse_gp(0.5)
+    """Monte Carlo over 4000 draws against the exact Gaussian. The fixture (means, y) is
+    fixed; over 30 seeds of the draws the largest errors were 0.018 (mean), 0.010
+    (variance), 0.014 (log-likelihood; sd 0.005) and 0.059 (interval width in sd)."""
+    g = torch.Generator().manual_seed(0)
+    model, guide = _sparse_gp(0.5, g)
     x = torch.linspace(-1.2, 1.2, 9, dtype=torch.float64).unsqueeze(-1)
     loc, var = conditional(
         model.kernels[0], x, model.z_1, guide.u_1_loc, guide.u_1_scale_tril, whiten=True
     )
     with torch.no_grad():
         var = var[0] + model.noise**2
-        y = loc[0] + var.sqrt() * torch.randn(9, dtype=torch.float64)
+        y = loc[0] + var.sqrt() * torch.randn(9, dtype=torch.float64, generator=g)
     pred = dgp_predict(model, guide, x, y, num_samples=4000)
     with torch.no_grad():
         exact = torch.distributions.Normal(loc[0], var.sqrt()).log_prob(y).mean()
@@ -65,8 +71,9 @@ def test_predictive_intervals_are_exact_quantiles_of_the_mixture():
     with pyro.settings.context(module_local_params=True):
         model = DeepGP([_rbf(), _rbf()], [Z, Z], noise=0.1)
         guide = DGPFactorisedGuide(model, init_scale=1.0)
-        with torch.no_grad():
-            guide.u_2_loc = torch.randn(1, 6, dtype=torch.float64)
+        with torch.no_grad():  # the fixture: the same whatever seed the test starts from
+            g = torch.Generator().manual_seed(0)
+            guide.u_2_loc = torch.randn(1, 6, dtype=torch.float64, generator=g)
     x = torch.linspace(-1, 1, 4, dtype=torch.float64).unsqueeze(-1)
     S, level = 20, 0.9
     pyro.set_rng_seed(0)
@@ -104,13 +111,14 @@ def test_predictive_intervals_are_exact_quantiles_of_the_mixture():
 def test_collapse_ratio_separates_point_masses_from_the_prior():
     x = torch.linspace(-1, 1, 25, dtype=torch.float64).unsqueeze(-1)
     point, guide = _sparse_gp(1e-4)
-    s = layer_samples(point, guide, x, num_samples=30)
+    s = layer_samples(point, guide, x, num_samples=30)  # at most 0.002 over 30 seeds
     assert s["layers"][0].shape == (30, 25, 1) and s["compositions"][0].shape == (30, 25, 1)
     assert collapse_ratio(point, s, 1) < 0.05
     prior, guide = _sparse_gp(1.0)
     with torch.no_grad():
         guide.u_1_loc = torch.zeros(1, 12, dtype=torch.float64)
-    s = layer_samples(prior, guide, x, num_samples=300)
+    # over 30 seeds: 0.958-1.036 with 1000 draws (0.933-1.073 with 300)
+    s = layer_samples(prior, guide, x, num_samples=1000)
     assert collapse_ratio(prior, s, 1) == pytest.approx(1.0, abs=0.1)
     with pytest.raises(ValueError, match="layer"):
         collapse_ratio(prior, s, 2)

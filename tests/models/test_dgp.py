@@ -192,14 +192,17 @@ def test_block_diagonal_joint_guide_reproduces_factorised_elbo(whiten):
     x, y = _data()
     model, fact = _build("factorised", L=3, whiten=whiten)
     with pyro.settings.context(module_local_params=True):
-        # give the factorised guide non-trivial parameters
+        # give the factorised guide non-trivial parameters (a fixture: the same whatever
+        # seed the test starts from)
+        g = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for name in fact.site_names:
                 P, M = getattr(fact, f"{name}_loc").shape
-                setattr(fact, f"{name}_loc", torch.randn(P, M, dtype=torch.float64))
-                tril = torch.tril(torch.randn(P, M, M, dtype=torch.float64), -1) * 0.2
-                tril = tril + torch.diag_embed(torch.rand(P, M, dtype=torch.float64) + 0.3)
-                setattr(fact, f"{name}_scale_tril", tril)
+                setattr(fact, f"{name}_loc", torch.randn(P, M, dtype=torch.float64, generator=g))
+                tril = torch.randn(P, M, M, dtype=torch.float64, generator=g)
+                tril = torch.tril(tril, -1) * 0.2
+                diag = torch.rand(P, M, dtype=torch.float64, generator=g) + 0.3
+                setattr(fact, f"{name}_scale_tril", tril + torch.diag_embed(diag))
         joint = DGPJointGuide.from_factorised(model, fact)
         for seed in range(3):
             pyro.set_rng_seed(seed)
@@ -222,12 +225,20 @@ def test_block_diagonal_joint_guide_reproduces_factorised_elbo(whiten):
         la = float(a.loss(model, fact, x, y))
         pyro.set_rng_seed(0)
         lj = float(a.loss(model, joint, x, y))
-        pyro.set_rng_seed(0)
+        # the same draws for both (common random numbers): the expected log-likelihoods
+        # cancel and the difference is the Monte Carlo KL's error alone
         a = TraceMeanField_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
         b = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
-        la2, lb = float(a.loss(model, fact, x, y)), float(b.loss(model, joint, x, y))
+        pyro.set_rng_seed(0)
+        la2 = float(a.loss(model, fact, x, y))
+        pyro.set_rng_seed(0)
+        lb = float(b.loss(model, joint, x, y))
     assert la == pytest.approx(lj, rel=1e-8), (la, lj)
-    assert abs(la2 - lb) < 0.02 * abs(la2) + 1.0, (la2, lb)
+    # measured over 15 seeds on three fixtures: |la2 - lb| at most 0.19 whitened (sd
+    # 0.06-0.08, of about 1300-1500); unwhitened the Monte Carlo KL is far noisier (sd
+    # 20-42 of about 3100-3900, at most 78): five of its standard deviations
+    tol = 1.0 if whiten else 0.06 * abs(la2)
+    assert abs(la2 - lb) < tol, (la2, lb)
 
 
 def _kl_part(model):
