@@ -438,10 +438,10 @@ class VaRTClassifier(MissingInputs, ClassifierMixin, TabularEstimator):
         dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
         return pooled_guide_draws(fitted_guides(self), int(self.num_samples), dummy, self.seed_ + 1)
 
-    def _prior_rho(self, samples: dict | None = None) -> dict:
-        """``rho_d`` sites from the prior for the posterior draws of a fit without
-        missing values (seeded ``seed_ + MISSING_SEED``; empty for a fit with some)."""
-        samples = self._draws() if samples is None else samples
+    def _prior_rho(self, samples: dict) -> dict:
+        """``rho_d`` sites from the prior for the posterior draws ``samples`` of a fit
+        without missing values (seeded ``seed_ + MISSING_SEED``; empty for a fit with
+        some)."""
         return prior_rho_sites(self.model_, samples, self.guide_.depth, self.seed_ + MISSING_SEED)
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
@@ -461,7 +461,8 @@ class VaRTClassifier(MissingInputs, ClassifierMixin, TabularEstimator):
         rows = max(1, PREDICT_BYTES // per_row)
         tree = self.trees_
         if tree.get("rho") is None and bool(torch.isnan(Xs).any()):  # rho from its prior
-            tree = _stack_trees({**self._draws(), **self._prior_rho()}, self.guide_.depth)
+            draws = self._draws()
+            tree = _stack_trees({**draws, **self._prior_rho(draws)}, self.guide_.depth)
         out = [
             self.model_.class_log_probs(tree, Xs[i : i + rows]).exp()
             for i in range(0, Xs.shape[0], rows)
