@@ -57,6 +57,7 @@ ORDER = (
     "treevi_clustering",
     "treevi_cost",
     "defaults",
+    "missing",
     "pyro_path",
 )
 # the result a script writes with no arguments, where its name is not the script's

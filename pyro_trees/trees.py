@@ -44,6 +44,8 @@ __all__ = [
     "require_memory",
     "right_child",
     "route_by_rules",
+    "split_log_probs",
+    "splits_log_reach",
 ]
 
 
@@ -237,6 +239,68 @@ def leaf_log_probs(node_logits: torch.Tensor) -> torch.Tensor:
     return log_reach
 
 
+def split_log_probs(u: torch.Tensor, share=None, rho=None):
+    r"""Log-probabilities of going left and right at soft splits whose inputs may be
+    missing: the routing rule of every VaRT tree.
+
+    A split with log-odds :math:`u = \beta^\top x` of going left sends :math:`x` right
+    with probability :math:`\sigma(-u)`. When some inputs of :math:`x` are missing,
+    :math:`u` is computed with them at 0 and the split mixes that rule with its own
+    probability :math:`\rho` of sending a missing value right,
+
+    .. math:: P(\text{right}) = (1 - m)\, \sigma(-u) + m\, \rho, \qquad
+              P(\text{left}) = (1 - m)\, \sigma(u) + m\, (1 - \rho),
+
+    with :math:`m \in [0, 1]` the share of the split's weight that falls on the missing
+    inputs (``m = 0``: the plain rule; ``m = 1``: the split reads only missing inputs
+    and sends right with probability :math:`\rho`). Computed in log space, with finite
+    gradients at ``m = 0`` and ``m = 1``.
+
+    :param u: ``(...)`` log-odds of going left.
+    :param share: :math:`m`, broadcastable with ``u``, or ``None``: no missing input, and
+        the result is exactly ``(logsigmoid(u), logsigmoid(-u))``.
+    :param rho: :math:`\rho \in (0, 1)`, broadcastable with ``u`` (read only with
+        ``share``).
+    :returns: ``(log_left, log_right)``, each of the broadcast shape.
+    """
+    left, right = F.logsigmoid(u), F.logsigmoid(-u)
+    if share is None:
+        return left, right
+    if rho is None:
+        raise ValueError(
+            "split_log_probs needs rho, the probability that a missing value goes right"
+        )
+    share = share.to(u.dtype)
+    eps = torch.finfo(u.dtype).eps
+    neg_inf = torch.full_like(share, -math.inf)
+    observed = torch.where(share < 1, torch.log1p(-share.clamp(0.0, 1.0 - eps)), neg_inf)
+    missing = torch.where(share > 0, share.clamp_min(torch.finfo(u.dtype).tiny).log(), neg_inf)
+    rho = rho.to(u.dtype).clamp(eps, 1.0 - eps)
+    log_left = torch.logaddexp(observed + left, missing + torch.log1p(-rho))
+    log_right = torch.logaddexp(observed + right, missing + rho.log())
+    return log_left, log_right
+
+
+def splits_log_reach(log_left: torch.Tensor, log_right: torch.Tensor) -> torch.Tensor:
+    """Log-probability of reaching every node from the log-probabilities of going left
+    and right at every internal node, computed top-down level by level.
+
+    :param log_left: ``batch_shape + (2**D - 1,)`` in heap order; ``log_right`` likewise.
+    :returns: ``batch_shape + (2**(D+1) - 1,)``: position ``j`` is heap node ``j + 1``.
+    """
+    n = log_left.shape[-1]
+    depth = (n + 1).bit_length() - 1
+    if (1 << depth) - 1 != n:
+        raise ValueError(f"the splits must have 2**D - 1 entries in their last dim, got {n}")
+    shape = torch.broadcast_shapes(log_left.shape, log_right.shape)
+    levels = [log_left.new_zeros(shape[:-1] + (1,))]
+    for d in range(depth):
+        sl = slice((1 << d) - 1, (1 << (d + 1)) - 1)
+        pair = torch.stack([log_left[..., sl], log_right[..., sl]], -1) + levels[-1].unsqueeze(-1)
+        levels.append(pair.flatten(-2))
+    return torch.cat(levels, -1)
+
+
 def node_log_reach(leaf_log_prob: torch.Tensor) -> torch.Tensor:
     """Log-probability of reaching every node, from leaf log-probabilities.
 
@@ -314,15 +378,21 @@ def hard_route(go_right: torch.Tensor) -> torch.Tensor:
 
 
 def route_by_rules(
-    x: torch.Tensor, feature: torch.Tensor, threshold: torch.Tensor, greater: torch.Tensor
+    x: torch.Tensor,
+    feature: torch.Tensor,
+    threshold: torch.Tensor,
+    greater: torch.Tensor,
+    missing_right: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Route inputs down a hard tree of axis-aligned rules, in ``D`` gather steps.
 
     At internal node ``i`` an input goes right iff ``x[feature[i]] > threshold[i]``
-    when ``greater[i]``, and iff ``x[feature[i]] < threshold[i]`` otherwise.
+    when ``greater[i]``, and iff ``x[feature[i]] < threshold[i]`` otherwise; a missing
+    ``x[feature[i]]`` (NaN) goes right iff ``missing_right[i]`` (left without it).
 
     :param x: shape ``(N, L)``.
     :param feature: long ``(2**D - 1,)``; ``threshold``: ``(2**D - 1,)``; ``greater``: bool.
+    :param missing_right: optional bool ``(2**D - 1,)``.
     :returns: long ``(N,)`` leaf indices.
     """
     n = feature.shape[-1]
@@ -333,6 +403,8 @@ def route_by_rules(
         xv = x.gather(-1, feature[j].unsqueeze(-1)).squeeze(-1)
         thr = threshold[j].to(x.dtype)
         right = torch.where(greater[j], xv > thr, xv < thr)
+        if missing_right is not None:
+            right = torch.where(torch.isnan(xv), missing_right[j], right)
         node = 2 * node + right.long()
     return node - (1 << depth)
 
@@ -346,6 +418,8 @@ class DecisionRules:
     :ivar greater: bool tensor ``(2**D - 1,)``: go right iff ``x > threshold`` when
         true, iff ``x < threshold`` when false.
     :ivar leaf_values: list of ``2**D`` strings describing each leaf's prediction.
+    :ivar missing_right: optional bool tensor ``(2**D - 1,)``: where a missing value of
+        the node's feature (NaN) goes, right when true; without it, left.
 
     .. rubric:: Examples
 
@@ -370,6 +444,7 @@ class DecisionRules:
     threshold: torch.Tensor
     greater: torch.Tensor
     leaf_values: list
+    missing_right: torch.Tensor | None = None
 
     @property
     def depth(self) -> int:
@@ -378,7 +453,7 @@ class DecisionRules:
 
     def route(self, x: torch.Tensor) -> torch.Tensor:
         """Leaf index ``(N,)`` of each input ``x`` of shape ``(N, L)``."""
-        return route_by_rules(x, self.feature, self.threshold, self.greater)
+        return route_by_rules(x, self.feature, self.threshold, self.greater, self.missing_right)
 
     def leaf_conditions(self) -> list[list[tuple[int, str, float]]]:
         """For each leaf, the conjunction ``[(feature, op, threshold), ...]`` that reaches it.
@@ -415,13 +490,17 @@ class DecisionRules:
             out.append(not any(_empty(*b) for b in bounds.values()))
         return torch.tensor(out, dtype=torch.bool)
 
-    def export_text(self, feature_names=None, decimals: int = 3, prune: bool = True) -> str:
+    def export_text(
+        self, feature_names=None, decimals: int = 3, prune: bool = True, show_missing: bool = False
+    ) -> str:
         """The tree as indented text in the style of ``sklearn.tree.export_text``.
 
         :param bool prune: leave out every branch that no input can reach (its tests
             on one feature give an empty interval) and the tests that the path already
             decides; each reachable leaf is printed once, at the level of the tests
             that matter. ``False`` prints the complete tree of ``2**D`` leaves.
+        :param bool show_missing: mark the side that a missing value takes at each
+            split (``or missing``; needs ``missing_right``).
         """
         names = feature_names
         lines: list[str] = []
@@ -437,39 +516,58 @@ class DecisionRules:
             if "leaf" in node:
                 lines.append(indent + self.leaf_values[node["leaf"]])
                 return
-            for op, child in node["children"]:
-                lines.append(f"{indent}{name(node['feature'])} {op:<2} {fmt(node['threshold'])}")
+            for side, (op, child) in zip(node["sides"], node["children"], strict=True):
+                line = f"{indent}{name(node['feature'])} {op:<2} {fmt(node['threshold'])}"
+                if missing and side == int(self.missing_right[node["node"] - 1]):
+                    line += " or missing"
+                lines.append(line)
                 visit(child, level + 1)
 
-        visit(self._structure(prune), 0)
+        missing = bool(show_missing) and self.missing_right is not None
+        visit(self._structure(prune, missing=missing), 0)
         return "\n".join(lines) + "\n"
 
-    def _structure(self, prune: bool = True) -> dict:
+    def _structure(self, prune: bool = True, missing: bool = False) -> dict:
         """The tree as nested dicts, as :meth:`export_text` prints it: a leaf is
         ``{"leaf": k}`` (its index), a split ``{"node": i, "feature": f, "threshold": t,
-        "children": [(op, subtree), (op, subtree)]}`` in heap order (left child first,
-        ``op`` the side's test of ``x[f]`` against ``t``). With ``prune``, a branch no
-        input reaches is left out and a test the path already decides is replaced by its
-        reachable side."""
+        "children": [(op, subtree), (op, subtree)], "sides": [0, 1]}`` in heap order
+        (left child first, ``op`` the side's test of ``x[f]`` against ``t``, ``sides``
+        which side each child is: 0 left, 1 right). With ``prune``, a branch no input
+        reaches is left out and a test the path already decides is replaced by its
+        reachable side. With ``missing`` (and ``missing_right``), a side that a missing
+        value reaches counts as reachable, unless the path has already tested its
+        feature on an observed value."""
         depth = self.depth
+        missing = missing and self.missing_right is not None
 
-        def visit(node: int, bounds: dict) -> dict:
+        def visit(node: int, bounds: dict, seen: dict) -> dict:
             if node >= 1 << depth:
                 return {"leaf": node - (1 << depth)}
             j = node - 1
             f, t, g = int(self.feature[j]), float(self.threshold[j]), bool(self.greater[j])
             left_op, right_op = ("<=", ">") if g else (">=", "<")
+            # seen[f]: whether x[f] may be observed, and may be missing, on this path
+            can_obs, can_miss = seen.get(f, (True, missing))
+            miss_side = int(bool(self.missing_right[j])) if missing else -1
             sides = []
-            for child, op in ((2 * node, left_op), (2 * node + 1, right_op)):
+            for side, (child, op) in enumerate(((2 * node, left_op), (2 * node + 1, right_op))):
                 inner = _tighten(bounds, f, op, t)
-                if not prune or not _empty(*inner[f]):
-                    sides.append((child, op, inner))
+                obs = can_obs and not _empty(*inner[f])
+                mis = can_miss and side == miss_side
+                if not prune or obs or mis:
+                    sides.append((child, op, inner, {**seen, f: (obs, mis)}))
             if len(sides) == 1:  # the path decides this test: only one side is reachable
-                return visit(sides[0][0], sides[0][2])
-            children = [(op, visit(child, inner)) for child, op, inner in sides]
-            return {"node": node, "feature": f, "threshold": t, "children": children}
+                return visit(sides[0][0], sides[0][2], sides[0][3])
+            children = [(op, visit(child, inner, s)) for child, op, inner, s in sides]
+            return {
+                "node": node,
+                "feature": f,
+                "threshold": t,
+                "children": children,
+                "sides": [child % 2 for child, *_ in sides],
+            }
 
-        return visit(1, {})
+        return visit(1, {}, {})
 
 
 def _tighten(bounds: dict, feature: int, op: str, threshold: float) -> dict:

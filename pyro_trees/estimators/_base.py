@@ -10,8 +10,10 @@ Every estimator derives from :class:`TabularEstimator` (a
 ``fit`` passes ``X`` and ``y`` through :meth:`TabularEstimator._validate_fit`, which
 
 * checks them with :func:`sklearn.utils.validation.validate_data` (2-D numeric ``X``,
-  NumPy arrays, lists or pandas frames with numeric or bool columns, no NaN or
-  infinity, no sparse matrices, at least two rows; ``feature_names_in_`` and
+  NumPy arrays, lists or pandas frames with numeric or bool columns, no infinity, no
+  NaN unless the estimator routes missing values itself (``_allow_nan``; the error
+  of one that does not names the imputer pipeline), no NaN in ``y``, no sparse
+  matrices, at least two rows; ``feature_names_in_`` and
   ``n_features_in_``; ``y`` of shape ``(n, 1)`` taken as ``(n,)`` with a
   :class:`~sklearn.exceptions.DataConversionWarning`),
 * encodes class labels (any hashable labels; ``classes_`` sorted) for classifiers,
@@ -36,6 +38,7 @@ feature names differ from those seen in ``fit``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -98,6 +101,11 @@ class Standardizer:
 
     def __init__(self, values: np.ndarray, ranks=None):
         values = np.asarray(values, dtype=np.float64)
+        if np.isnan(values).any():  # missing values: the moments of the observed ones
+            if ranks is not None and ranks.spread:
+                raise ValueError("missing values (NaN) are not supported with sharded=True")
+            self._nan_moments(values)
+            return
         if ranks is not None and ranks.spread:
             _, self.mean, std = ranks.moments(values)
         else:
@@ -107,8 +115,21 @@ class Standardizer:
         tiny = np.abs(std) <= 1e-12 * np.maximum(np.abs(self.mean), 1.0)
         self.scale = np.where(tiny, 1.0, std)
 
+    def _nan_moments(self, values: np.ndarray) -> None:
+        """The mean and scale of each column's observed values (NaN left out); a column
+        with no observed value gets mean 0 and scale 1, one with a single value scale 1."""
+        observed = ~np.isnan(values)
+        count = observed.sum(axis=0)
+        filled = np.where(observed, values, 0.0)
+        self.mean = filled.sum(axis=0) / np.maximum(count, 1)
+        dev = np.where(observed, values - self.mean, 0.0)
+        std = np.sqrt((dev * dev).sum(axis=0) / np.maximum(count - 1, 1))
+        std = np.where(count > 1, std, 0.0)
+        tiny = np.abs(std) <= 1e-12 * np.maximum(np.abs(self.mean), 1.0)
+        self.scale = np.where(tiny, 1.0, std)
+
     def transform(self, values: np.ndarray) -> np.ndarray:
-        """``(values - mean) / scale``, same shape."""
+        """``(values - mean) / scale``, same shape (NaN stays NaN)."""
         return (np.asarray(values, dtype=np.float64) - self.mean) / self.scale
 
     def inverse(self, values):
@@ -147,8 +168,12 @@ class TabularEstimator(BaseEstimator):
     #: the computation dtype of an estimator without a ``dtype`` parameter
     _default_dtype = "float32"
 
+    #: whether ``X`` may hold missing values (NaN), routed by the estimator itself
+    _allow_nan = False
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = self._allow_nan
         if tags.target_tags is not None:
             tags.target_tags.multi_output = self._multi_output
             tags.target_tags.single_output = True
@@ -219,16 +244,18 @@ class TabularEstimator(BaseEstimator):
         self.dtype_, self.device_ = self._torch_options()
         self.ranks_ = ranks = Ranks(sharded, self.device_)
         classifier = is_classifier(self)
-        X, y = validate_data(
-            self,
-            X,
-            y,
-            reset=True,
-            dtype=np.float64,
-            ensure_min_samples=min_samples,
-            multi_output=self._multi_output and not classifier,
-            y_numeric=not classifier,
-        )
+        with self._nan_advice():
+            X, y = validate_data(
+                self,
+                X,
+                y,
+                reset=True,
+                dtype=np.float64,
+                ensure_min_samples=min_samples,
+                multi_output=self._multi_output and not classifier,
+                y_numeric=not classifier,
+                ensure_all_finite="allow-nan" if self._allow_nan else True,
+            )
         ranks.check_data(X, y)
         self.n_global_rows_ = ranks.count(X.shape[0])
         self.x_scaler_ = Standardizer(X, ranks)
@@ -302,8 +329,33 @@ class TabularEstimator(BaseEstimator):
             values, or feature names in another order than in ``fit``.
         """
         check_is_fitted(self, "x_scaler_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        with self._nan_advice():
+            X = validate_data(
+                self,
+                X,
+                reset=False,
+                dtype=np.float64,
+                ensure_all_finite="allow-nan" if self._allow_nan else True,
+            )
         return self._tensor(self.x_scaler_.transform(X))
+
+    @contextlib.contextmanager
+    def _nan_advice(self):
+        """Add the fix to scikit-learn's error for NaN in ``X`` (estimators that do not
+        route missing values): an imputer in a pipeline."""
+        try:
+            yield
+        except ValueError as err:
+            if self._allow_nan or "Input X contains NaN" not in str(err):
+                raise
+            name = type(self).__name__
+            raise ValueError(
+                f"{err}\n{name} does not accept missing values (NaN): impute them first, "
+                f"e.g. make_pipeline(SimpleImputer(), {name}()) (from sklearn.pipeline and "
+                "sklearn.impute), or use an estimator that routes them natively "
+                "(VaRTRegressor, VaRTForestRegressor, VaRTClassifier, RNNTreeRegressor, "
+                "RNNTreeClassifier)."
+            ) from err
 
     def _outputs(self, ys) -> np.ndarray:
         """Standardised regression outputs ``(N,)``/``(..., N, K)`` back in the units of

@@ -166,7 +166,13 @@ class Ranks:
             return
         mine = (X.shape[1],)
         if not self.sharded:
-            mine = (X.shape[1], X.shape[0], float(X.sum()), _checksum(y))
+            mine = (
+                X.shape[1],
+                X.shape[0],
+                float(np.nansum(X)),
+                int(np.isnan(X).sum()),
+                _checksum(y),
+            )
         out = [None] * self.size
         with _collective("comparing the ranks' data"):
             dist.all_gather_object(out, mine)

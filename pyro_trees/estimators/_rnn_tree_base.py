@@ -16,6 +16,7 @@ from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, fit_args, rank_fit
+from pyro_trees.estimators._missing import MissingInputs
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
@@ -80,7 +81,7 @@ class _ClosedFormTreeELBO(torch.nn.Module):
         return -elbo
 
 
-class _RNNTreeBase(TabularEstimator):
+class _RNNTreeBase(MissingInputs, TabularEstimator):
     _likelihood = "gaussian"
 
     def __init__(
@@ -179,6 +180,7 @@ class _RNNTreeBase(TabularEstimator):
         """
         self._check_options()
         Xs, y = self._validate_fit(X, y, sharded=sharded)
+        self._note_missing(Xs)
         with local_seed(self._shared_seed(), self.device_):
             self._fit_seeded(Xs, y)
         return self
@@ -254,7 +256,12 @@ class _RNNTreeBase(TabularEstimator):
         # init=None: _init_tree starts them; a later call (e.g. Predictive) must not
         model = HME(n_features, depth, experts=self.experts, init=None, **self._model_kwargs())
         guide = RNNTreeGuide(
-            n_features, depth, hidden_size=self.hidden_size, feedback=self.feedback, init=None
+            n_features,
+            depth,
+            hidden_size=self.hidden_size,
+            feedback=self.feedback,
+            init=None,
+            missing=self._fit_missing(),
         )
         model.to(device=like.device, dtype=like.dtype)
         guide.to(device=like.device, dtype=like.dtype)
@@ -472,12 +479,20 @@ class _RNNTreeBase(TabularEstimator):
         return self._leaf_probs(self._validate_predict(X), "posterior").cpu().numpy()
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
-        """The most likely tree as text (thresholds in the units of ``X``)."""
+        """The most likely tree as text (thresholds in the units of ``X``; after a fit
+        with missing values, ``or missing`` marks the side a missing value takes)."""
         rules = self.rules_
         f = rules.feature.cpu()
         mean = torch.as_tensor(self.x_scaler_.mean)[f].to(rules.threshold.dtype)
         scale = torch.as_tensor(self.x_scaler_.scale)[f].to(rules.threshold.dtype)
+        missing_right = None if rules.missing_right is None else rules.missing_right.cpu()
         raw = trees.DecisionRules(
-            f, rules.threshold.cpu() * scale + mean, rules.greater.cpu(), rules.leaf_values
+            f,
+            rules.threshold.cpu() * scale + mean,
+            rules.greater.cpu(),
+            rules.leaf_values,
+            missing_right,
         )
-        return raw.export_text(feature_names=feature_names, decimals=decimals)
+        return raw.export_text(
+            feature_names=feature_names, decimals=decimals, show_missing=self._fit_missing()
+        )

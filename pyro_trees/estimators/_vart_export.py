@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from pyro_trees import trees
-from pyro_trees.models._vart_mixture import with_bias
+from pyro_trees.models._vart_mixture import observed, route_log_probs, with_bias
 
 
 @torch.no_grad()
@@ -19,13 +19,14 @@ def _split_importances(guide, Xs: torch.Tensor, ranks=None) -> np.ndarray:
     |\\tilde\\mu_{ij}| / \\sum_k |\\tilde\\mu_{ik}|` for the standardised inputs
     ``Xs`` ``(N, L)`` under ``guide``, a :class:`~pyro_trees.guides.VaRTGuide`: ``(L,)``,
     summing to one. With ``ranks`` whose rows are spread, the reach is averaged over
-    every rank's rows."""
+    every rank's rows. Rows with missing inputs reach the nodes as the guide's central
+    tree routes them (:func:`_node_reach`)."""
     g = guide  # a VaRTGuide, or a VaRTForestGuide (a leading dimension of trees)
     psi, _ = g.node_probs()
     n_int = trees.num_internal(g.depth)
     loc = g.beta_loc.detach()
-    logits = -torch.matmul(with_bias(Xs), loc.transpose(-1, -2))
-    reach = trees.node_log_reach(trees.leaf_log_probs(logits)).exp()[..., :n_int]
+    rho = torch.sigmoid(g.rho_logits.detach()) if g.missing else None
+    reach = _node_reach(loc, rho, Xs)[..., :n_int]
     w = loc[..., :-1].abs()
     w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
     if ranks is not None and ranks.spread:
@@ -50,12 +51,15 @@ def _most_probable_tree(guide, x_scaler=None) -> dict:
     feature ``j`` against ``t`` (``">"`` or ``"<="``; the left child is the side where
     :math:`\\tilde\\mu_i^\\top x > 0`) and ``empty`` whether the side is empty where the
     other inputs sit at their means. ``t`` is in the units of ``x_scaler`` (``mean``
-    and ``scale`` ``(L,)``; ``None``: the guide's own units).
+    and ``scale`` ``(L,)``; ``None``: the guide's own units). A guide of missing inputs
+    adds ``"rho"``, the mean probability that a missing input goes right, to every
+    split, and a split whose empty side is where missing inputs mostly go is kept.
     """
     g = guide
     split = g.most_probable_structure().tolist()
     n_int = len(split)
     mu = g.beta_loc.detach().double().cpu()
+    rho = torch.sigmoid(g.rho_logits.detach().double().cpu()) if g.missing else None
     n_feat = mu.shape[-1] - 1
     if x_scaler is None:
         xm, xs = torch.zeros(n_feat, dtype=torch.float64), torch.ones(n_feat, dtype=torch.float64)
@@ -85,11 +89,17 @@ def _most_probable_tree(guide, x_scaler=None) -> dict:
         ):
             empty = c_lo[0] >= c_hi[0]
             children.append((child, (c_lo, c_hi), op, empty, empty and c_lo[1] and c_hi[1]))
-        if any(c[4] for c in children):  # one side is empty: the split is vacuous, fold it
-            child, bounds, *_ = next(c for c in children if not c[4])
+        # missing inputs mostly take the right side when rho > 1/2
+        miss_side = None if rho is None else int(float(rho[i - 1]) > 0.5)
+        vacuous = [k for k, c in enumerate(children) if c[4] and k != miss_side]
+        if vacuous:  # one side is empty (and no missing input goes there): fold it
+            child, bounds, *_ = children[1 - vacuous[0]]
             return visit(child, {**box, j: bounds})
         sides = [(op, empty, visit(c, {**box, j: bd})) for c, bd, op, empty, _ in children]
-        return {"node": i, "feature": j, "threshold": t, "share": share, "children": sides}
+        out = {"node": i, "feature": j, "threshold": t, "share": share, "children": sides}
+        if rho is not None:
+            out["rho"] = float(rho[i - 1])
+        return out
 
     return visit(1, {})
 
@@ -105,6 +115,8 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
     brackets) with the threshold where the rule flips when the other inputs sit at
     their training means. Leaves (linear models) print their prediction at the
     training mean of the inputs, their noise scale and their three largest slopes.
+    A guide of missing inputs marks the side a missing input of the split's feature
+    mostly takes (``or missing``, with the guide's mean probability of that side).
 
     Unreachable regions are not printed: a split on a single feature (every split in
     1-D) whose one side is empty given its ancestors' single-feature rules (say
@@ -147,8 +159,11 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
             lines.append(indent + leaf(node["node"]))
             return
         j, t, share = node["feature"], node["threshold"], node["share"]
-        for op, empty, child in node["children"]:
+        for side, (op, empty, child) in enumerate(node["children"]):
             note = "  (empty where the other inputs sit at their means)" if empty else ""
+            if "rho" in node:  # the side missing inputs mostly take, and how often
+                p_side = node["rho"] if side else 1.0 - node["rho"]
+                note = (f" or missing (p = {p_side:.2f})" if p_side > 0.5 else "") + note
             op = "> " if op == ">" and node["children"][0][0] == "<=" else op
             lines.append(f"{indent}{name(j)} {op} {t:.{decimals}f}  [{share:.0%}]{note}")
             visit(child, level + 1)
@@ -167,7 +182,8 @@ def _importance_draws(samples: dict, site, depth: int, Xs: torch.Tensor) -> np.n
     ``Xs`` ``(N, L)``.
 
     :param samples: hard draws of a VaRT guide or VaRT forest guide by site name
-        (``split_d`` ``(S, [K,] 2**d)``, ``beta_d`` ``(S, [K,] 2**d, L + 1)``).
+        (``split_d`` ``(S, [K,] 2**d)``, ``beta_d`` ``(S, [K,] 2**d, L + 1)``; ``rho_d``
+        ``(S, [K,] 2**d)`` where ``Xs`` has missing values).
     :param site: the model's site-name function.
     :param int depth: the guide's truncation depth.
     :returns: ``(S, L)``, rows summing to one.
@@ -183,14 +199,29 @@ def _importance_draws(samples: dict, site, depth: int, Xs: torch.Tensor) -> np.n
         psi.append(exist * s)
         exist = (exist * s).repeat_interleave(2, dim=-1)
     psi = torch.cat(psi, -1)  # (S, [K,] I)
-    x1 = with_bias(Xs)
+    rho = [None] * split.shape[0]
+    if site("rho_0") in samples:
+        rho = torch.cat([samples[site(f"rho_{d}")] for d in range(depth)], -1).to(Xs.dtype)
     out = []
-    for b, p in zip(beta, psi, strict=True):  # one draw at a time: (N, [K,] ...) stays small
-        logits = -torch.matmul(x1, b.transpose(-1, -2))  # ([K,] N, I)
-        reach = trees.node_log_reach(trees.leaf_log_probs(logits)).exp()[..., :n_int].mean(-2)
+    for b, p, r in zip(beta, psi, rho, strict=True):  # one draw at a time: stays small
+        reach = _node_reach(b, r, Xs)[..., :n_int].mean(-2)
         w = b[..., :-1].abs()
         w = w / w.sum(-1, keepdim=True).clamp_min(1e-12)
         imp = ((p * reach).unsqueeze(-1) * w).reshape(-1, w.shape[-1]).sum(0)
         total = imp.sum()
         out.append(imp / total if total > 0 else torch.full_like(imp, 1 / imp.numel()))
     return torch.stack(out).double().cpu().numpy()
+
+
+def _node_reach(beta: torch.Tensor, rho, Xs: torch.Tensor) -> torch.Tensor:
+    """:math:`P(x \\to i)` of every node ``([K,] N, 2**(D+1) - 1)`` for the splits
+    ``beta`` ``([K,] 2**D - 1, L + 1)`` at the standardised rows ``Xs`` ``(N, L)``; rows
+    with missing inputs (NaN) go by :func:`~pyro_trees.models._vart_mixture.route_log_probs`
+    with ``rho`` ``([K,] 2**D - 1)``."""
+    x1, missing = observed(with_bias(Xs))
+    if missing is None:
+        logits = -torch.matmul(x1, beta.transpose(-1, -2))  # ([K,] N, I)
+        return trees.node_log_reach(trees.leaf_log_probs(logits)).exp()
+    u = torch.matmul(x1, beta.transpose(-1, -2))
+    log_left, log_right = route_log_probs(u, beta, missing, rho)
+    return trees.splits_log_reach(log_left, log_right).exp()

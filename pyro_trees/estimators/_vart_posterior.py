@@ -5,6 +5,7 @@ seed, stacked and cut to their leaves, and the predictive sites of the model und
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -35,6 +36,54 @@ def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:
         pad = float(est.clip_margin) * (est.x_max_ - est.x_min_)
         Xs = torch.minimum(torch.maximum(Xs, est.x_min_ - pad), est.x_max_ + pad)
     return Xs
+
+
+#: seeds the prior draws of ``rho`` (where a missing input goes) for posterior trees of
+#: a fit without missing values, offset from ``seed_``
+MISSING_SEED = 7919
+
+
+def training_range(ranks, Xtr: torch.Tensor):
+    """``(x_min, x_max)`` ``(L,)``: each feature's range over the training rows ``Xtr``
+    (all ranks' rows, :meth:`Ranks.min <pyro_trees.estimators._distributed.Ranks.min>`),
+    missing values (NaN) left out; a feature with no observed value has range
+    ``[0, 0]`` (its standardised mean), so that new values of it are clipped there."""
+    missing = torch.isnan(Xtr)
+    if not bool(missing.any()):
+        return ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
+    lo = torch.where(missing, math.inf, Xtr).min(0).values
+    hi = torch.where(missing, -math.inf, Xtr).max(0).values
+    seen = ~missing.all(0)
+    zero = torch.zeros_like(lo)
+    return ranks.min(torch.where(seen, lo, zero)), ranks.max(torch.where(seen, hi, zero))
+
+
+def prior_rho_sites(model, samples: dict, depth: int, seed: int) -> dict:
+    """Draws of the ``rho_d`` sites (where a missing input goes) from the prior of
+    ``model``, one per posterior draw in ``samples`` (each ``rho_d`` of the shape of
+    ``split_d``), seeded ``seed`` without touching the global streams: the posterior of
+    ``rho`` for a fit that saw no missing value (the likelihood does not read it).
+    Empty when ``samples`` has ``rho_d`` sites already."""
+    site = model.site
+    if site("rho_0") in samples:
+        return {}
+    like = samples[site("split_0")]
+    opts = {"dtype": like.dtype, "device": like.device}
+    with local_seed(seed, like.device), torch.no_grad():
+        return {
+            site(f"rho_{d}"): model.rho_prior(samples[site(f"split_{d}")].shape, **opts).sample()
+            for d in range(depth)
+        }
+
+
+def missing_model(model):
+    """``model`` itself, or a copy with ``missing=True`` when it has no ``rho`` sites
+    (a fit without missing values, asked about rows with some)."""
+    if model.missing:
+        return model
+    other = copy.copy(model)
+    other.missing = True
+    return other
 
 
 def hard_guide_draws(guide, num_samples: int, like: torch.Tensor, seed: int) -> dict:
@@ -115,7 +164,10 @@ class _PosteriorTrees:
         return self._tree_samples
 
     def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
-        samples = self._posterior_trees()
+        samples, model = self._posterior_trees(), self.model_
+        if bool(torch.isnan(Xs).any()) and not model.missing:  # rho from its prior
+            samples = {**samples, **self._prior_rho(samples)}
+            model = missing_model(model)
         rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * self._row_nodes()))
         out = {s: [] for s in sites}
         with (
@@ -125,7 +177,7 @@ class _PosteriorTrees:
             torch.no_grad(),
         ):
             pred = Predictive(
-                self.model_, posterior_samples=samples, return_sites=list(sites), parallel=True
+                model, posterior_samples=samples, return_sites=list(sites), parallel=True
             )
             for start in range(0, Xs.shape[0], rows):
                 res = pred(Xs[start : start + rows])
@@ -162,8 +214,17 @@ class _PosteriorTrees:
         return self._outputs(torch.cat(out, -1))
 
     def _stack(self, samples: dict) -> dict:
-        """The posterior draws by site, stacked and cut to their leaves."""
+        """The posterior draws by site, stacked and cut to their leaves (with ``rho``
+        drawn from its prior for a fit without missing values, :meth:`_prior_rho`)."""
+        samples = {**samples, **self._prior_rho(samples)}
         return _leaf_tree(_stack_trees(samples, self.guide_.depth))
+
+    def _prior_rho(self, samples: dict) -> dict:
+        """``rho_d`` sites for the posterior draws ``samples`` of a fit that saw no
+        missing value (:func:`prior_rho_sites`, seeded ``seed_ + MISSING_SEED``: the same
+        draws at every call and after pickling); empty for one that did."""
+        seed = self._seed() + MISSING_SEED
+        return prior_rho_sites(self.model_, samples, self.guide_.depth, seed)
 
     def _row_nodes(self) -> int:
         """Nodes per posterior draw and row that prediction holds at once (batching)."""

@@ -64,6 +64,15 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
     :param str dtype: ``"float32"`` (default) or ``"float64"`` computation.
     :param bool progress: show a progress bar with the loss.
 
+    **Missing values.** ``X`` may hold NaN (``y`` may not), at fit, at prediction or both:
+    each node of the RNN-Tree has, per input, the log-odds that a point missing it goes
+    right (:class:`~pyro_trees.guides.RNNTree`), started by the greedy or balanced start
+    (the side the greedy search found best for the missing points, else the side most
+    observed points take) and trained when training values are missing; the hard tree
+    sends a missing value one way (``export_text`` marks it ``or missing``), posterior
+    routing both ways, and linear experts read it as its training mean.
+    ``missing_fraction_`` records the share of training rows missing each feature.
+
     After fitting, ``start_`` names the start kept, ``validation_error_`` is its
     held-out error (``None`` without a validation split) and ``collapse_`` says why
     the trained tree was degenerate on the training rows (every row in one leaf, a

@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
+from pyro_trees.estimators._missing import MissingInputs
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.estimators._vart_calibration import (
     CALIBRATION_ROWS,
@@ -29,7 +30,11 @@ from pyro_trees.estimators._vart_export import (
     _importance_draws,
     _split_importances,
 )
-from pyro_trees.estimators._vart_posterior import _PosteriorTrees, check_n_fits
+from pyro_trees.estimators._vart_posterior import (
+    _PosteriorTrees,
+    check_n_fits,
+    training_range,
+)
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import EarlyStopping, fit
@@ -41,7 +46,9 @@ from pyro_trees.validation import check_level
 __all__ = ["VaRTRegressor"]
 
 
-class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularEstimator):
+class VaRTRegressor(
+    MissingInputs, _NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularEstimator
+):
     """A variational regression tree (VaRT) with posterior predictive intervals.
 
     Fits :class:`~pyro_trees.models.VaRT` with the truncated guide
@@ -54,6 +61,19 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     indicators (temperature 0, the limit of eq. 22) and a fixed seed, so ``predict`` is
     deterministic and identical after pickling; inputs of any length are processed in
     batches against the same trees.
+
+    **Missing values.** ``X`` may hold NaN (``y`` may not), at fit, at prediction, or
+    both. When training rows have some, the model is VaRT with ``missing=True``: each
+    split learns :math:`\\rho_i`, the probability that a missing input goes right, with a
+    Beta posterior; a row is routed by the posterior trees, each with its own draw of
+    :math:`\\rho`, and the leaves read a missing input as its training mean, so its
+    interval widens where the route is uncertain. A fit without missing values is
+    exactly the fit it always was; rows with NaN at prediction then take
+    :math:`\\rho` from its prior, :math:`\\mathrm{Beta}(1, 1)` (the posterior when no
+    training value was missing), so a split on a missing input sends them both ways.
+    ``missing_fraction_`` ``(L,)`` records the share of training rows missing each
+    feature. The routing rule is :func:`pyro_trees.trees.split_log_probs`; the VaRT
+    guide page has the details.
 
     :param int depth: truncation depth :math:`D` of the guide.
     :param float lam: :math:`\\lambda` of eq. 4 (the paper uses ``1e-3``).
@@ -317,6 +337,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         if sharded and self.elbo == "trace":
             raise ValueError("sharded=True needs elbo='vectorised' (the default)")
         X, y = self._validate_fit(X, y, sharded=sharded)
+        self._note_missing(X)
         ranks = self.ranks_
         n = X.shape[0]
         if self.random_state is None:  # unseeded: a seed from the global torch stream
@@ -410,7 +431,7 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
         Xs, ys = X, y  # standardised by _validate_fit
         Xtr, ytr, yva = Xs[train_idx], ys[train_idx], ys[val_idx]
         # the range of the rows it learns from
-        self.x_min_, self.x_max_ = ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
+        self.x_min_, self.x_max_ = training_range(ranks, Xtr)
         Xva = self._clip(Xs[val_idx])  # held-out rows are scored as new rows would be
         # inputs are checked above; Pyro's per-site validation only costs time here
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
@@ -471,7 +492,9 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):
         """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
-        model = VaRT(num_features, **{k: getattr(self, k) for k in keys})
+        model = VaRT(
+            num_features, missing=self._fit_missing(), **{k: getattr(self, k) for k in keys}
+        )
         guide = VaRTGuide(
             model,
             depth,
@@ -583,7 +606,10 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularE
             rows, or any others).
         """
         Xs = self._prepare(X)[:4096]
-        return _importance_draws(self._posterior_trees(), self.model_.site, self.guide_.depth, Xs)
+        samples = self._posterior_trees()
+        if bool(torch.isnan(Xs).any()):  # rows with missing inputs: rho of every tree
+            samples = {**samples, **self._prior_rho(samples)}
+        return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The most probable tree under the guide

@@ -20,13 +20,17 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
+from pyro_trees.estimators._missing import MissingInputs
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
 from pyro_trees.estimators._vart_export import _importance_draws, _split_importances
 from pyro_trees.estimators._vart_posterior import (
+    MISSING_SEED,
     check_n_fits,
     clip_to_training_range,
     fitted_guides,
     pooled_guide_draws,
+    prior_rho_sites,
+    training_range,
 )
 from pyro_trees.guides._vart_memory import (
     PREDICT_BYTES,
@@ -42,7 +46,7 @@ from pyro_trees.models.vart_classification import VaRTClassification, base_rate_
 __all__ = ["VaRTClassifier"]
 
 
-class VaRTClassifier(ClassifierMixin, TabularEstimator):
+class VaRTClassifier(MissingInputs, ClassifierMixin, TabularEstimator):
     """A variational tree classifier: VaRT's tree prior with a probit (two classes) or
     softmax (more classes) link on the leaves' values.
 
@@ -60,6 +64,13 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
     (temperature 0) and a fixed seed: the posterior predictive
     :math:`P(y = k \\mid x) = E_q[P(y = k \\mid x, T, \\Theta)]`. Predictions are
     deterministic and identical after pickling.
+
+    ``X`` may hold missing values (NaN), at fit, at prediction or both, as for
+    :class:`~pyro_trees.estimators.VaRTRegressor`: with missing training values each
+    split learns where a missing input goes (:class:`~pyro_trees.models.VaRTClassification`
+    with ``missing=True``); a fit without any is the fit it always was, and routes rows
+    with NaN by the prior of that probability. ``missing_fraction_`` records the share
+    of training rows missing each feature.
 
     :param int depth: truncation depth :math:`D` of the guide.
     :param float lam: :math:`\\lambda` of eq. 4. The default 1 is the plain ELBO (the
@@ -250,6 +261,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         if sharded and self.elbo == "trace":
             raise ValueError("sharded=True needs elbo='vectorised' (the default)")
         X, y = self._validate_fit(X, y, sharded=sharded)
+        self._note_missing(X)
         ranks = self.ranks_
         n, num_features = X.shape
         if self.random_state is None:  # unseeded: rank 0's draw, shared
@@ -281,6 +293,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
                 split_beta=self.split_beta,
                 split_scale=self.split_scale,
                 leaf_scale=self.leaf_scale,
+                missing=self._fit_missing(),
             )
             if self.base_rate:  # the training rows' class frequencies (every rank's)
                 counts = ranks.sum(torch.bincount(ytr, minlength=self.n_classes_).double())
@@ -288,7 +301,7 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
             width = self.model_.leaf_width - 1  # the memory checks count L + 1 weights
             depth = _check_training_memory(self.depth, batch, width, X.device)
             _check_prediction_memory(depth, int(self.num_samples), width, X.device)
-            self.x_min_, self.x_max_ = ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
+            self.x_min_, self.x_max_ = training_range(ranks, Xtr)
             Xva, yva = self._clip(X[perm[:n_val]]), y[perm[:n_val]]
         guides, results, importances = [], [], []
         for j in range(self._n_fits()):
@@ -418,11 +431,18 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
 
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""
+        return _stack_trees(self._draws(), self.guide_.depth)
+
+    def _draws(self) -> dict:
+        """The ``num_samples`` hard posterior draws by site (seeded ``seed_ + 1``)."""
         dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-        samples = pooled_guide_draws(
-            fitted_guides(self), int(self.num_samples), dummy, self.seed_ + 1
-        )
-        return _stack_trees(samples, self.guide_.depth)
+        return pooled_guide_draws(fitted_guides(self), int(self.num_samples), dummy, self.seed_ + 1)
+
+    def _prior_rho(self, samples: dict) -> dict:
+        """``rho_d`` sites from the prior for the posterior draws ``samples`` of a fit
+        without missing values (seeded ``seed_ + MISSING_SEED``; empty for a fit with
+        some)."""
+        return prior_rho_sites(self.model_, samples, self.guide_.depth, self.seed_ + MISSING_SEED)
 
     def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
         return clip_to_training_range(self, Xs)
@@ -439,8 +459,12 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         nodes = self.trees_["split"].shape[-1]
         per_row = 4 * S * nodes * max(self.model_.num_outputs, 2) * 3
         rows = max(1, PREDICT_BYTES // per_row)
+        tree = self.trees_
+        if tree.get("rho") is None and bool(torch.isnan(Xs).any()):  # rho from its prior
+            draws = self._draws()
+            tree = _stack_trees({**draws, **self._prior_rho(draws)}, self.guide_.depth)
         out = [
-            self.model_.class_log_probs(self.trees_, Xs[i : i + rows]).exp()
+            self.model_.class_log_probs(tree, Xs[i : i + rows]).exp()
             for i in range(0, Xs.shape[0], rows)
         ]
         return torch.cat(out, -2)
@@ -485,10 +509,9 @@ class VaRTClassifier(ClassifierMixin, TabularEstimator):
         """
         check_is_fitted(self, "trees_")
         Xs = self._clip(self._validate_predict(X))[:4096]
-        dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-        samples = pooled_guide_draws(
-            fitted_guides(self), int(self.num_samples), dummy, self.seed_ + 1
-        )
+        samples = self._draws()
+        if bool(torch.isnan(Xs).any()):  # rows with missing inputs: rho of every tree
+            samples = {**samples, **self._prior_rho(samples)}
         return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
 
     def predict(self, X) -> np.ndarray:

@@ -33,7 +33,9 @@ class VaRTForestRegressor(VaRTRegressor):
     calibration (the factor multiplies the forest's noise scale), the
     ``num_samples`` posterior forests drawn once with hard splits, exact predictive
     quantiles (here a Gaussian mixture with one component per posterior forest), pickling
-    that reproduces predictions exactly, and the ``clip_margin`` of new rows.
+    that reproduces predictions exactly, the ``clip_margin`` of new rows, and missing
+    values (NaN) in ``X``, each split of each tree learning where they go
+    (:class:`~pyro_trees.models.VaRTForest` with ``missing=True``).
 
     A separate class rather than ``VaRTRegressor(n_trees=...)``: the forest's
     likelihood is one Gaussian around the sum of the trees, not the single tree's
@@ -154,6 +156,7 @@ class VaRTForestRegressor(VaRTRegressor):
             num_features,
             n_trees=int(self.n_trees),
             depth=depth,
+            missing=self._fit_missing(),
             **{k: getattr(self, k) for k in keys},
         )
         guide = VaRTForestGuide(
@@ -178,12 +181,14 @@ class VaRTForestRegressor(VaRTRegressor):
     def _stack(self, samples: dict) -> dict:
         """The posterior forests: trees of batch shape ``(S, K)`` and ``log_sigma``
         ``(S,)`` (the format :func:`~pyro_trees.models._vart_mixture._leaf_mixtures`
-        reads)."""
+        reads; ``rho`` from its prior for a fit without missing values)."""
         depth, site = self.guide_.depth, self.model_.site
+        samples = {**samples, **self._prior_rho(samples)}
         forest = forest_tree(
             [samples[site(f"split_{d}")] for d in range(depth)],
             [samples[site(f"beta_{d}")] for d in range(depth)],
             [samples[site(f"theta_{d}")] for d in range(depth + 1)],
+            [samples[site(f"rho_{d}")] for d in range(depth)],
         )
         return {"forest": forest, "log_sigma": samples[site("log_sigma")].reshape(-1)}
 

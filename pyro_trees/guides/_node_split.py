@@ -22,14 +22,23 @@ def _sigmoid_pair(z: torch.Tensor):
     return torch.sigmoid(z), torch.sigmoid(-z)
 
 
-def _log_right_left(x, log_dim, w0, w1):
+def _log_right_left(x, log_dim, w0, w1, missing=None, missing_logits=None):
     """``log q(m=1)``, ``log q(m=0)`` of eq. 13 through log-sum-exps over the last dim,
     broadcasting over ``x``: the soft-feedback roll-out's formula, and the reference
-    where :class:`_NodeSplitLogProbs`' probability-space sums underflow."""
+    where :class:`_NodeSplitLogProbs`' probability-space sums underflow.
+
+    With ``missing`` (bool, like ``x``, whose missing entries must be finite, e.g. 0)
+    a missing dimension's split :math:`\\sigma(w_0 + w_1 x)` is replaced by
+    :math:`\\sigma(a)`, ``a`` the ``missing_logits`` (broadcasting like ``w0``): the
+    probability that the node sends a point missing that dimension right."""
     z = w0 + w1 * x
-    log_right = torch.logsumexp(log_dim + F.logsigmoid(z), dim=-1)
-    log_left = torch.logsumexp(log_dim + F.logsigmoid(-z), dim=-1)
-    return log_right, log_left
+    if missing is None:
+        log_right = torch.logsumexp(log_dim + F.logsigmoid(z), dim=-1)
+        log_left = torch.logsumexp(log_dim + F.logsigmoid(-z), dim=-1)
+        return log_right, log_left
+    right = torch.where(missing, F.logsigmoid(missing_logits), F.logsigmoid(z))
+    left = torch.where(missing, F.logsigmoid(-missing_logits), F.logsigmoid(-z))
+    return torch.logsumexp(log_dim + right, dim=-1), torch.logsumexp(log_dim + left, dim=-1)
 
 
 def _log_space_pairs(x, log_dim, w0, w1, rows, nodes):

@@ -24,6 +24,21 @@ Two ways to feed decisions back into the GRU:
 At test time the single most likely tree replaces softmax by max and sigmoid by a step
 (:meth:`RNNTree.rules`): node ``i`` tests ``x_l <= -w_{l0}/w_{l1}``.
 
+**Missing inputs** (NaN; beyond the paper). Each node :math:`i` has, per input dimension
+:math:`l`, the log-odds :math:`a_{il}` that a point missing :math:`x_l` goes right when
+the node splits on :math:`l` (the soft analogue of XGBoost's default direction, per
+split feature): the term :math:`\sigma(w_{l0} + w_{l1} x_l)` of eq. 13 becomes
+:math:`\sigma(a_{il})` for such a point,
+
+.. math:: q(m_i = 1 \mid x) = \sum_{l \notin M(x)} \pi_l\, \sigma(w_{l0} + w_{l1} x_l)
+          + \sum_{l \in M(x)} \pi_l\, \sigma(a_{il}),
+
+and the hard tree sends a missing :math:`x_{l^*}` right iff :math:`a_{il^*} > 0`. The
+log-odds (``missing_logits``: ``(2**D - 1, L)`` per node under hard feedback,
+``(D, L)`` per depth under soft feedback) start where :meth:`RNNTree.init_balanced`
+puts them (the greedy side of the missing points, or the side most observed points
+take) and are trained with ``missing=True`` (a buffer otherwise, used as started).
+
 .. rubric:: Recipe: an RNN-Tree partition inside your own Pyro model
 
 Any model that needs an input-dependent discrete partition of its data can take the
@@ -86,6 +101,8 @@ class RNNTree(PyroModule):
         paper's single roll-out, eq. 14).
     :param float noise: half-width of the uniform quantisation noise fed back during
         training with soft feedback (the paper: 0.5); 0 disables it.
+    :param bool missing: train where points missing an input go (``missing_logits`` a
+        parameter; default ``False``: a buffer, routing missing inputs as started).
     :param str name: parameter-store prefix (``PyroModule`` name of a root module).
 
     Inputs are standardised inside, ``(x - x_loc) / x_scale`` with the buffers
@@ -109,6 +126,8 @@ class RNNTree(PyroModule):
     torch.Size([5])
     """
 
+    missing = False  # trees pickled before missing inputs existed
+
     def __init__(
         self,
         in_features: int,
@@ -117,6 +136,7 @@ class RNNTree(PyroModule):
         hidden_size: int = 32,
         feedback: str = "hard",
         noise: float = 0.5,
+        missing: bool = False,
         name: str | None = None,
     ):
         super().__init__(name=name or "")
@@ -161,6 +181,17 @@ class RNNTree(PyroModule):
         self.register_buffer("x_loc", torch.zeros(self.in_features))
         self.register_buffer("x_scale", torch.ones(self.in_features))
         self.reset_split_parameters()
+        # where a point missing an input goes: per node (hard) or per depth (soft);
+        # created last and without random draws, so that nothing else changes
+        if not isinstance(missing, bool):
+            raise ValueError(f"missing must be True or False, got {missing!r}")
+        self.missing = missing
+        rows = trees.num_internal(self.depth) if feedback == "hard" else self.depth
+        miss = torch.zeros(rows, self.in_features)
+        if missing:
+            self.missing_logits = nn.Parameter(miss)
+        else:
+            self.register_buffer("missing_logits", miss)
 
     @torch.no_grad()
     def init_scaling(self, x: torch.Tensor) -> None:
@@ -223,6 +254,11 @@ class RNNTree(PyroModule):
         squared error); the cuts themselves stay balanced. Without ``y``, or when no cut
         reduces it by 5 % or more, the widest dimension is taken.
 
+        Missing inputs (NaN) are allowed: the cuts sit among the observed values, and
+        ``missing_logits`` start at the side that the greedy cut found best for the
+        points missing its dimension, or else at the log-odds of the node's observed
+        points going right (its hard limit: the side most of them take).
+
         ``cuts="greedy"`` (needs ``y``) instead grows the start as CART does: every node
         takes the dimension and cut that most reduce the impurity of its points' targets,
         each side keeping at least ``min_leaf`` points (other dimensions start at their
@@ -239,7 +275,7 @@ class RNNTree(PyroModule):
         L = self.in_features
         x = self.standardise(x)
         states = self.node_states().to(x.dtype)  # (I, H)
-        targets, _ = balanced_start(
+        targets, _, missing = balanced_start(
             x,
             y,
             self.depth,
@@ -247,7 +283,15 @@ class RNNTree(PyroModule):
             dim_margin=dim_margin,
             cuts=cuts,
             min_leaf=min_leaf,
+            with_missing=True,
         )
+        miss = self._missing_logits()
+        if miss is not None:  # per node, or averaged over each depth's nodes
+            if self.feedback == "soft":
+                missing = torch.stack(
+                    [missing[(1 << d) - 1 : (2 << d) - 1].mean(0) for d in range(self.depth)]
+                )
+            miss.copy_(missing.to(miss))
         base = torch.cat([self.dim_head(states), self.split_head(states)], dim=-1)
         if self.feedback == "hard":
             self.node_offset.copy_(targets - base)
@@ -307,14 +351,23 @@ class RNNTree(PyroModule):
         """
         noise = self.training if noise is None else noise
         x = self.standardise(x)
+        missing = torch.isnan(x)
+        if bool(missing.any()):
+            x = torch.where(missing, torch.zeros_like(x), x)
+            miss = self._missing_logits().to(x.dtype)
+        else:
+            missing = miss = None
         n = x.shape[0]
         h = self.h0.to(x.dtype).expand(n, -1)
         inp = x.new_zeros(n, 1)
         rights, lefts = [], []
-        for _ in range(self.depth):
+        for d in range(self.depth):
             h = self.cell(inp, h)
             log_dim, w0, w1 = self._heads(h)
-            log_right, log_left = _log_right_left(x, log_dim, w0, w1)
+            if missing is None:
+                log_right, log_left = _log_right_left(x, log_dim, w0, w1)
+            else:
+                log_right, log_left = _log_right_left(x, log_dim, w0, w1, missing, miss[d])
             rights.append(log_right)
             lefts.append(log_left)
             inp = log_right.exp().unsqueeze(-1)
@@ -337,9 +390,41 @@ class RNNTree(PyroModule):
         if feedback == "hard":
             log_dim, w0, w1 = self._node_heads(x.dtype)
             flat = self.standardise(x).reshape(-1, x.shape[-1])
-            log_right, log_left = _NodeSplitLogProbs.apply(flat, log_dim, w0, w1)
+            missing = torch.isnan(flat)
+            if bool(missing.any()):
+                log_right, log_left = self._missing_log_probs(flat, missing, log_dim, w0, w1)
+            else:
+                log_right, log_left = _NodeSplitLogProbs.apply(flat, log_dim, w0, w1)
             return (log_right - log_left).reshape(*x.shape[:-1], -1)  # (N, 2**D - 1)
         raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
+
+    def _missing_logits(self) -> torch.Tensor | None:
+        """``missing_logits`` (``None`` for a tree pickled before missing inputs)."""
+        return getattr(self, "missing_logits", None)
+
+    def _missing_log_probs(self, x, missing, log_dim, w0, w1):
+        """Eq. 13 under hard feedback for standardised rows ``x`` ``(N, L)`` with missing
+        values where ``missing`` says: the rows with none through
+        :class:`_NodeSplitLogProbs`, the others in log space with the nodes'
+        ``missing_logits``; ``(log_right, log_left)``, each ``(N, 2**D - 1)``."""
+        miss = self._missing_logits()
+        if miss is None:
+            raise ValueError("this RNNTree predates missing inputs; refit it to route NaN")
+        x = torch.where(missing, torch.zeros_like(x), x)
+        rows = missing.any(-1)
+        full = (~rows).nonzero().flatten()
+        part = rows.nonzero().flatten()
+        right_p, left_p = _log_right_left(
+            x[part].unsqueeze(-2), log_dim, w0, w1, missing[part].unsqueeze(-2), miss.to(x.dtype)
+        )
+        shape = (x.shape[0], w0.shape[0])
+        log_right = x.new_zeros(shape).index_put((part,), right_p)
+        log_left = x.new_zeros(shape).index_put((part,), left_p)
+        if full.numel():
+            right_f, left_f = _NodeSplitLogProbs.apply(x[full], log_dim, w0, w1)
+            log_right = log_right.index_put((full,), right_f)
+            log_left = log_left.index_put((full,), left_f)
+        return log_right, log_left
 
     def forward(self, x: torch.Tensor, *, feedback: str | None = None, noise=None):
         """Leaf logits (normalised log-probabilities) of shape ``(N, 2**D)``."""
@@ -402,7 +487,8 @@ class RNNTree(PyroModule):
         Node ``i`` tests dimension ``l* = argmax_l f(h_i)`` against
         ``-w_{l*0} / w_{l*1}`` (mapped back to the units of ``x`` through ``x_loc``,
         ``x_scale``); a zero slope gives a constant decision (threshold
-        ``-inf``/``+inf``).
+        ``-inf``/``+inf``). A missing value of ``x_{l*}`` goes right iff the node's
+        ``missing_logits`` for ``l*`` are positive (``DecisionRules.missing_right``).
         """
         # The per-node residual stays zero under soft feedback, so this serves both.
         log_dim, w0, w1 = self._node_heads()
@@ -421,7 +507,13 @@ class RNNTree(PyroModule):
         threshold = loc + scale * threshold
         if leaf_values is None:
             leaf_values = [f"leaf {i}" for i in range(trees.num_leaves(self.depth))]
-        return trees.DecisionRules(feature, threshold, greater, list(leaf_values))
+        missing_right = None
+        miss = self._missing_logits()
+        if miss is not None:  # a missing x_l* goes right iff its log-odds are positive
+            if self.feedback == "soft":
+                miss = trees.depth_logits_to_node_logits(miss.T).T
+            missing_right = miss.gather(-1, feature.unsqueeze(-1)).squeeze(-1) > 0
+        return trees.DecisionRules(feature, threshold, greater, list(leaf_values), missing_right)
 
     @torch.no_grad()
     def rule_spread(self, level: float = 0.9) -> dict:

@@ -147,6 +147,13 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     :class:`~pyro.infer.autoguide.AutoGuideList` beside autoguides for other sites.
     Building it raises the model's ``site_depth`` to ``depth``.
 
+    **Missing inputs.** For a model with ``missing=True`` every internal position also
+    has :math:`\rho_i \sim \mathrm{Beta}(\tilde\pi_i \tilde c_i, (1 - \tilde\pi_i)
+    \tilde c_i)`, the probability that a missing input goes right there, weighted by
+    :math:`\psi_i` (parameters ``rho_logits``, :math:`\tilde\pi_i =
+    \sigma(\cdot)`, starting at 1/2, and ``rho_concentration``, starting at the
+    prior's :math:`2c`: the guide starts at the prior).
+
     **Lazy start.** At the first call the parameters move to the inputs' dtype and
     device and, with ``init="data"``, the split rules start through training points
     (:meth:`init_splits_from_data`); neither happens when the parameter store already
@@ -233,6 +240,13 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         self.theta_scale = PyroParam(torch.full((n_all, leaf), init_scale), constraints.positive)
         self.log_sigma_loc = PyroParam(torch.full((n_all,), math.log(init_noise)))
         self.log_sigma_scale = PyroParam(torch.full((n_all,), init_scale), constraints.positive)
+        self.missing = bool(getattr(model, "missing", False))
+        if self.missing:  # where a missing input goes: the guide starts at the prior
+            self.rho_logits = PyroParam(torch.zeros(n_int))
+            conc = torch.full((n_int,), 2.0 * model.missing_concentration)
+            self.rho_concentration = PyroParam(conc, constraints.positive)
+
+    missing = False  # guides pickled before missing inputs existed
 
     _PARAMS = (
         "split_logits",
@@ -260,6 +274,9 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         beta_loc, beta_scale = self.beta_loc.to(**opts), self.beta_scale.to(**opts)
         theta_loc, theta_scale = self.theta_loc.to(**opts), self.theta_scale.to(**opts)
         ls_loc, ls_scale = self.log_sigma_loc.to(**opts), self.log_sigma_scale.to(**opts)
+        rho_a = rho_b = None
+        if getattr(self, "missing", False):
+            rho_a, rho_b = rho_concentrations(self.rho_logits, self.rho_concentration, opts)
         with poutine.scale(scale=model.lam):
             exist = torch.ones(1, **opts)
             for d in range(self.depth + 1):
@@ -285,6 +302,9 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
                             out[name] = pyro.sample(
                                 name, dist.Normal(beta_loc[sl], beta_scale[sl]).to_event(1)
                             )
+                            if rho_a is not None:
+                                name = model.site(f"rho_{d}")
+                                out[name] = pyro.sample(name, dist.Beta(rho_a[sl], rho_b[sl]))
                     with weighted(kappa):
                         name = model.site(f"theta_{d}")
                         out[name] = pyro.sample(
@@ -307,7 +327,9 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         sqrt(L)``) on the others, and the intercept chosen so that the boundary
         :math:`\\tilde\\mu_i^\\top x = 0` passes through :math:`x_r`. Every rule then cuts
         the data somewhere inside its range, unlike random hyperplanes through the
-        origin, which in many dimensions all cut the data near its centre.
+        origin, which in many dimensions all cut the data near its centre. With missing
+        values (NaN) the chosen feature's value is taken from the first row at or after
+        :math:`r` (cyclically) that has it, and the other missing inputs are read as 0.
 
         :param x: (standardised) training inputs ``(N, L)``.
         :param float sharpness: slope of the logistic rule along the chosen feature.
@@ -323,7 +345,7 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         w = torch.randn(n_int, L, generator=generator) * (0.1 * sharpness / math.sqrt(L))
         sign = torch.randint(2, (n_int,), generator=generator) * 2.0 - 1.0
         w[torch.arange(n_int), feats] = sharpness * sign
-        xr = x[rows].detach().to(device="cpu", dtype=w.dtype)
+        xr = split_points(x, rows, feats).to(dtype=w.dtype)
         bias = -(w * xr).sum(-1, keepdim=True)
         loc = torch.cat([w, bias], dim=-1)
         self.beta_loc = loc.to(dtype=self.beta_loc.dtype, device=self.beta_loc.device)
@@ -342,6 +364,8 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
             out[self.model.site(f"split_{d}")] = tree["split"][sl]
             if d < self.depth:
                 out[self.model.site(f"beta_{d}")] = tree["beta"][sl]
+                if "rho" in tree:
+                    out[self.model.site(f"rho_{d}")] = tree["rho"][sl]
             out[self.model.site(f"theta_{d}")] = tree["theta"][sl]
             out[self.model.site(f"log_sigma_{d}")] = tree["log_sigma"][sl]
         return out
@@ -350,9 +374,9 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     def mean_tree(self) -> dict:
         """The guide's central tree in the format of :meth:`~pyro_trees.models.VaRT.sample_tree`:
         hard split indicators :math:`\\tilde\\gamma_i > 1/2` (all leaves at depth ``D``) and the
-        locations of the Gaussians; feed it to :func:`~pyro_trees.models.tree_mean` (or
-        :func:`~pyro_trees.models.mixture_params`) for a fast point prediction (used for
-        early stopping)."""
+        locations of the Gaussians (and the mean of each :math:`\\rho_i`); feed it to
+        :func:`~pyro_trees.models.tree_mean` (or :func:`~pyro_trees.models.mixture_params`)
+        for a fast point prediction (used for early stopping)."""
         split = torch.cat(
             [
                 (self.split_logits > 0).to(self.theta_loc.dtype),
@@ -368,13 +392,24 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
             out.append(log_exist)
             _, _, exist = node_weights(exist, s)
             log_exist = exist.log()
-        return {
+        tree = {
             "split": split,
             "log_exist": torch.cat(out),
             "beta": self.beta_loc.detach(),
             "theta": self.theta_loc.detach(),
             "log_sigma": self.log_sigma_loc.detach(),
         }
+        if self.missing:
+            tree["rho"] = self.rho_mean()
+        return tree
+
+    @torch.no_grad()
+    def rho_mean(self) -> torch.Tensor | None:
+        """The mean :math:`\\tilde\\pi_i` of each internal position's :math:`\\rho_i`
+        (where a missing input goes), ``(2**D - 1,)``; ``None`` without ``missing``."""
+        if not getattr(self, "missing", False):
+            return None
+        return torch.sigmoid(self.rho_logits.detach())
 
     @torch.no_grad()
     def split_probs(self) -> torch.Tensor:
@@ -422,3 +457,29 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
             f"depth={self.depth}, in_features={self.model.in_features}, "
             f"temperature={self.temperature:.4g}"
         )
+
+
+def rho_concentrations(logits: torch.Tensor, concentration: torch.Tensor, opts: dict):
+    """The Beta concentrations :math:`(\\tilde\\pi \\tilde c, (1 - \\tilde\\pi) \\tilde c)`
+    of the guides' ``rho`` from the parameters ``rho_logits`` and ``rho_concentration``."""
+    logits, conc = logits.to(**opts), concentration.to(**opts)
+    return torch.sigmoid(logits) * conc, torch.sigmoid(-logits) * conc
+
+
+def split_points(x: torch.Tensor, rows: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """The rows ``x[rows]`` ``(n, L)`` on the CPU through which the data-driven start
+    puts its split rules, each for its feature ``feats``: without missing values
+    (NaN) exactly ``x[rows]``; with them, a rule whose row lacks its feature moves to
+    the first row after it (cyclically) that has it, and the other missing inputs read
+    0 (the standardised mean; 0 too where no row has the feature)."""
+    x = x.detach()
+    missing = torch.isnan(x)
+    if not bool(missing.any()):
+        return x[rows].to("cpu")
+    x, missing = x.to("cpu"), missing.to("cpu")
+    n = x.shape[0]
+    has = ~missing[:, feats].T  # (num, n): rows that have each rule's feature
+    offset = (torch.arange(n).unsqueeze(0) - rows.unsqueeze(1)) % n  # steps after the row
+    offset = torch.where(has, offset, n)
+    picked = torch.where(has.any(-1), (rows + offset.min(-1).values) % n, rows)
+    return torch.where(missing[picked], torch.zeros((), dtype=x.dtype), x[picked])

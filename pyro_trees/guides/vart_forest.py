@@ -21,7 +21,7 @@ from torch.distributions import constraints
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.guides.base import TreeGuide
-from pyro_trees.guides.vart import RelaxedSplitGuide
+from pyro_trees.guides.vart import RelaxedSplitGuide, rho_concentrations, split_points
 from pyro_trees.models.vart import node_weights, weighted
 from pyro_trees.models.vart_forest import VaRTForest, forest_tree
 
@@ -37,7 +37,9 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     \tilde\gamma_{ki}, \tau)` and :math:`\beta_{ki} \sim \mathcal N(\tilde\mu_{ki},
     \tilde S_{ki})` for internal positions, :math:`\theta_{ki} \sim \mathcal
     N(\tilde\zeta_{ki}, \tilde\Psi_{ki})` for every node (diagonal covariances);
-    :math:`\log\sigma \sim \mathcal N(\tilde m, \tilde v^2)`. The parameters carry a
+    :math:`\log\sigma \sim \mathcal N(\tilde m, \tilde v^2)`; for a model with
+    ``missing=True``, :math:`\rho_{ki}` as :class:`~pyro_trees.guides.VaRTGuide`'s
+    (``rho_logits``, ``rho_concentration`` ``(K, 2**D - 1)``). The parameters carry a
     leading dimension of trees (``split_logits`` ``(K, 2**D - 1)``, ``beta_loc``
     ``(K, 2**D - 1, L + 1)``, ``theta_loc`` ``(K, 2**(D+1) - 1, L + 1)``, ...) and every
     level is one batched sample site in the plates ``trees`` and ``nodes_d``: the cost
@@ -76,6 +78,8 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     >>> draw["split_1"].shape, draw["theta_2"].shape  # (K, 2**d), (K, 2**d, L + 1)
     (torch.Size([4, 2]), torch.Size([4, 4, 3]))
     """
+
+    missing = False  # guides pickled before missing inputs existed
 
     _PARAMS = (
         "split_logits",
@@ -126,14 +130,24 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         self.theta_scale = PyroParam(torch.full((k, n_all, width), leaf), constraints.positive)
         self.log_sigma_loc = PyroParam(torch.tensor(math.log(init_noise)))
         self.log_sigma_scale = PyroParam(torch.tensor(init_scale), constraints.positive)
+        self.missing = bool(getattr(model, "missing", False))
+        if self.missing:  # as VaRTGuide's: rho starts at its prior
+            self.rho_logits = PyroParam(torch.zeros(k, n_int))
+            conc = torch.full((k, n_int), 2.0 * model.missing_concentration)
+            self.rho_concentration = PyroParam(conc, constraints.positive)
 
     def params(self, x: torch.Tensor) -> dict:
         """Every (constrained) parameter, read once, in ``x``'s dtype and device, with
-        ``theta_loc`` the leaves' locations (the parameter over :math:`K`)."""
+        ``theta_loc`` the leaves' locations (the parameter over :math:`K`) and, with
+        missing inputs, ``rho_a``, ``rho_b`` the Beta concentrations of ``rho``."""
         opts = {"dtype": x.dtype, "device": x.device}
         with self._pyro_context:  # through Pyro's store, also when called from an ELBO
             self._ensure_started(x)
             q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
+            if getattr(self, "missing", False):
+                q["rho_a"], q["rho_b"] = rho_concentrations(
+                    self.rho_logits, self.rho_concentration, opts
+                )
         q["theta_loc"] = q["theta_loc"] / self.n_trees
         return q
 
@@ -167,6 +181,10 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
                             beta = dist.Normal(q["beta_loc"][:, sl], q["beta_scale"][:, sl])
                             with weighted(psi):
                                 out[name] = pyro.sample(name, beta.to_event(1))
+                                if "rho_a" in q:
+                                    name = model.site(f"rho_{d}")
+                                    rho = dist.Beta(q["rho_a"][:, sl], q["rho_b"][:, sl])
+                                    out[name] = pyro.sample(name, rho)
                         else:
                             kappa = exist
                         name = model.site(f"theta_{d}")
@@ -198,7 +216,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         w = torch.randn(num, L, generator=generator) * (0.1 * sharpness / math.sqrt(L))
         sign = torch.randint(2, (num,), generator=generator) * 2.0 - 1.0
         w[torch.arange(num), feats] = sharpness * sign
-        xr = x[rows].detach().to(device="cpu", dtype=w.dtype)
+        xr = split_points(x, rows, feats).to(dtype=w.dtype)
         loc = torch.cat([w, -(w * xr).sum(-1, keepdim=True)], dim=-1).reshape(k, n_int, width)
         self.beta_loc = loc.to(dtype=self.beta_loc.dtype, device=self.beta_loc.device)
         self._started = True
@@ -211,10 +229,15 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         :func:`~pyro_trees.models.forest_mean` (a fast point prediction)."""
         hard = (self.split_logits > 0).to(self.theta_loc.dtype)
         bounds = [((1 << d) - 1, (2 << d) - 1) for d in range(self.depth + 1)]
+        rho = None
+        if getattr(self, "missing", False):
+            mean = torch.sigmoid(self.rho_logits.detach())
+            rho = [mean[:, a:b] for a, b in bounds[:-1]]
         return forest_tree(
             [hard[:, a:b] for a, b in bounds[:-1]],
             [self.beta_loc.detach()[:, a:b] for a, b in bounds[:-1]],
             [self.theta_loc.detach()[:, a:b] / self.n_trees for a, b in bounds],
+            rho,
         )
 
     @torch.no_grad()

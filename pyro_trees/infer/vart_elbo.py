@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import math
 
+import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
+from pyro_trees.guides.vart import rho_concentrations
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.models._vart_mixture import gaussian, with_bias
+from pyro_trees.models._vart_mixture import gaussian, observed, route_log_probs, with_bias
 from pyro_trees.models.vart import VaRT
 
 __all__ = ["VaRTELBO", "sample_guide", "vart_elbo"]
@@ -57,18 +59,24 @@ def _guide_params(guide, x: torch.Tensor) -> dict:
     out = {k: getattr(guide, k).to(**opts) for k in names}
     out["ls_loc"] = guide.log_sigma_loc.to(**opts)
     out["ls_scale"] = guide.log_sigma_scale.to(**opts)
+    if getattr(guide, "missing", False):
+        out["rho_a"], out["rho_b"] = rho_concentrations(
+            guide.rho_logits, guide.rho_concentration, opts
+        )
     return out
 
 
 def sample_guide(guide, x: torch.Tensor, params: dict | None = None) -> dict:
     """One draw of the guide's latent sites, keyed like its Pyro sample sites
-    (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d``), by reparameterisation."""
+    (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` and, with missing inputs,
+    ``rho_d``), by reparameterisation."""
     q = _guide_params(guide, x) if params is None else params
     depth = guide.depth
     split = RelaxedSplitIndicator(q["split_logits"], guide.temperature).rsample()
     beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
     theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
     log_sigma = q["ls_loc"] + q["ls_scale"] * torch.randn_like(q["ls_loc"])
+    rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample() if "rho_a" in q else None
     out = {}
     for d in range(depth + 1):
         n = 1 << d
@@ -76,6 +84,8 @@ def sample_guide(guide, x: torch.Tensor, params: dict | None = None) -> dict:
         if d < depth:
             out[f"split_{d}"] = split[sl]
             out[f"beta_{d}"] = beta[sl]
+            if rho is not None:
+                out[f"rho_{d}"] = rho[sl]
         else:
             out[f"split_{d}"] = split.new_zeros(n)
         out[f"theta_{d}"] = theta[sl]
@@ -102,8 +112,10 @@ def vart_elbo(
         + \\lambda \\sum_{\\text{sites } k} w_k \\bigl(\\log p_k - \\log q_k\\bigr),
 
     with the node weights :math:`w_k` of eqs. 23-29 (:math:`A_i` on ``split``,
-    :math:`\\psi_i` on ``beta``, :math:`\\kappa_i` on ``theta`` and ``log_sigma``)
-    evaluated at the drawn indicators.
+    :math:`\\psi_i` on ``beta`` and, with missing inputs, ``rho``, :math:`\\kappa_i` on
+    ``theta`` and ``log_sigma``) evaluated at the drawn indicators. Rows of ``x`` with
+    missing values (NaN) are routed as :func:`~pyro_trees.models.mixture_params` routes
+    them.
 
     :param values: the guide's draws keyed by site name (as
         :func:`~pyro_trees.infer.vart_elbo.sample_guide` returns them); drawn afresh when ``None``.
@@ -149,6 +161,11 @@ def vart_elbo(
         + (psi * lq_beta).sum()
         + (kappa * (lq_theta + lq_ls)).sum()
     )
+    rho = None
+    if "rho_a" in q:  # where a missing input goes: Beta sites weighted by psi
+        rho = torch.cat([values[f"rho_{d}"] for d in range(depth)])
+        lq_rho = dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)
+        log_q = log_q + (psi * lq_rho).sum()
 
     # model log p: split indicators of every node (the truncated level scores log(1 - g_D))
     prior = model.node_prior(0, split.shape[0], **opts)
@@ -165,6 +182,8 @@ def vart_elbo(
     lp_split = split * gamma.log() + (1 - split) * (-gamma).log1p()
     lp_ls = _normal_lp(log_sigma, model.noise_loc, model.noise_scale)
     log_p = (exist * lp_split).sum() + (psi * lp_beta).sum() + (kappa * (lp_theta + lp_ls)).sum()
+    if rho is not None:
+        log_p = log_p + (psi * model.rho_prior(rho.shape, **opts).log_prob(rho)).sum()
 
     # likelihood of the (sub)sampled points, scaled by N / B as pyro.plate does
     n = x.shape[0]
@@ -176,15 +195,20 @@ def vart_elbo(
     else:
         xb, yb, scale = x, y, 1.0
     # eq. 27 (as mixture_params computes it): log P(x -> i) level by level, in one pass
-    x1 = with_bias(xb)
+    x1, missing = observed(with_bias(xb))  # missing inputs read 0 (their routes: rho)
     z = x1 @ beta.T  # (B, 2**D - 1): beta^T x, the log-odds of going left
-    reach = [x1.new_zeros(x1.shape[0], 1)]
-    for d in range(depth):
-        zd = z[:, (1 << d) - 1 : (1 << (d + 1)) - 1]
-        pair = torch.stack([reach[-1] + F.logsigmoid(zd), reach[-1] + F.logsigmoid(-zd)], -1)
-        reach.append(pair.reshape(x1.shape[0], 1 << (d + 1)))
+    if missing is None:
+        reach = [x1.new_zeros(x1.shape[0], 1)]
+        for d in range(depth):
+            zd = z[:, (1 << d) - 1 : (1 << (d + 1)) - 1]
+            pair = torch.stack([reach[-1] + F.logsigmoid(zd), reach[-1] + F.logsigmoid(-zd)], -1)
+            reach.append(pair.reshape(x1.shape[0], 1 << (d + 1)))
+        log_reach = torch.cat(reach, -1)
+    else:
+        log_left, log_right = route_log_probs(z, beta, missing, rho)
+        log_reach = trees.splits_log_reach(log_left, log_right)
     log_kappa = log_exist + torch.log1p(-split)
-    mix_logits = log_kappa + torch.cat(reach, -1)
+    mix_logits = log_kappa + log_reach
     obs_ll = model._obs_log_lik(mix_logits, x1, theta, log_sigma, yb)
     return scale * obs_ll + lam * (log_p - log_q)
 

@@ -12,6 +12,7 @@ References
 
 from __future__ import annotations
 
+import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
@@ -47,6 +48,10 @@ def sample_forest_guide(guide, x: torch.Tensor, params: dict | None = None) -> d
         out[model.site(f"theta_{d}")] = t
     eps = torch.randn_like(q["log_sigma_loc"])
     out[model.site("log_sigma")] = q["log_sigma_loc"] + q["log_sigma_scale"] * eps
+    if "rho_a" in q:  # where a missing input goes, drawn last
+        rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
+        for d, r in enumerate(_levels(rho, depth - 1)):
+            out[model.site(f"rho_{d}")] = r
     return out
 
 
@@ -82,7 +87,15 @@ def vart_forest_elbo(
     beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], -2)
     theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], -2)
     log_sigma = values[site("log_sigma")]
-    forest = forest_tree(_levels(split, depth - 1), _levels(beta, depth - 1), _levels(theta, depth))
+    rho = None
+    if "rho_a" in q:
+        rho = torch.cat([values[site(f"rho_{d}")] for d in range(depth)], -1)  # (K, n_int)
+    forest = forest_tree(
+        _levels(split, depth - 1),
+        _levels(beta, depth - 1),
+        _levels(theta, depth),
+        None if rho is None else _levels(rho, depth - 1),
+    )
     exist = forest["log_exist"].exp()  # (K, M): A_i
     n_int = trees.num_internal(depth)
     psi = exist[:, :n_int] * split
@@ -99,6 +112,8 @@ def vart_forest_elbo(
         + (kappa * lq_theta).sum()
         + lq_ls
     )
+    if rho is not None:
+        log_q = log_q + (psi * dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)).sum()
 
     gamma = torch.tensor(
         [model.split_prob(d) for d in range(depth)], dtype=x.dtype, device=x.device
@@ -114,6 +129,9 @@ def vart_forest_elbo(
         + (kappa * lp_theta).sum()
         + lp_ls
     )
+    if rho is not None:
+        prior = model.rho_prior(rho.shape, dtype=x.dtype, device=x.device)
+        log_p = log_p + (psi * prior.log_prob(rho)).sum()
 
     n = x.shape[0]
     if subsample is None and subsample_size is not None and int(subsample_size) < n:

@@ -19,7 +19,10 @@ from pyro_trees import trees
 
 __all__ = [
     "gaussian",
+    "missing_share",
     "mixture_params",
+    "observed",
+    "route_log_probs",
     "tree_likelihood",
     "tree_mean",
     "with_bias",
@@ -35,13 +38,72 @@ def with_bias(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], dim=-1)
 
 
+def observed(x: torch.Tensor):
+    """The inputs with every missing value (NaN) read as 0, the standardised mean, and
+    where they were missing.
+
+    :param x: ``(..., L)``, NaN where missing.
+    :returns: ``(x0, missing)``: ``x`` itself and ``None`` when nothing is missing (so
+        that complete inputs take exactly the arithmetic they always took), else ``x``
+        with zeros for NaN and the bool mask ``(..., L)``.
+    """
+    missing = torch.isnan(x)
+    if not bool(missing.any()):
+        return x, None
+    return torch.where(missing, torch.zeros_like(x), x), missing
+
+
+def missing_share(beta: torch.Tensor, missing: torch.Tensor) -> torch.Tensor:
+    r"""The share :math:`m_i(x)` of each split's weight that falls on the missing inputs
+    of each row: :math:`\sum_{j \in M(x)} \beta_{ij}^2 / \sum_{j \le L} \beta_{ij}^2`
+    (the intercept left out), the share of the variance of :math:`\beta_i^\top x` that
+    the missing inputs carry for standardised, uncorrelated inputs. A split with no weight
+    on any input has share 0.
+
+    :param beta: ``B + (J, L + 1)`` split weights, the intercept last.
+    :param missing: bool ``(N, L)`` (or ``(N, L + 1)`` with the intercept column).
+    :returns: ``B + (N, J)`` in ``[0, 1]``.
+    """
+    w = beta[..., :-1].square()
+    miss = missing[..., : w.shape[-1]].to(w.dtype)
+    num = torch.matmul(miss, w.transpose(-1, -2))
+    den = w.sum(-1).unsqueeze(-2)
+    return (num / den.clamp_min(torch.finfo(w.dtype).tiny)).clamp(0.0, 1.0)
+
+
+def route_log_probs(u: torch.Tensor, beta: torch.Tensor, missing, rho):
+    """``(log P(left), log P(right))`` ``B + (N, J)`` at every split of ``beta``
+    ``B + (J, L + 1)`` for rows whose inputs are missing where ``missing`` ``(N, L)``
+    says: :func:`pyro_trees.trees.split_log_probs` with the share of
+    :func:`missing_share`, the one routing rule of every VaRT tree and forest.
+
+    :param u: ``B + (N, J)``, :math:`\\beta^\\top x` over the inputs with missing values at 0.
+    :param rho: ``B + (J,)``, the splits' probabilities of sending a missing value right.
+    :raises ValueError: when inputs are missing and ``rho`` is ``None``.
+    """
+    if missing is None:
+        return trees.split_log_probs(u)
+    if rho is None:
+        raise ValueError(
+            "x has missing values (NaN) but the tree has no 'rho' (where a missing value "
+            "goes); build the model with missing=True"
+        )
+    return trees.split_log_probs(u, missing_share(beta, missing), rho.unsqueeze(-2))
+
+
 def log_leaf_weights(tree: dict, x1: torch.Tensor) -> torch.Tensor:
     """:math:`\\log \\kappa_i + \\log P(x \\to i)` of every node of ``tree`` (a
     :meth:`~pyro_trees.models.VaRT.sample_tree` output, batch shape ``B``, ``M`` nodes) at
-    the inputs ``x1`` ``(N, L + 1)`` (intercept column included): ``B + (N, M)``,
+    the inputs ``x1`` ``(N, L + 1)`` (intercept column included; NaN where an input is
+    missing, routed by :func:`route_log_probs` with the tree's ``rho``): ``B + (N, M)``,
     ``-inf`` for absent nodes."""
     log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
     beta = tree["beta"]
+    x1, missing = observed(x1)
+    if missing is not None and beta is not None:
+        u = torch.einsum("...jk,nk->...nj", beta, x1)
+        log_left, log_right = route_log_probs(u, beta, missing, tree.get("rho"))
+        return log_kappa.unsqueeze(-2) + trees.splits_log_reach(log_left, log_right)
     if beta is None:
         log_reach = x1.new_zeros(x1.shape[:1] + (1,))
     else:
@@ -56,11 +118,13 @@ def mixture_params(tree: dict, x1: torch.Tensor):
 
     :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape ``B``, ``M``
         nodes).
-    :param x1: inputs with the intercept column, ``(N, L + 1)``.
+    :param x1: inputs with the intercept column, ``(N, L + 1)`` (NaN where missing:
+        routed by the tree's ``rho``, read as 0 by the leaves).
     :returns: ``(logits, means, sigma)`` of shapes ``B + (N, M)``; ``logits`` is
         :math:`\\log\\kappa_i + \\log P(x \\to i)` (``-inf`` for absent nodes).
     """
     logits = log_leaf_weights(tree, x1)
+    x1, _ = observed(x1)
     means = torch.einsum("...jk,nk->...nj", tree["theta"], x1)
     sigma = tree["log_sigma"].exp().unsqueeze(-2).expand(means.shape)
     return logits, means, sigma
@@ -113,15 +177,16 @@ def _row_mixtures(leaf: dict, x: torch.Tensor):
 
 def _stack_trees(samples: dict, depth: int) -> dict:
     """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
-    ``log_sigma_d``, leading dimension ``S``) in the format of
-    :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``(S,)``."""
+    ``log_sigma_d`` and, where present, ``rho_d``, leading dimension ``S``) in the format
+    of :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``(S,)`` (``rho``
+    only with the ``rho_d`` sites)."""
     num = samples["split_0"].shape[0]
     width = samples["theta_0"].shape[-1]
     split = [samples[f"split_{d}"].reshape(num, -1) for d in range(depth + 1)]
     log_exist = [split[0].new_zeros(num, 1)]
     for d in range(depth):
         log_exist.append((log_exist[-1] + split[d].log()).repeat_interleave(2, dim=-1))
-    return {
+    out = {
         "split": torch.cat(split, -1),
         "log_exist": torch.cat(log_exist, -1),
         "beta": torch.cat(
@@ -138,23 +203,30 @@ def _stack_trees(samples: dict, depth: int) -> dict:
             [samples[f"log_sigma_{d}"].reshape(num, -1) for d in range(depth + 1)], -1
         ),
     }
+    if "rho_0" in samples:
+        out["rho"] = torch.cat([samples[f"rho_{d}"].reshape(num, -1) for d in range(depth)], -1)
+    return out
 
 
 def _leaf_tree(tree: dict) -> dict:
     """The stacked trees of :func:`_stack_trees` cut to the nodes that are a leaf of at
     least one of them: ``keep`` ``(K,)`` their heap positions, ``log_kappa`` ``(S, K)``
     (``-inf`` where a node is no leaf of that tree), ``theta`` ``(S, K, L + 1)`` and
-    ``log_sigma`` ``(S, K)``; ``beta`` ``(S, 2**D - 1, L + 1)`` as before. The other nodes
-    have mixture weight zero in every tree."""
+    ``log_sigma`` ``(S, K)``; ``beta`` ``(S, 2**D - 1, L + 1)`` and ``rho``
+    ``(S, 2**D - 1)`` (where present) as before. The other nodes have mixture weight zero
+    in every tree."""
     log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
     keep = (log_kappa > -math.inf).any(0).nonzero().flatten()
-    return {
+    out = {
         "keep": keep,
         "log_kappa": log_kappa[:, keep],
         "beta": tree["beta"],
         "theta": tree["theta"][:, keep],
         "log_sigma": tree["log_sigma"][:, keep],
     }
+    if "rho" in tree:
+        out["rho"] = tree["rho"]
+    return out
 
 
 def _leaf_mixtures(leaf: dict, x: torch.Tensor):
@@ -168,15 +240,21 @@ def _leaf_mixtures(leaf: dict, x: torch.Tensor):
     (:func:`~pyro_trees.models.forest_mean`) and its noise, ``(S, n, 1)``, ``(S, 1, 1)``.
 
     The routing is computed top-down, level by level: a node's log reach is its
-    parent's plus ``logsigmoid(beta^T x)`` (left child) or ``logsigmoid(-beta^T x)``."""
+    parent's plus ``logsigmoid(beta^T x)`` (left child) or ``logsigmoid(-beta^T x)``;
+    rows with missing inputs (NaN) go by :func:`route_log_probs` with the trees'
+    ``rho``, and their leaves read a missing input as 0."""
     if "forest" in leaf:
         means = forest_mean(leaf["forest"], x).unsqueeze(-1)
         return torch.zeros_like(means), means, leaf["log_sigma"][:, None, None]
-    x1 = with_bias(x)
+    x1, missing = observed(with_bias(x))
     beta = leaf["beta"]
     num, n = leaf["log_kappa"].shape[0], x1.shape[0]
     levels = [x1.new_zeros(num, n, 1)]
-    if beta is not None and beta.shape[-2] > 0:
+    if missing is not None and beta is not None and beta.shape[-2] > 0:
+        u = torch.matmul(x1, beta.transpose(-1, -2))
+        log_left, log_right = route_log_probs(u, beta, missing, leaf.get("rho"))
+        levels = [trees.splits_log_reach(log_left, log_right)]
+    elif beta is not None and beta.shape[-2] > 0:
         u = torch.matmul(x1, beta.transpose(-1, -2))  # (S, n, 2**D - 1): beta^T x
         depth = (beta.shape[-2] + 1).bit_length() - 1
         for d in range(depth):
@@ -199,16 +277,21 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     :param forest: per-tree tensors in the format of
         :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``B + (K,)``
         (:func:`forest_tree` builds one from the sites).
-    :param x: inputs ``(N, L)``.
+    :param x: inputs ``(N, L)`` (NaN where missing: routed by the trees' ``rho``
+        ``B + (K, 2**D - 1)``, read as 0 by the leaves).
     :param bool keepdim: keep the summed tree dimension (size 1), as the model's sites do.
     :returns: ``B + (N,)`` (``B + (1, N)`` with ``keepdim``).
     """
-    x1 = with_bias(x)
+    x1, missing = observed(with_bias(x))
     beta, theta = forest["beta"], forest["theta"]
     z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
     down, right = _paths(beta.shape[-2], z.dtype, z.device)
-    # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
-    log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
+    if missing is None:
+        # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
+        log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
+    else:  # the same sum with each side's own log-probability (route_log_probs)
+        log_left, log_right = route_log_probs(z, beta, missing, forest.get("rho"))
+        log_reach = torch.matmul(log_left, down - right) + torch.matmul(log_right, right)
     weight = (log_reach + forest["log_exist"].unsqueeze(-2)).exp()
     weight = weight * (1 - forest["split"]).unsqueeze(-2)  # kappa P(x -> i), B + (K, N, M)
     leaf = torch.matmul(weight, theta)  # B + (K, N, L + 1): the routed leaf weights

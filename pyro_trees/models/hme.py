@@ -177,10 +177,15 @@ class HME(PyroModule):
         return self.noise_scale if self.learn_noise else self.fixed_noise_scale
 
     def leaf_outputs(self, x: torch.Tensor) -> torch.Tensor:
-        """Every expert's mean (or logits) for every input: ``(N, 2**D, width)``."""
+        """Every expert's mean (or logits) for every input: ``(N, 2**D, width)``. A
+        linear expert reads a missing input (NaN) as 0 (the estimators standardise their
+        inputs, so 0 is the training mean there)."""
         loc = self.leaf_loc.to(x.dtype)
         if self.experts == "constant":
             return loc.expand(x.shape[0], -1, -1)
+        missing = torch.isnan(x)
+        if bool(missing.any()):
+            x = torch.where(missing, torch.zeros_like(x), x)
         return torch.einsum("nf,lfo->nlo", x, self.leaf_weight.to(x.dtype)) + loc
 
     def expert(self, x: torch.Tensor, leaf: torch.Tensor) -> dist.Distribution:

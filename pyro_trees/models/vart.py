@@ -75,6 +75,20 @@ class VaRT(PyroModule):
     :math:`\sigma_i` unspecified; here each node's log noise scale is part of its leaf
     parameters, with the Gaussian prior above.
 
+    **Missing inputs** (``missing=True``; beyond the paper). Every node also draws
+    :math:`\rho_i \sim \mathrm{Beta}(c, c)`, the probability that a missing input
+    goes right there (the soft-tree analogue of a learnt default direction, as XGBoost's).
+    A row :math:`x` with missing inputs :math:`M(x)` goes right at node :math:`i` with
+    probability :math:`(1 - m_i)\,\sigma(-\beta_i^\top x_0) + m_i \rho_i`, with
+    :math:`x_0` the row with its missing inputs at 0 and :math:`m_i = \sum_{j \in M(x)}
+    \beta_{ij}^2 / \sum_{j \le L} \beta_{ij}^2` the share of the split's weight on
+    them (:func:`pyro_trees.trees.split_log_probs`); the leaves read :math:`x_0`. The
+    sites ``rho_d`` (:math:`d <` ``site_depth``, in ``nodes_d``, weighted by
+    :math:`\psi_i` as ``beta_d``) follow the ``beta_d`` sites; the tree's ``rho`` is
+    ``B + (2**D - 1,)``. Posterior trees differ in :math:`\rho`, so a row whose route
+    depends on a missing input gets the spread of the routes. Without ``missing`` the
+    model has no ``rho`` sites and refuses inputs with NaN.
+
     **Likelihood** (Secs. 2.2, 3, eq. 27): with :math:`\kappa_i` the leaf indicator
     and :math:`P(x \to i)` the soft routing probability of reaching node :math:`i`,
 
@@ -126,6 +140,10 @@ class VaRT(PyroModule):
     :param float noise_scale: :math:`v_\sigma`.
     :param int site_depth: the deepest level recorded as sample sites (default 0;
         :class:`~pyro_trees.guides.VaRTGuide` raises it to its depth).
+    :param bool missing: inputs may be missing (NaN): the ``rho`` sites above (default
+        ``False``).
+    :param float missing_concentration: :math:`c > 0` of the ``rho`` prior (default 1,
+        uniform).
     :param str name: prefix of the sample sites (default none).
 
     **Per-node priors** (the general form of Sec. 2.3, :math:`s_i \sim
@@ -155,6 +173,9 @@ class VaRT(PyroModule):
     torch.Size([5])
     """
 
+    missing = False  # models pickled before missing inputs existed
+    missing_concentration = 1.0
+
     def __init__(
         self,
         in_features: int,
@@ -172,6 +193,8 @@ class VaRT(PyroModule):
         node_leaf_loc: torch.Tensor | None = None,
         node_leaf_scale: torch.Tensor | None = None,
         site_depth: int = 0,
+        missing: bool = False,
+        missing_concentration: float = 1.0,
         name: str | None = None,
     ):
         super().__init__(name="" if name is None else str(name))
@@ -190,6 +213,12 @@ class VaRT(PyroModule):
             raise ValueError(f"noise_scale must be > 0, got {noise_scale}")
         self.in_features = int(in_features)
         self.lam = float(lam)
+        if not isinstance(missing, bool):
+            raise ValueError(f"missing must be True or False, got {missing!r}")
+        if not missing_concentration > 0:
+            raise ValueError(f"missing_concentration must be > 0, got {missing_concentration}")
+        self.missing = missing
+        self.missing_concentration = float(missing_concentration)
         if isinstance(site_depth, bool) or int(site_depth) != site_depth or site_depth < 0:
             raise ValueError(f"site_depth must be an integer >= 0, got {site_depth!r}")
         self.site_depth = int(site_depth)
@@ -275,6 +304,16 @@ class VaRT(PyroModule):
             raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         if y is not None and y.shape != x.shape[:1]:
             raise ValueError(f"y must have shape ({x.shape[0]},) to match x; got {tuple(y.shape)}")
+        if not self.missing and bool(torch.isnan(x).any()):
+            raise ValueError(
+                "x has missing values (NaN); build the model with missing=True to route "
+                "them (each split learns where a missing value goes)"
+            )
+
+    def rho_prior(self, shape, *, dtype=None, device=None) -> dist.Beta:
+        """The prior :math:`\\mathrm{Beta}(c, c)` of the ``rho`` sites, batch ``shape``."""
+        c = torch.full(shape, self.missing_concentration, dtype=dtype, device=device)
+        return dist.Beta(c, c)
 
     def site(self, name: str) -> str:
         """The full name of the sample site or plate ``name`` (``"<name>." + name``
@@ -297,20 +336,21 @@ class VaRT(PyroModule):
             or the outer plates' shape such as ``Predictive(parallel=True)``'s): ``split``
             ``B + (M,)``, ``log_exist`` (:math:`\log A_i`) ``B + (M,)``, ``beta``
             ``B + (2**D - 1, L + 1)`` (``None`` for a single leaf), ``theta``
-            ``B + (M, L + 1)`` and ``log_sigma`` ``B + (M,)``, with ``M = 2**(D + 1) - 1``
-            nodes and ``D`` the deepest level drawn.
+            ``B + (M, L + 1)``, ``log_sigma`` ``B + (M,)`` and, with ``missing`` and
+            some split, ``rho`` ``B + (2**D - 1,)``, with
+            ``M = 2**(D + 1) - 1`` nodes and ``D`` the deepest level drawn.
         """
         like = torch.zeros(()) if like is None else like
         opts = {"dtype": like.dtype, "device": like.device}
         exist = torch.ones(1, **opts)
         log_exist = torch.zeros(1, **opts)
-        out = {"split": [], "log_exist": [], "beta": [], "theta": [], "log_sigma": []}
+        out = {"split": [], "log_exist": [], "beta": [], "theta": [], "log_sigma": [], "rho": []}
         depth = 0
         with poutine.scale(scale=self.lam):
             while True:
                 if depth > 0:
                     trees.check_depth(depth, num_points, dtype=like.dtype, device=like.device)
-                split, beta, theta, log_sigma = self._level(depth, exist, opts)
+                split, beta, theta, log_sigma, rho = self._level(depth, exist, opts)
                 psi, _, child_exist = node_weights(exist, split)
                 out["split"].append(split)
                 out["log_exist"].append(log_exist.expand(split.shape))
@@ -321,17 +361,24 @@ class VaRT(PyroModule):
                     break
                 if beta is None:  # the last recorded level splits: a prior draw goes on
                     beta = self._prior(depth, opts)[1].expand(psi.shape).sample()
+                    if self.missing:
+                        rho = self.rho_prior(psi.shape, **opts).sample()
                 out["beta"].append(beta)
+                if rho is not None:
+                    out["rho"].append(rho)
                 log_exist = (log_exist + split.log()).repeat_interleave(2, dim=-1)
                 exist = child_exist
                 depth += 1
-        return {
+        tree = {
             "split": _bcat(out["split"]),
             "log_exist": _bcat(out["log_exist"]),
             "beta": _bcat_event(out["beta"]) if out["beta"] else None,
             "theta": _bcat_event(out["theta"]),
             "log_sigma": _bcat(out["log_sigma"]),
         }
+        if out["rho"]:
+            tree["rho"] = _bcat(out["rho"])
+        return tree
 
     def _prior(self, depth: int, opts: dict):
         """The priors of level ``depth``: split probabilities ``(n,)`` and the
@@ -353,14 +400,15 @@ class VaRT(PyroModule):
 
     def _level(self, depth: int, exist: torch.Tensor, opts: dict):
         """Draw level ``depth`` given its nodes' existence ``exist``: as weighted sample
-        sites up to ``site_depth`` (``beta`` below it only), without sites beyond.
-        Returns ``(split, beta or None, theta, log_sigma)``."""
+        sites up to ``site_depth`` (``beta`` and ``rho`` below it only), without sites
+        beyond. Returns ``(split, beta or None, theta, log_sigma, rho or None)``."""
         gamma, beta_prior, theta_prior, ls_prior = self._prior(depth, opts)
         if depth > self.site_depth:
             shape = exist.shape
             split = SplitIndicator(gamma).expand(shape).sample()
-            return split, None, theta_prior.expand(shape).sample(), ls_prior.expand(shape).sample()
-        beta = None
+            theta, log_sigma = theta_prior.expand(shape).sample(), ls_prior.expand(shape).sample()
+            return split, None, theta, log_sigma, None
+        beta = rho = None
         with pyro.plate(self.site(f"nodes_{depth}"), 1 << depth, dim=-1):
             with weighted(exist):
                 split = pyro.sample(self.site(f"split_{depth}"), SplitIndicator(gamma))
@@ -368,15 +416,18 @@ class VaRT(PyroModule):
             if depth < self.site_depth:
                 with weighted(psi):
                     beta = pyro.sample(self.site(f"beta_{depth}"), beta_prior)
+                    if self.missing:
+                        rho_prior = self.rho_prior((1 << depth,), **opts)
+                        rho = pyro.sample(self.site(f"rho_{depth}"), rho_prior)
             with weighted(kappa):
                 theta = pyro.sample(self.site(f"theta_{depth}"), theta_prior)
                 log_sigma = pyro.sample(self.site(f"log_sigma_{depth}"), ls_prior)
-        return split, beta, theta, log_sigma
+        return split, beta, theta, log_sigma, rho
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Draw a tree (:meth:`sample_tree`), then ``obs`` for each point in ``data``.
 
-        :param x: inputs ``(N, L)``.
+        :param x: inputs ``(N, L)`` (NaN where missing, with ``missing=True``).
         :param y: targets ``(N,)`` or ``None``.
         :param int subsample_size: minibatch size of the plate ``data`` (default all).
         :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.

@@ -15,7 +15,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_trees.models._vart_mixture import log_leaf_weights, with_bias
+from pyro_trees.models._vart_mixture import log_leaf_weights, observed, with_bias
 from pyro_trees.models.vart import VaRT
 
 __all__ = ["VaRTClassification", "base_rate_offset", "class_logits", "tree_scores"]
@@ -27,11 +27,13 @@ def tree_scores(tree: dict, x: torch.Tensor, num_outputs: int) -> torch.Tensor:
 
     :param tree: output of :meth:`~pyro_trees.models.VaRT.sample_tree` (batch shape
         ``B``) whose ``theta`` holds ``num_outputs`` blocks of ``L + 1`` weights per node.
-    :param x: inputs ``(N, L)``.
+    :param x: inputs ``(N, L)`` (NaN where missing, see
+        :func:`~pyro_trees.models.mixture_params`).
     :returns: ``B + (N, num_outputs)``.
     """
     x1 = with_bias(x)
     weights = log_leaf_weights(tree, x1).softmax(-1)  # B + (N, M)
+    x1, _ = observed(x1)  # a missing input (routed by the tree's rho) reads 0 in the leaves
     theta = tree["theta"]
     theta = theta.reshape(theta.shape[:-1] + (num_outputs, x1.shape[-1]))  # B + (M, K, L + 1)
     values = torch.einsum("...mkl,nl->...nmk", theta, x1)  # B + (N, M, K)

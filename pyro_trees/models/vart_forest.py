@@ -25,15 +25,16 @@ from pyro.nn import PyroModule
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
 from pyro_trees.models._vart_mixture import forest_mean
-from pyro_trees.models.vart import node_weights, weighted
+from pyro_trees.models.vart import VaRT, node_weights, weighted
 
 __all__ = ["VaRTForest", "forest_mean", "forest_tree"]
 
 
-def forest_tree(split: list, beta: list, theta: list) -> dict:
+def forest_tree(split: list, beta: list, theta: list, rho: list | None = None) -> dict:
     """The per-tree tensors of :meth:`~pyro_trees.models.VaRT.sample_tree` from the
     levels of a forest of depth ``D``: ``split`` the ``D`` internal levels ``B + (K, 2**d)``,
-    ``beta`` the same levels ``B + (K, 2**d, L + 1)``, ``theta`` the ``D + 1`` levels.
+    ``beta`` the same levels ``B + (K, 2**d, L + 1)``, ``theta`` the ``D + 1`` levels,
+    ``rho`` (optional, where a missing input goes) the internal levels ``B + (K, 2**d)``.
     The nodes of level ``D`` are leaves."""
     shape = torch.broadcast_shapes(*(t.shape[:-2] for t in theta), *(s.shape[:-1] for s in split))
     last = theta[-1].new_zeros(shape + theta[-1].shape[-2:-1])
@@ -41,13 +42,16 @@ def forest_tree(split: list, beta: list, theta: list) -> dict:
     log_exist = [last.new_zeros(shape + (1,))]
     for s in split[:-1]:
         log_exist.append((log_exist[-1] + s.log()).repeat_interleave(2, dim=-1))
-    return {
+    out = {
         "split": torch.cat(split, -1),
         "log_exist": torch.cat(log_exist, -1),
         "beta": torch.cat([b.expand(shape + b.shape[-2:]) for b in beta], -2),
         "theta": torch.cat([t.expand(shape + t.shape[-2:]) for t in theta], -2),
         "log_sigma": last.new_zeros(shape + (last.shape[-1] * 2 - 1,)),
     }
+    if rho:
+        out["rho"] = torch.cat([r.expand(shape + r.shape[-1:]) for r in rho], -1)
+    return out
 
 
 class VaRTForest(PyroModule):
@@ -78,7 +82,10 @@ class VaRTForest(PyroModule):
     as in :meth:`~pyro_trees.models.VaRT.sample_tree`; ``log_sigma`` (scaled by ``lam``)
     outside them; ``mean`` and ``obs`` in the plate ``data`` (``dim=-1``), of shape
     ``(1, N)`` (the summed trees dimension is kept so that outer plates such as
-    ``Predictive(parallel=True)``'s line up). With ``name`` every site and plate is
+    ``Predictive(parallel=True)``'s line up). With ``missing=True`` every internal node of
+    every tree also has ``rho_d`` :math:`\sim \mathrm{Beta}(c, c)`, after ``beta_d`` and
+    weighted as it is: the probability that a missing input (NaN) goes right there, as in
+    :class:`~pyro_trees.models.VaRT`. With ``name`` every site and plate is
     prefixed ``"<name>."``. :class:`~pyro_trees.guides.VaRTForestGuide` is its guide and
     :class:`~pyro_trees.infer.VaRTForestELBO` its vectorised ELBO.
 
@@ -92,6 +99,8 @@ class VaRTForest(PyroModule):
     :param float leaf_scale: :math:`s_\theta`, the prior scale of the *sum* (default 1).
     :param float noise_loc: :math:`m_\sigma` (default -1).
     :param float noise_scale: :math:`v_\sigma` (default 1).
+    :param bool missing: inputs may be missing (NaN): the ``rho`` sites (default ``False``).
+    :param float missing_concentration: :math:`c` of their prior (default 1).
     :param str name: prefix of the sample sites (default none).
 
     .. rubric:: Examples
@@ -104,6 +113,9 @@ class VaRTForest(PyroModule):
     >>> model(torch.randn(5, 2)).shape
     torch.Size([5])
     """
+
+    missing = False  # models pickled before missing inputs existed
+    missing_concentration = 1.0
 
     def __init__(
         self,
@@ -118,6 +130,8 @@ class VaRTForest(PyroModule):
         leaf_scale: float = 1.0,
         noise_loc: float = -1.0,
         noise_scale: float = 1.0,
+        missing: bool = False,
+        missing_concentration: float = 1.0,
         name: str | None = None,
     ):
         super().__init__(name="" if name is None else str(name))
@@ -150,6 +164,14 @@ class VaRTForest(PyroModule):
         self.leaf_scale = float(leaf_scale)
         self.noise_loc = float(noise_loc)
         self.noise_scale = float(noise_scale)
+        if not isinstance(missing, bool):
+            raise ValueError(f"missing must be True or False, got {missing!r}")
+        if not missing_concentration > 0:
+            raise ValueError(f"missing_concentration must be > 0, got {missing_concentration}")
+        self.missing = missing
+        self.missing_concentration = float(missing_concentration)
+
+    rho_prior = VaRT.rho_prior
 
     @property
     def tree_leaf_scale(self) -> float:
@@ -169,6 +191,11 @@ class VaRTForest(PyroModule):
             raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         if y is not None and y.shape != x.shape[:1]:
             raise ValueError(f"y must have shape ({x.shape[0]},) to match x; got {tuple(y.shape)}")
+        if not self.missing and bool(torch.isnan(x).any()):
+            raise ValueError(
+                "x has missing values (NaN); build the model with missing=True to route "
+                "them (each split learns where a missing value goes)"
+            )
 
     def sample_forest(self, like: torch.Tensor | None = None) -> dict:
         """Draw the ``K`` trees (from the prior, or replayed from a guide) with their
@@ -181,7 +208,7 @@ class VaRTForest(PyroModule):
         like = torch.zeros(()) if like is None else like
         opts = {"dtype": like.dtype, "device": like.device}
         width = self.in_features + 1
-        split, beta, theta = [], [], []
+        split, beta, theta, rho = [], [], [], []
         exist = torch.ones(1, **opts)
         with (
             poutine.scale(scale=self.lam),
@@ -202,6 +229,9 @@ class VaRTForest(PyroModule):
                                     torch.zeros(n, width, **opts), self.split_scale
                                 ).to_event(1),
                             )
+                            if self.missing:
+                                r = pyro.sample(self.site(f"rho_{d}"), self.rho_prior((n,), **opts))
+                                rho.append(r)
                         split.append(s)
                         beta.append(b)
                     else:
@@ -216,7 +246,7 @@ class VaRTForest(PyroModule):
                     theta.append(t)
                 if d < self.depth:
                     exist = child
-        return forest_tree(split, beta, theta)
+        return forest_tree(split, beta, theta, rho)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Draw the forest and the noise, then ``obs`` for each point in ``data``.

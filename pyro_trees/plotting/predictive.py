@@ -38,7 +38,9 @@ def plot_predictive(
     :param estimator: a fitted regressor or classifier (any with ``predict``, or
         ``predict_proba`` for classifiers).
     :param X: ``(N, L)`` rows (NumPy array or pandas frame) whose other inputs are
-        averaged over, and whose range of ``feature`` sets the grid.
+        averaged over, and whose range of ``feature`` sets the grid (missing values,
+        NaN, stay missing in the other inputs; estimators that route them natively
+        average over them as they are).
     :param y: optional ``(N,)`` targets drawn as points against ``X[:, feature]``
         (a classifier's as 1 for ``target`` and 0 for the other classes).
     :param feature: the input, by position or by name (``feature_names`` or the
@@ -92,9 +94,12 @@ def plot_predictive(
     if max_rows is not None and n > max_rows:
         rows = values[np.sort(np.random.default_rng(0).choice(n, int(max_rows), replace=False))]
     column = values[:, j]
-    grid = np.unique(column)
+    seen = column[~np.isnan(column)]  # the grid spans the observed values
+    if seen.size == 0:
+        raise ValueError(f"X has no observed value of {names[j]} to place a grid on")
+    grid = np.unique(seen)
     if grid.shape[0] > grid_resolution:
-        grid = np.linspace(column.min(), column.max(), int(grid_resolution))
+        grid = np.linspace(seen.min(), seen.max(), int(grid_resolution))
     stacked = np.repeat(rows[None], grid.shape[0], axis=0)  # (G, n, L)
     stacked[:, :, j] = grid[:, None]
     stacked = stacked.reshape(-1, width)

@@ -69,7 +69,9 @@ def plot_tree(
     at the inputs' training means), or one line per class with its probability. Split
     boxes of an RNN-Tree read ``feature <= t``, ``soft in [a, b]`` (the inputs routed
     with a probability between 5 % and 95 %, at ``level=0.9``) and ``P(feature) p``
-    (the probability that the node routes on this feature).
+    (the probability that the node routes on this feature). A tree fitted with missing
+    values adds ``missing: >`` (or ``<=``) to each split box, the side a missing value of
+    the feature takes (a VaRT tree's with its mean probability).
 
     :param tree: a fitted :class:`~pyro_trees.estimators.VaRTRegressor`,
         :class:`~pyro_trees.estimators.VaRTClassifier`,
@@ -265,6 +267,10 @@ def _vart(guide, est, feature_names, class_names, leaf_labels, level, decimals) 
         lines.append(f"P(split) {float(gamma[k]):.2f}")
         if n_feat > 1 and node["share"] < 0.995:
             lines[-1] += f", weight {node['share']:.0%}"
+        if "rho" in node:  # the side a missing input mostly takes (heap right: rho)
+            side = int(node["rho"] > 0.5)
+            p = node["rho"] if side else 1.0 - node["rho"]
+            lines.append(f"missing: {node['children'][side][0]} (p {p:.2f})")
         children = []
         for op, empty, sub in node["children"]:
             box = visit(sub)
@@ -316,9 +322,15 @@ def _rnn(tree, est, feature_names, class_names, leaf_labels, level, decimals) ->
             f"soft in [{float(lower[j]):.{decimals}f}, {float(upper[j]):.{decimals}f}]",
             f"P(feature) {float(prob[j]):.2f}",
         ]
+        if show_missing:  # the side a missing value of the feature takes
+            side = int(bool(rules.missing_right[j]))
+            sides = dict(zip(node["sides"], node["children"], strict=True))
+            lines.append(f"missing: {sides[side][0]}")
         return {"lines": lines, "kind": "split", "children": [visit(c[1]) for c in children]}
 
-    return visit(rules._structure())
+    fitted_missing = tree.missing if est is None else est._fit_missing()
+    show_missing = rules.missing_right is not None and fitted_missing
+    return visit(rules._structure(missing=show_missing))
 
 
 def _rnn_leaves(est, class_names, level, decimals):

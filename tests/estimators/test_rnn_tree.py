@@ -139,7 +139,8 @@ def test_early_stopping_on_validation():
 @pytest.mark.parametrize(
     "X,y,match",
     [
-        (np.array([[np.nan], [1.0]]), np.array([1.0, 2.0]), "NaN"),
+        (np.array([[0.0], [1.0]]), np.array([1.0, np.nan]), "NaN"),
+        (np.array([[np.inf], [1.0]]), np.array([1.0, 2.0]), "infinity"),
         (np.array([[0.0], [1.0]]), np.array([1.0, np.inf]), "infinity"),
         (np.zeros((3, 1)), np.zeros(2), "inconsistent numbers of samples"),
         (np.zeros(3), np.zeros(3), "Expected 2D array"),
@@ -162,8 +163,8 @@ def test_bad_prediction_input(pulse_fit):
     est, _, _ = pulse_fit
     with pytest.raises(ValueError, match="expecting 1 features"):
         est.predict(np.zeros((3, 2)))
-    with pytest.raises(ValueError, match="NaN"):
-        est.predict(np.array([[np.nan]]))
+    with pytest.raises(ValueError, match="infinity"):
+        est.predict(np.array([[np.inf]]))
     with pytest.raises(ValueError, match="routing"):
         est.predict(np.zeros((3, 1)), routing="nope")
     with pytest.raises(ValueError, match="not fitted"):

@@ -160,3 +160,54 @@ def test_per_node_priors_at_the_default_values_are_the_default_prior():
     b = vart_elbo(same, guide, x, y, values=values)
     assert torch.allclose(b, ref, rtol=1e-12, atol=1e-9)
     assert torch.allclose(a, b, rtol=1e-6)
+
+
+def _with_missing(x):
+    """``x`` with holes: one cell, one whole row, two cells of another row."""
+    x = x.clone()
+    x[0, 1] = float("nan")
+    x[3] = float("nan")
+    x[5, 0] = x[5, 2] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("subsample_size", [None, 6])
+def test_equals_trace_elbo_with_missing_inputs(subsample_size):
+    g = torch.Generator().manual_seed(7)
+    x = _with_missing(torch.randn(13, 3, generator=g, dtype=torch.float64))
+    y = torch.randn(13, generator=g, dtype=torch.float64)
+    model = VaRT(3, lam=0.05, missing=True, missing_concentration=1.5)
+    guide = VaRTGuide(model, 3, temperature=0.4, init="random").double()
+    with torch.no_grad():  # every parameter away from its start, rho's too
+        for p in guide.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    ref, values, idx = _trace_elbo(model, guide, x, y, subsample_size)
+    assert "rho_2" in values
+    ours = vart_elbo(
+        model, guide, x, y, subsample_size, values=values, subsample=idx if subsample_size else None
+    )
+    assert torch.allclose(ours, ref, rtol=1e-12, atol=1e-9)
+    # the pathwise gradients of the same draws agree, and reach rho's parameters
+    params = list(guide.parameters())
+    values = sample_guide(guide, x)
+    guide_tr = poutine.trace(poutine.condition(guide, data=values)).get_trace(x, y)
+    model_tr = poutine.trace(poutine.condition(model, data=values)).get_trace(x, y)
+    ref = model_tr.log_prob_sum() - guide_tr.log_prob_sum()
+    g_ref = torch.autograd.grad(ref, params, retain_graph=True)
+    g_ours = torch.autograd.grad(vart_elbo(model, guide, x, y, values=values), params)
+    for (name, _), a, b in zip(guide.named_parameters(), g_ours, g_ref, strict=True):
+        assert torch.isfinite(a).all() and (a != 0).any(), name
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-10), name
+    assert any(name.startswith("rho_logits") for name, _ in guide.named_parameters())
+
+
+def test_classification_elbo_with_missing_inputs():
+    from pyro_trees.models import VaRTClassification
+
+    g = torch.Generator().manual_seed(8)
+    x = _with_missing(torch.randn(13, 3, generator=g, dtype=torch.float64))
+    y = torch.randint(0, 3, (13,), generator=g)
+    model = VaRTClassification(3, 3, lam=0.2, missing=True)
+    guide = VaRTGuide(model, 2, temperature=0.4, init="random").double()
+    ref, values, _ = _trace_elbo(model, guide, x, y, None)
+    assert torch.allclose(vart_elbo(model, guide, x, y, values=values), ref, rtol=1e-12)
