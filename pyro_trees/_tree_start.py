@@ -204,7 +204,7 @@ def balanced_start(
     y: torch.Tensor | None,
     depth: int,
     *,
-    sharpness: float = 20.0,
+    sharpness: float = 40.0,
     dim_margin: float = 3.0,
     cuts: str = "balanced",
     min_leaf: int = 1,

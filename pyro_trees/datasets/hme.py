@@ -1,4 +1,6 @@
-"""Synthetic tasks of Antorán et al. (Appendix F): eight-level pulse, binary parity, noise.
+"""Synthetic tasks of Antorán et al. (Appendix F): eight-level pulse, binary parity, noise;
+and random step functions of the pulse's kind that the paper does not use
+(:func:`make_steps`), a check that a fit does not lean on the pulse itself.
 
 All generators return NumPy arrays; the random ones draw from
 ``numpy.random.default_rng(random_state)`` and are deterministic for a given seed.
@@ -19,6 +21,7 @@ __all__ = [
     "make_noise_task",
     "make_parity",
     "make_pulse",
+    "make_steps",
     "noise_log_sigma",
     "noise_task_mean",
     "parity_test_set",
@@ -75,6 +78,38 @@ def make_pulse(n: int = 400) -> tuple[np.ndarray, np.ndarray]:
     n = _check_count(n, "n", 2)
     x = np.linspace(-4.0, 4.0, n)
     return x[:, None], pulse_function(x)
+
+
+def make_steps(
+    n: int = 400, levels: int = 8, noise: float = 0.1, random_state=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random step function of the pulse's kind, on inputs drawn at random (not in F.1).
+
+    ``levels`` equal-width steps on ``[0, 1]`` whose heights are ``0, 0.5, ...,
+    0.5 (levels - 1)`` in a random order that is neither increasing nor decreasing;
+    ``x ~ U(0, 1)``, ``y = f(x) + noise * eps``, ``eps ~ N(0, 1)``. Unlike the pulse, the
+    inputs are not evenly spaced, so the balanced start's median cuts miss the edges.
+
+    :param int n: number of points.
+    :param int levels: number of steps, ``>= 3``.
+    :param float noise: noise standard deviation, ``>= 0``.
+    :param random_state: seed or ``numpy.random.Generator``.
+    :returns: ``X`` of shape ``(n, 1)``, ``y`` of shape ``(n,)`` and the noise-free
+        ``f(x)`` of shape ``(n,)``.
+    """
+    n = _check_count(n, "n", 2)
+    levels = _check_count(levels, "levels", 3)
+    noise = float(noise)
+    if not np.isfinite(noise) or noise < 0:
+        raise ValueError(f"noise must be a finite number >= 0; got {noise}")
+    rng = np.random.default_rng(random_state)
+    heights = rng.permutation(0.5 * np.arange(levels))
+    while np.all(np.diff(heights) > 0) or np.all(np.diff(heights) < 0):
+        heights = rng.permutation(heights)
+    x = rng.uniform(0.0, 1.0, n)
+    f = heights[np.minimum((x * levels).astype(np.int64), levels - 1)]
+    y = f + noise * rng.standard_normal(n)
+    return x[:, None], y, f
 
 
 def _parity_labels(b: np.ndarray) -> np.ndarray:

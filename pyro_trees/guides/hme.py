@@ -45,6 +45,8 @@ class RNNTreeGuide(TreeGuide, PyroModule):
     :param int depth: tree depth; must match the model's.
     :param str init: ``"balanced"`` (median cuts; default), ``"greedy"`` (CART's cuts)
         or ``None`` (no data-dependent start: random splits on unscaled inputs).
+    :param float sharpness: the start's sigmoid slopes, times each node's spread
+        (:meth:`RNNTree.init_balanced`; default 40, formerly 20).
     :param str name: parameter-store prefix, e.g. ``"hme"`` gives ``"hme.tree.h0"``.
     :param kwargs: passed to :class:`RNNTree` (``hidden_size``, ``feedback``, ``noise``).
 
@@ -68,12 +70,16 @@ class RNNTreeGuide(TreeGuide, PyroModule):
         depth: int,
         *,
         init: str | None = "balanced",
+        sharpness: float = 40.0,
         name: str | None = None,
         **kwargs,
     ):
         super().__init__(name=name or "")
         check_init(init)
+        if not sharpness > 0:
+            raise ValueError(f"sharpness must be positive, got {sharpness}")
         self.init = init
+        self.sharpness = float(sharpness)
         self.tree = RNNTree(in_features, depth, **kwargs)
         self._init_state = "fresh"
 
@@ -104,7 +110,7 @@ class RNNTreeGuide(TreeGuide, PyroModule):
         if y is None:
             return  # initialised at the first call with targets
         self.tree.init_scaling(x)
-        self.tree.init_balanced(x, y, cuts=self.init)
+        self.tree.init_balanced(x, y, cuts=self.init, sharpness=self.sharpness)
         store = pyro.get_param_store()
         for name, (owner, key) in self._scaling_names().items():
             store[name] = getattr(owner, key).clone()

@@ -11,8 +11,9 @@ Secs. 3 and 5. Generative story for :math:`N` inputs :math:`x_n \in \mathbb{R}^L
 
 Experts (the paper's choice is ``experts="constant"``; eq. in Sec. 5):
 
-* regression: :math:`\mathcal{N}(\mu_\ell, \sigma^2)`, :math:`\sigma = 1` as in the paper
-  (``noise_scale=1.0``) or learnt (``noise_scale=None``);
+* regression: :math:`\mathcal{N}(\mu_\ell, \sigma^2)` with :math:`\sigma` learnt
+  (``noise_scale=None``, the default) or fixed, as the paper's :math:`\sigma = 1`
+  (``noise_scale=1.0``);
 * classification: :math:`\mathrm{Categorical}(\mathrm{softmax}(\tau_\ell))`;
 * ``experts="linear"``: the mean (or the logits) is :math:`W_\ell^\top x + b_\ell`.
 
@@ -53,8 +54,13 @@ class HME(PyroModule):
     :param int num_outputs: regression outputs (``"gaussian"``).
     :param int num_classes: classes (``"categorical"``).
     :param str experts: ``"constant"`` (the paper) or ``"linear"``.
-    :param noise_scale: fixed observation noise (the paper: 1.0) or ``None`` to learn
-        one scale per output.
+    :param noise_scale: ``None`` (default): one observation noise scale per output,
+        learnt (a point estimate, like the experts), starting at the residual standard
+        deviation of the start tree; or a fixed scale, e.g. the paper's ``1.0``. A fixed
+        scale sets how much a point's fit pays for confident routing: far above the
+        data's noise, the exact bound keeps the routing soft and the experts blurred
+        towards each other (on step functions the snippet's predictive got worse as it
+        trained, ``benchmarks/pyro_path``); the learnt one follows the data's units.
     :param str init: the start the experts take at the first call with ``y``:
         ``"balanced"`` (default) or ``"greedy"``, the tree that
         :class:`~pyro_trees.guides.RNNTreeGuide` with the same ``init`` starts from (one
@@ -91,7 +97,7 @@ class HME(PyroModule):
         num_outputs: int = 1,
         num_classes: int | None = None,
         experts: str = "constant",
-        noise_scale: float | None = 1.0,
+        noise_scale: float | None = None,
         init: str | None = "balanced",
         name: str | None = None,
     ):

@@ -9,6 +9,7 @@ from pyro_trees.datasets import (
     make_noise_task,
     make_parity,
     make_pulse,
+    make_steps,
     noise_log_sigma,
     noise_task_mean,
     parity_test_set,
@@ -115,3 +116,29 @@ def test_make_noise_task():
     assert np.array_equal(make_noise_task(random_state=0)[1], y)
     assert not np.array_equal(make_noise_task(random_state=1)[1], y)
     np.testing.assert_allclose(noise_task_mean([0.0, 1.0, -1.0, 2.0]), [0, 0, 2, -4])
+
+
+def test_make_steps():
+    X, y, f = make_steps(400, random_state=0)
+    assert X.shape == (400, 1) and y.shape == f.shape == (400,)
+    assert X.min() >= 0 and X.max() <= 1
+    region = np.minimum((X[:, 0] * 8).astype(int), 7)
+    heights = np.array([f[region == r][0] for r in range(8)])
+    for r in range(8):  # one height per equal-width step
+        assert np.all(f[region == r] == heights[r])
+    np.testing.assert_array_equal(np.sort(heights), 0.5 * np.arange(8))
+    for seed in range(20):  # never monotone
+        h = make_steps(200, levels=4, random_state=seed)
+        steps = np.diff(
+            [h[2][np.minimum((h[0][:, 0] * 4).astype(int), 3) == r][0] for r in range(4)]
+        )
+        assert (steps > 0).any() and (steps < 0).any()
+    assert 0.08 < np.std(y - f) < 0.12  # noise sd 0.1
+    assert np.array_equal(make_steps(400, random_state=0)[1], y)
+    np.testing.assert_array_equal(
+        make_steps(50, noise=0.0, random_state=3)[1], make_steps(50, noise=0.0, random_state=3)[2]
+    )
+    with pytest.raises(ValueError, match="levels"):
+        make_steps(levels=2)
+    with pytest.raises(ValueError, match="noise"):
+        make_steps(noise=-1.0)
