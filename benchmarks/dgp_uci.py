@@ -32,15 +32,12 @@ keeping it at 0.01). Results go to
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
-import numpy as np
 import pyro
 import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
@@ -52,6 +49,7 @@ from benchmarks._common import (
     markdown_table,
     write_results,
 )
+from pyro_trees.datasets import load_uci
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer import dgp_predict, fit
 from pyro_trees.models import DeepGP
@@ -91,21 +89,11 @@ SETTINGS = {
 }
 
 
-def _data_dir() -> Path:
-    for cand in (os.environ.get("PYRO_TREES_DATA"), "~/.cache/pyro_trees", "/work/shared/data"):
-        if cand and (Path(cand).expanduser() / "uci").is_dir():
-            return Path(cand).expanduser()
-    raise FileNotFoundError("no UCI cache: set PYRO_TREES_DATA to the shared data folder")
-
-
-def load_uci(name: str, split: int = 0):
-    """Private loader (until pyro_trees.datasets lands): standardised train/test tensors."""
-    root = _data_dir() / "uci" / name
-    with gzip.open(root / "data.csv.gz", "rt") as fh:
-        data = np.loadtxt(fh, delimiter=",")
-    with gzip.open(root / "test_mask.csv.gz", "rt") as fh:
-        mask = np.loadtxt(fh, delimiter=",").astype(bool)[:, split]
-    X, y = data[:, :-1], data[:, -1]
+def standardised_split(name: str, split: int = 0):
+    """Standardised ``(X_train, y_train, X_test, y_test, sd of y_train)`` tensors of split
+    ``split`` of :func:`pyro_trees.datasets.load_uci`."""
+    X, y, test_mask = load_uci(name)
+    mask = test_mask[:, split]
     Xtr, ytr, Xte, yte = X[~mask], y[~mask], X[mask], y[mask]
     mx, sx = Xtr.mean(0), Xtr.std(0) + 1e-8
     my, sy = ytr.mean(), ytr.std()
@@ -313,7 +301,7 @@ def main(names):
     for name in names:
         M, steps, batch = SETTINGS[name]
         steps = int(os.environ.get("DGP_STEPS", steps))
-        Xtr, ytr, Xte, yte, sy = load_uci(name)
+        Xtr, ytr, Xte, yte, sy = standardised_split(name)
         torch.manual_seed(0)
         Z1 = Xtr[torch.randperm(len(Xtr))[:M]].clone()
         Z2 = torch.randn(M, HIDDEN)

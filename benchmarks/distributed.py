@@ -35,8 +35,7 @@ def worker(rows: int, epochs: int, out: str, device: str | None) -> None:
     import torch
     from pyro.infer import Predictive
 
-    from benchmarks._synthetic_rows import IN_FEATURES, SyntheticRows
-    from benchmarks._synthetic_rows import rows as make_rows
+    from benchmarks._common import IN_FEATURES, SyntheticRows, synthetic_rows
     from pyro_trees.guides import VaRTGuide
     from pyro_trees.infer import Stream, fit, is_main, world
     from pyro_trees.models import VaRT
@@ -52,7 +51,7 @@ def worker(rows: int, epochs: int, out: str, device: str | None) -> None:
     total = time.perf_counter() - t0
     if not is_main():
         return
-    x, y = make_rows(0, HELD_OUT, seed=1)
+    x, y = synthetic_rows(0, HELD_OUT, seed=1)
     dev = next(guide.parameters()).device
     with torch.no_grad():
         pred = Predictive(model, guide=guide, num_samples=32, return_sites=["mean"])

@@ -32,7 +32,7 @@ def _peak_mb() -> float:
 def child(mode: str, num_rows: int) -> dict:
     import torch
 
-    from benchmarks._synthetic_rows import IN_FEATURES, SyntheticRows, rows
+    from benchmarks._common import IN_FEATURES, SyntheticRows, synthetic_rows
     from pyro_trees.guides import VaRTGuide
     from pyro_trees.infer import Stream, fit
     from pyro_trees.models import VaRT
@@ -48,7 +48,7 @@ def child(mode: str, num_rows: int) -> dict:
         result = fit(model, guide, data, num_steps=steps, seed=0, progress=False)
     else:
         steps = 300
-        x, y = rows(0, num_rows)
+        x, y = synthetic_rows(0, num_rows)
         result = fit(
             model, guide, x, y, subsample_size=BATCH, num_steps=steps, seed=0, progress=False
         )

