@@ -37,6 +37,7 @@ __all__ = [
     "SyntheticRows",
     "bart_scores",
     "environment",
+    "environment_settings",
     "fit_bart",
     "fit_bart_default",
     "imputed",
@@ -132,6 +133,12 @@ def _script() -> str | None:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     name = getattr(spec, "name", None) or ""
     return name.removeprefix("benchmarks.").removesuffix(".__main__") or None
+
+
+def environment_settings(prefix: str) -> dict:
+    """The environment variables starting with ``prefix`` (the settings of a benchmark
+    configured that way), by name."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefix)}
 
 
 def write_results(name: str, payload: dict, markdown: str, device=None, *, args=None) -> Path:

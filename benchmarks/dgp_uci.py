@@ -21,13 +21,14 @@ measured in this run (contended 2-core machine: the lead reruns timings).
 Run from the repository root: ``python -m benchmarks.dgp_uci [concrete|kin40k ...]``
 (``PYRO_TREES_SMOKE=1`` for a quick pass, ``DGP_STEPS`` to override the step count,
 ``DGP_SAMPLES`` the Monte Carlo samples per step (default 4, every method alike),
-``DGP_METHODS=joint`` to run only some of our guides beside GPyTorch's, written to
-``dgp_uci_<names>_<methods>``; ``DGP_TIMING_ONLY=1`` to run only the paired timing of
-the factorised guide against GPyTorch's DeepGP, written to ``dgp_uci_<names>_timing``;
-``DGP_TAG=name`` appends ``_name`` to the results' name; ``DGP_LR_SCHEDULE=cosine``
-lowers every method's learning rate from 0.01 to 0.001 along a half cosine instead of
-keeping it at 0.01). Results go to
-``benchmarks/results/dgp_uci_<names>.{md,json}``.
+``DGP_METHODS=joint`` to run only some of our guides beside GPyTorch's;
+``DGP_TIMING_ONLY=1`` to run only the paired timing of the factorised guide against
+GPyTorch's DeepGP; ``DGP_LR_SCHEDULE=cosine`` lowers every method's learning rate from
+0.01 to 0.001 along a half cosine instead of keeping it at 0.01). The run with no
+arguments (concrete, every method) writes ``benchmarks/results/dgp_uci.{md,json}``; any
+other run is a variant, ``results/variants/dgp_uci_<DGP_TAG>`` (without a tag:
+``dgp_uci_<names>_<methods>``, or ``dgp_uci_<names>_timing``). The ``DGP_*`` settings
+and the sets are recorded in the result's ``args``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from benchmarks._common import (
     LR_SCHEDULE_TEXT,
+    environment_settings,
     lr_schedule_from_env,
     make_lr_scheduler,
     markdown_table,
@@ -82,6 +84,7 @@ PAIRED_METHOD = (
     "median of the pairs' ratios; the cpu-time ratio uses this thread's CPU time instead of "
     "wall time, less sensitive to other load)"
 )
+DEFAULT_DATASETS = ("concrete",)  # the sets run without arguments
 SETTINGS = {
     # name: (M, steps, batch size or None for full batch)
     "concrete": (64, 30 if SMOKE else 1000, None),
@@ -297,6 +300,7 @@ def _load_note() -> str:
 
 def main(names):
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    settings = {**environment_settings("DGP_"), "datasets": list(names)}
     rows, paired = [], []
     for name in names:
         M, steps, batch = SETTINGS[name]
@@ -342,7 +346,8 @@ def main(names):
             + markdown_table(paired, list(paired[0]))
         )
         if not SMOKE:
-            write_results("dgp_uci_" + "_".join(names) + "_timing", {"paired": paired}, md)
+            name = "dgp_uci_" + (TAG or "_".join(names) + "_timing")
+            write_results(name, {"paired": paired}, md, args=settings)
         print(md)
         return
     md = (
@@ -363,14 +368,14 @@ def main(names):
             + markdown_table(paired, list(paired[0]))
         )
     if not SMOKE:
-        name = "dgp_uci_" + "_".join(names)
-        if METHODS != ALL_METHODS:
-            name += "_" + "_".join(METHODS)
+        name = "dgp_uci"
         if TAG:
             name += "_" + TAG
-        write_results(name, {"rows": rows, "paired": paired}, md)
+        elif tuple(names) != DEFAULT_DATASETS or METHODS != ALL_METHODS:
+            name += "_" + "_".join(names + [m for m in METHODS if METHODS != ALL_METHODS])
+        write_results(name, {"rows": rows, "paired": paired}, md, args=settings)
     print(md)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["concrete"])
+    main(sys.argv[1:] or list(DEFAULT_DATASETS))

@@ -122,7 +122,12 @@ def main(argv=None) -> dict:
         "partition of the training points; the other rows keep the experts as trained "
         "under soft routing (the paper).\n\n" + markdown_table(rows)
     )
-    write_results("hme_pulse", {"rows": rows, "runs": runs, "oracle_test_mse": floor}, md)
+    write_results(
+        "hme_pulse",
+        {"rows": rows, "runs": runs, "oracle_test_mse": floor},
+        md,
+        args=vars(args),
+    )
     print(md)
     return {"rows": rows}
 

@@ -46,7 +46,14 @@ import warnings
 
 import numpy as np
 
-from benchmarks._common import RESULTS, imputed, make_peer, markdown_table, write_results
+from benchmarks._common import (
+    RESULTS,
+    imputed,
+    make_peer,
+    markdown_table,
+    result_path,
+    write_results,
+)
 from benchmarks.defaults import DATASETS, load_dataset
 
 # cheapest first: seed 0 runs over every set before seed 1 starts
@@ -392,7 +399,8 @@ def render(name: str):
     writes it, with the environment of the run the JSON records."""
     import json
 
-    payload = json.loads((RESULTS / f"{name}.json").read_text())
+    base = result_path(name)
+    payload = json.loads(base.with_name(f"{name}.json").read_text())
     env = payload["environment"]
     header = (
         f"# {name}\n\n"
@@ -400,7 +408,7 @@ def render(name: str):
         f"({env['torch_threads']} torch threads) · torch {env['torch']} · pyro {env['pyro']} "
         f"· device {env['device']}\n\n"
     )
-    (RESULTS / f"{name}.md").write_text(header + markdown(payload))
+    base.with_name(f"{name}.md").write_text(header + markdown(payload))
 
 
 # ----------------------------------------------------------------------------- main

@@ -315,6 +315,7 @@ def main(argv=None):
     meta = {"n": n, "epochs": epochs, "ae_epochs": ae_epochs, "weight": args.weight}
     meta.update(batch_size=args.batch_size, lr=args.lr, cannot_edges=args.cannot_edges)
     meta["estimator"] = args.estimator
+    meta["args"] = vars(args)
     meta["pair_particles"] = args.pair_particles if args.estimator == "pairwise" else None
     if args.part:
         Path(args.part).write_text(

@@ -287,7 +287,7 @@ def main(argv=None):
     )
     print(md)
     if not args.smoke:
-        write_results("treevi_graph", {"rows": rows, "raw": raw}, md)
+        write_results("treevi_graph", {"rows": rows, "raw": raw}, md, args=vars(args))
     return rows
 
 

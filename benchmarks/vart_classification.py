@@ -223,7 +223,7 @@ def main(argv=None):
         + "\n"
     )
     payload = {"splits": args.splits, "rows": rows, "summary": summary}
-    path = write_results(args.name, payload, md)
+    path = write_results(args.name, payload, md, args=vars(args))
     print(md)
     print(f"wrote {path}")
 

@@ -4,8 +4,9 @@ of the VaRT benchmark, in one run.
 Run from the repository root, e.g. ``python -m benchmarks.vart_forest`` (3 splits of
 each set) or ``python -m benchmarks.vart_forest --splits 0,1,2,3,4,5,6,7,8,9`` (all ten),
 ``--datasets kin40k --splits 0`` for Table B's large set; ``--n-fits``, ``--n-trees``
-and ``--depth`` run a non-default forest, named in the results (``vart_forest_5fits``:
-``--n-fits 5 --splits 0,...,9 --name vart_forest_5fits``).
+and ``--depth`` run a non-default forest, named in the results (the variant
+``results/variants/vart_forest_5fits``: ``--n-fits 5 --splits 0,...,9 --name
+vart_forest_5fits``).
 
 Protocol: that of ``benchmarks/vart_uci.py`` (the same cached ``uci/<name>`` sets, their
 ``test_mask`` 90/10 splits, targets min-max scaled to [0, 1] over the full set, inputs as
@@ -116,6 +117,7 @@ def summarise(args, records, kwargs) -> None:
             "records": records,
         },
         md,
+        args=vars(args),
     )
     print(md if len(names) == len(args.datasets.split(",")) else "", end="", flush=True)
 

@@ -127,6 +127,7 @@ def summarise(args, records) -> None:
             "records": records,
         },
         md,
+        args=vars(args),
     )
     print(md if len(names) == len(args.datasets.split(",")) else "", end="", flush=True)
 

@@ -6,7 +6,8 @@ Run from the repository root, e.g. ``python -m benchmarks.vart_uci`` (everything
     python -m benchmarks.vart_uci --datasets autompg,yacht --splits 0,1 --depths 3,5
 
 Table B's large sets run the same way (the paper: depth 5, six splits), e.g.
-``--datasets kin40k,tamielectric --depths 5 --splits 0,1,2,3,4,5 --name vart_uci_large``;
+``--datasets kin40k,tamielectric --depths 5 --splits 0,1,2,3,4,5 --name vart_uci_large``
+(a variant: any ``--name`` but ``vart_uci`` is written to ``results/variants/``);
 minibatches of 2048 rows are used above that size.
 
 Protocol: ten 90/10 splits given by ``test_mask`` of the cached ``uci/<name>`` sets;
