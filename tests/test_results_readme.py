@@ -70,3 +70,11 @@ def test_one_current_result_per_benchmark_and_short_names():
     }
     # hme_table1's extra record stays beside it while that benchmark is rerun elsewhere
     assert current - set(scripts) <= {"hme_table1_depth48_every_set"}, current - set(scripts)
+
+
+def test_a_run_named_after_its_script_is_current_any_other_a_variant():
+    from benchmarks._common import RESULTS, VARIANTS, result_path
+
+    assert result_path("vart_uci") == RESULTS / "vart_uci"
+    assert result_path("pyro_path") == RESULTS / "pyro_path"  # a package benchmark
+    assert result_path("vart_uci_d3_refit") == VARIANTS / "vart_uci_d3_refit"
