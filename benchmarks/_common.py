@@ -5,14 +5,16 @@ are measured against.
   record, with the environment of the run and the arguments that made it) and
   ``results/NAME.md`` (its table), ``NAME`` the script's name; a run under another name (a
   variant: other arguments) goes to ``results/variants/``. :func:`read_record` and
-  :func:`record_paths` read them back. This part is standard library only (torch is
-  imported where a function needs it), so that :mod:`benchmarks.results_readme` can use it.
+  :func:`record_paths` read them back. The module imports only the standard library at
+  load (numpy, torch and the peers' libraries where a function needs them), so that
+  :mod:`benchmarks.results_readme` can use it.
 * **Data.** The 18 UCI regression sets of the VaRT paper (:data:`UCI_SETS`,
   :func:`uci_splits`) and the synthetic rows of the distributed benchmarks
   (:class:`SyntheticRows`), generated batch by batch.
-* **Peers.** BART (stochtree: :func:`fit_bart`, :func:`fit_bart_default`), XGBoost,
-  RandomForest, CatBoost (:func:`run_peers`) and the scikit-learn / XGBoost factories of
-  the defaults and missing-value panels (:func:`make_peer`, :func:`imputed`).
+* **Peers.** BART (stochtree: :func:`fit_bart`, :func:`fit_bart_default`,
+  :func:`fit_bart_probit`), XGBoost, RandomForest, CatBoost (:func:`run_peers`) and the
+  scikit-learn / XGBoost factories of the CART, defaults and missing-value comparisons
+  (:func:`make_peer`, :func:`imputed`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 __all__ = [
     "IN_FEATURES",
     "LR_SCHEDULE_TEXT",
@@ -40,6 +40,7 @@ __all__ = [
     "environment_settings",
     "fit_bart",
     "fit_bart_default",
+    "fit_bart_probit",
     "imputed",
     "lr_schedule_from_env",
     "make_lr_scheduler",
@@ -285,6 +286,8 @@ class SyntheticRows:
 
 def rmse(a, b) -> float:
     """Root mean squared error of ``a`` against ``b``."""
+    import numpy as np
+
     return float(np.sqrt(np.mean((np.asarray(a) - np.asarray(b)) ** 2)))
 
 
@@ -310,6 +313,8 @@ def bart_scores(m, Xte, yte, seed: int) -> dict:
     """Test RMSE of a sampled BART's mean and the coverage of its 90 % predictive
     interval (each draw's mean plus Gaussian noise with that draw's variance)."""
     f = m.predict(X=Xte)["y_hat"]  # (N, draws)
+    import numpy as np
+
     sigma = np.sqrt(np.asarray(m.global_var_samples)).reshape(1, -1)
     draws = f + sigma * np.random.default_rng(seed).normal(size=f.shape)
     lo, hi = np.quantile(draws, [0.05, 0.95], axis=1)
@@ -325,6 +330,35 @@ def fit_bart_default(Xtr, ytr, Xte, yte, seed) -> dict:
     m = BARTModel()
     m.sample(X_train=Xtr, y_train=ytr, general_params={"random_seed": seed})
     return {**bart_scores(m, Xte, yte, seed), "seconds": time.perf_counter() - t}
+
+
+def fit_bart_probit(Xtr, ytr, Xte, seed):
+    """The binary classifiers' BART peer: stochtree at its defaults with a probit link
+    (``OutcomeModel(outcome="binary", link="probit")``). Returns the test class
+    probabilities ``(N, 2)`` (the posterior mean of the probit) and the fit's seconds."""
+    import warnings
+
+    import numpy as np
+    from scipy.stats import norm
+    from stochtree import BARTModel, OutcomeModel
+
+    t = time.perf_counter()
+    m = BARTModel()
+    with warnings.catch_warnings():  # "error variance is fixed at 1 under probit"
+        warnings.simplefilter("ignore", UserWarning)
+        m.sample(
+            X_train=Xtr,
+            y_train=ytr.astype(float),
+            general_params={
+                "random_seed": seed,
+                "outcome_model": OutcomeModel(outcome="binary", link="probit"),
+            },
+        )
+    secs = time.perf_counter() - t
+    f = m.predict(X=Xte, type="posterior", scale="linear")
+    f = f["y_hat"] if isinstance(f, dict) else f
+    p1 = norm.cdf(f).mean(1)
+    return np.column_stack([1 - p1, p1]), secs
 
 
 def run_peers(peers, Xtr, ytr, Xte, yte, seed) -> dict:

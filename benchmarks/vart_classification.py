@@ -43,7 +43,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
+from benchmarks._common import fit_bart_probit, markdown_table, write_results
 from pyro_trees.datasets import data_home
 from pyro_trees.estimators import VaRTClassifier
 
@@ -128,31 +128,6 @@ def fit_xgb(Xtr, ytr, Xte, seed):
     m = XGBClassifier(n_jobs=1, random_state=seed).fit(Xtr, ytr)
     secs = time.perf_counter() - t
     return m.predict_proba(Xte), secs
-
-
-def fit_bart_probit(Xtr, ytr, Xte, seed):
-    import warnings
-
-    from scipy.stats import norm
-    from stochtree import BARTModel, OutcomeModel
-
-    t = time.perf_counter()
-    m = BARTModel()
-    with warnings.catch_warnings():  # "error variance is fixed at 1 under probit"
-        warnings.simplefilter("ignore", UserWarning)
-        m.sample(
-            X_train=Xtr,
-            y_train=ytr.astype(float),
-            general_params={
-                "random_seed": seed,
-                "outcome_model": OutcomeModel(outcome="binary", link="probit"),
-            },
-        )
-    secs = time.perf_counter() - t
-    f = m.predict(X=Xte, type="posterior", scale="linear")
-    f = f["y_hat"] if isinstance(f, dict) else f
-    p1 = norm.cdf(f).mean(1)
-    return np.column_stack([1 - p1, p1]), secs
 
 
 def run(names, splits):

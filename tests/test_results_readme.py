@@ -65,9 +65,7 @@ def test_one_current_result_per_benchmark_and_short_names():
     names = {p.name.split(".")[0] for p in results_readme.RESULTS.iterdir() if p.is_file()}
     names |= {p.name.split(".")[0] for p in results_readme.VARIANTS.iterdir()}
     assert all(len(n) <= 45 for n in names), max(names, key=len)
-    current = {
-        p.name.split(".")[0] for p in results_readme.RESULTS.glob("*.json*")
-    }
+    current = {p.name.split(".")[0] for p in results_readme.RESULTS.glob("*.json*")}
     # hme_table1's extra record stays beside it while that benchmark is rerun elsewhere
     assert current - set(scripts) <= {"hme_table1_depth48_every_set"}, current - set(scripts)
 
@@ -78,3 +76,19 @@ def test_a_run_named_after_its_script_is_current_any_other_a_variant():
     assert result_path("vart_uci") == RESULTS / "vart_uci"
     assert result_path("pyro_path") == RESULTS / "pyro_path"  # a package benchmark
     assert result_path("vart_uci_d3_refit") == VARIANTS / "vart_uci_d3_refit"
+
+
+def test_the_generator_needs_only_the_standard_library():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, benchmarks.results_readme; "
+        "print(sorted({'numpy', 'torch'} & set(sys.modules)))"
+    )
+    root = Path(results_readme.__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
