@@ -277,12 +277,13 @@ def records() -> dict[str, Path]:
     return found
 
 
-def _variant_line(module: str, path: Path, rel: str, record: dict) -> str:
+def _variant_line(module: str, path: Path, rel: str, record_file: Path, record: dict) -> str:
     stem = rel.split("/")[-1]
     env = record.get("environment", {})
+    data = record_file.relative_to(RESULTS).as_posix()
     return (
-        f"* [{stem}]({rel}.md): {_command_text(module, path, stem, record)}; "
-        f"ran {environment_line(env)}"
+        f"* [{stem}]({rel}.md) ([record]({data})): "
+        f"{_command_text(module, path, stem, record)}; ran {environment_line(env)}"
     )
 
 
@@ -320,14 +321,10 @@ def generate() -> str:
         sec += [f"* Files: {', '.join(files)}", "", body(RESULTS / f"{name}.md")]
         if others:
             sec += ["Variants (other arguments; the guide pages cite them):", ""]
-            sec += [_variant_line(name, path, r, loaded[r]) for r in others]
+            sec += [_variant_line(name, path, r, found[r], loaded[r]) for r in others]
             sec.append("")
-        texts = [(RESULTS / f"{r}.md").read_text() for r in [name, *others]]
-        unlinked = [
-            f
-            for f in figures.get(name, [])
-            if not any(f"]({f.split('/')[-1]})" in text for text in texts)
-        ]
+        shown = (RESULTS / f"{name}.md").read_text()  # the one body the README embeds
+        unlinked = [f for f in figures.get(name, []) if f"]({f})" not in shown]
         if unlinked:
             sec += ["Figures: " + ", ".join(f"[{f.split('/')[-1]}]({f})" for f in unlinked), ""]
         sections.append("\n".join(sec))

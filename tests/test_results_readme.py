@@ -26,6 +26,17 @@ def test_every_link_resolves():
     assert not missing
 
 
+def test_every_result_file_is_listed():
+    text = results_readme.generate()
+    files = [
+        p.relative_to(results_readme.RESULTS).as_posix()
+        for p in results_readme.RESULTS.rglob("*")
+        if p.is_file() and p.name != "README.md"
+    ]
+    assert files
+    assert not [f for f in files if f"]({f})" not in text]
+
+
 def test_command_keeps_only_arguments_off_the_default():
     scripts = results_readme.scripts()
     record = {"args": {"datasets": "autompg", "splits": "0", "lr": 0.03, "name": "vart_uci_x"}}
