@@ -7,7 +7,7 @@ minutes on 2 CPU cores; ``--rows``, ``--epochs``, ``--procs`` to change the defa
 it launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` on this
 file's worker, which trains ``fit(VaRT(8), VaRTGuide(model), Stream(rows, num_rows=N))``
 with every default (depth 3, ClippedAdam, lr 0.01), each rank streaming its own shard
-of synthetic rows generated batch by batch (``benchmarks/_synthetic_rows.py``), 1024
+of synthetic rows generated batch by batch (``SyntheticRows`` of ``benchmarks/_common.py``), 1024
 rows per rank and step: an epoch is ``N / (1024 W)`` steps. Time per epoch: ``fit``'s
 loop seconds (start-up excluded) over the epochs. RMSE: rank 0's posterior mean
 (``Predictive``, 32 draws, site ``mean``) on 20,000 held-out rows (noise sd 0.1).

@@ -5,7 +5,7 @@ minutes on 2 CPU cores). Each case runs in a fresh process, which reports its pe
 resident set size (``ru_maxrss``) after one epoch of
 ``fit(VaRT(8), VaRTGuide(model), Stream(SyntheticRows(N, 1024), num_rows=N))`` (defaults:
 depth 3, ClippedAdam, lr 0.01), on synthetic rows generated batch by batch and never
-held together (``benchmarks/_synthetic_rows.py``). Cases: N = 100k and 2M rows through
+held together (``SyntheticRows`` of ``benchmarks/_common.py``). Cases: N = 100k and 2M rows through
 the stream, the issue's pair (ratio must stay <= 1.2), and, for scale, 2M rows held in
 memory as tensors (``fit(..., x, y, subsample_size=1024)``, 300 steps: memory does not
 grow with steps). The baseline is the peak after the imports and the model's creation,
