@@ -149,7 +149,9 @@ def main(argv=None):
     if len(args.split_seeds) == 1:
         record, md = run_split(args, data, args.split_seeds[0])
         if not args.smoke:
-            write_results("bhme_kin8nm" + (f"_{args.tag}" if args.tag else ""), record, md)
+            write_results(
+                "bhme_kin8nm" + (f"_{args.tag}" if args.tag else ""), record, md, args=vars(args)
+            )
         return record
     records = []
     for seed in args.split_seeds:
@@ -160,7 +162,7 @@ def main(argv=None):
     if not args.smoke:
         write_results(
             "bhme_kin8nm_splits" + (f"_{args.tag}" if args.tag else ""),
-            {"splits": records, "paper": PAPER, "settings": vars(args)},
+            {"splits": records, "paper": PAPER, "args": vars(args)},
             md,
         )
     return records
@@ -374,7 +376,7 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
         "random_bounds": [float(b) for b in est.random_bounds_],
         "model_average_weights_top4": [[name, float(w)] for w, name in top_w],
         "mlp_seconds": mlp_seconds,
-        "settings": vars(args),
+        "args": vars(args),
         "torch_threads": torch.get_num_threads(),
     }
     return record, md

@@ -76,6 +76,7 @@ def main(argv=None):
             "bhme_kin8nm_schedules",
             {"bounds": bounds, "topologies": [str(t) for t in tops], "cpu_seconds": cpu},
             md,
+            args=vars(args),
         )
 
 

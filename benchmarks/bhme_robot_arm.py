@@ -120,7 +120,7 @@ def main(argv=None):
                 "hme_seconds": hme_seconds,
                 "mlp_seconds": mlp_seconds,
                 "elbo": hme.elbo_,
-                "settings": vars(args),
+                "args": vars(args),
             },
             md,
         )

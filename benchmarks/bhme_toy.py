@@ -258,6 +258,7 @@ def main(argv=None):
                 "vb_median_bound": vb_median,
             },
             md,
+            args=vars(args),
         )
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import RESULTS, environment, markdown_table
+from benchmarks._common import RESULTS, environment, make_peer, markdown_table
 
 SPLIT_TEST_SIZE = 0.25
 INTERVAL_LEVEL = 0.9
@@ -248,46 +248,8 @@ def _ours(info):
     return make
 
 
-def _cart(task, depth):
-    def make(seed):
-        from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
-
-        cls = DecisionTreeClassifier if task == "classification" else DecisionTreeRegressor
-        return cls(max_depth=depth, random_state=seed)
-
-    return make
-
-
-def _linear(task):
-    def make(seed):
-        from sklearn.linear_model import LogisticRegression, RidgeCV
-        from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import StandardScaler
-
-        model = LogisticRegression() if task == "classification" else RidgeCV()
-        return make_pipeline(StandardScaler(), model)
-
-    return make
-
-
-def _rf(task):
-    def make(seed):
-        from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
-
-        cls = RandomForestClassifier if task == "classification" else RandomForestRegressor
-        return cls(random_state=seed)
-
-    return make
-
-
-def _xgboost(task):
-    def make(seed):
-        import xgboost
-
-        cls = xgboost.XGBClassifier if task == "classification" else xgboost.XGBRegressor
-        return cls(random_state=seed)
-
-    return make
+def _peer(name, task, depth=None):
+    return lambda seed: make_peer(name, task, seed, depth)
 
 
 def methods_for(task, ours, selected):
@@ -299,10 +261,10 @@ def methods_for(task, ours, selected):
             out[name] = (_ours(info), True)
     if "cart" in selected:
         for depth in sorted({i["depth"] for i in ours_here.values()} or {DEFAULT_DEPTH}):
-            out[f"CART(d={depth})"] = (_cart(task, depth), False)
-    for peer, make in (("Linear", _linear), ("RF", _rf), ("XGBoost", _xgboost)):
+            out[f"CART(d={depth})"] = (_peer("CART", task, depth), False)
+    for peer in ("Linear", "RF", "XGBoost"):
         if peer.lower() in selected:
-            out[peer] = (make(task), False)
+            out[peer] = (_peer(peer, task), False)
     return out
 
 

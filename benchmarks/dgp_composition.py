@@ -20,11 +20,13 @@ Run from the repository root: ``python -m benchmarks.dgp_composition``
 the run along a half cosine, for every guide alike),
 ``DGP_EQ4_JITTER`` (the jitter of eq. (4)'s guide, default 1e-2),
 ``DGP_GUIDES=a,b`` and ``DGP_TAG=name``, which writes ``dgp_composition_name`` with only
-the guides run; ``DGP_RESTARTS=R`` (default 1) fits every guide R times per seed, restart r
-from seed ``seed + 1000 r`` (kernel initialisation and Monte Carlo draws), and keeps the
-fit with the highest ELBO, estimated after training with ``ELBO_PARTICLES`` draws; the
-same rule for every guide, and restart 0 is the run without restarts).
-Figures go to benchmarks/results/
+the guides run (a variant: ``results/variants/``); ``DGP_RESTARTS=R`` (default 1) fits
+every guide R times per seed, restart r from seed ``seed + 1000 r`` (kernel
+initialisation and Monte Carlo draws), and keeps the fit with the highest ELBO, estimated
+after training with ``ELBO_PARTICLES`` draws; the same rule for every guide, and restart
+0 is the run without restarts).
+The ``DGP_*`` settings are recorded in the result's ``args``. Figures go beside the
+result, ``NAME_<L>layers.png`` (``NAME.png`` for a run of one depth).
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from pyro.infer import TraceMeanField_ELBO
 from benchmarks._common import (
     LR_SCHEDULE_TEXT,
     RESULTS,
+    environment_settings,
     lr_schedule_from_env,
     make_lr_scheduler,
     markdown_table,
+    result_path,
     write_results,
 )
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
@@ -268,7 +272,8 @@ def main():
             fig.tight_layout()
             # a partial rerun draws only its guides, beside the full figure
             suffix = "" if set(RERUN) == set(GUIDES) or TAG else "_" + "_".join(RERUN)
-            fig.savefig(RESULTS / f"{NAME}_{L}layers{suffix}.png", dpi=90)
+            depth = f"_{L}layers" if len(LAYERS) > 1 else ""  # one depth: the run's name
+            fig.savefig(f"{result_path(NAME)}{depth}{suffix}.png", dpi=90)
             plt.close(fig)
     except Exception as exc:  # the numbers matter more than the picture
         print("figure failed:", exc)
@@ -318,7 +323,9 @@ def main():
         + markdown_table(rows, _columns(rows))
     )
     if not SMOKE:
-        write_results(NAME, {"summary": summary, "runs": rows}, md)
+        write_results(
+            NAME, {"summary": summary, "runs": rows}, md, args=environment_settings("DGP_")
+        )
     print(md)
 
 

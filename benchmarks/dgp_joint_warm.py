@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from pyro import poutine  # noqa: E402
 
 from benchmarks import dgp_composition as C  # noqa: E402
-from benchmarks._common import markdown_table, write_results  # noqa: E402
+from benchmarks._common import environment_settings, markdown_table, write_results  # noqa: E402
 from pyro_trees.gp import cholesky, kernel_matrix  # noqa: E402
 from pyro_trees.infer import collapse_ratio, dgp_predict, fit, layer_samples  # noqa: E402
 
@@ -172,7 +172,12 @@ def main():
     )
     print(md)
     if not C.SMOKE:
-        write_results("dgp_joint_warm", {"summary": summary, "runs": rows}, md)
+        write_results(
+            "dgp_joint_warm",
+            {"summary": summary, "runs": rows},
+            md,
+            args=environment_settings("DGP_"),
+        )
 
 
 if __name__ == "__main__":

@@ -21,37 +21,37 @@ measured in this run (contended 2-core machine: the lead reruns timings).
 Run from the repository root: ``python -m benchmarks.dgp_uci [concrete|kin40k ...]``
 (``PYRO_TREES_SMOKE=1`` for a quick pass, ``DGP_STEPS`` to override the step count,
 ``DGP_SAMPLES`` the Monte Carlo samples per step (default 4, every method alike),
-``DGP_METHODS=joint`` to run only some of our guides beside GPyTorch's, written to
-``dgp_uci_<names>_<methods>``; ``DGP_TIMING_ONLY=1`` to run only the paired timing of
-the factorised guide against GPyTorch's DeepGP, written to ``dgp_uci_<names>_timing``;
-``DGP_TAG=name`` appends ``_name`` to the results' name; ``DGP_LR_SCHEDULE=cosine``
-lowers every method's learning rate from 0.01 to 0.001 along a half cosine instead of
-keeping it at 0.01). Results go to
-``benchmarks/results/dgp_uci_<names>.{md,json}``.
+``DGP_METHODS=joint`` to run only some of our guides beside GPyTorch's;
+``DGP_TIMING_ONLY=1`` to run only the paired timing of the factorised guide against
+GPyTorch's DeepGP; ``DGP_LR_SCHEDULE=cosine`` lowers every method's learning rate from
+0.01 to 0.001 along a half cosine instead of keeping it at 0.01). The run with no
+arguments (concrete, every method) writes ``benchmarks/results/dgp_uci.{md,json}``; any
+other run is a variant, ``results/variants/dgp_uci_<DGP_TAG>`` (without a tag:
+``dgp_uci_<names>_<methods>``, or ``dgp_uci_<names>_timing``). The ``DGP_*`` settings
+and the sets are recorded in the result's ``args``.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
-import numpy as np
 import pyro
 import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from benchmarks._common import (
     LR_SCHEDULE_TEXT,
+    environment_settings,
     lr_schedule_from_env,
     make_lr_scheduler,
     markdown_table,
     write_results,
 )
+from pyro_trees.datasets import load_uci
 from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer import dgp_predict, fit
 from pyro_trees.models import DeepGP
@@ -84,6 +84,7 @@ PAIRED_METHOD = (
     "median of the pairs' ratios; the cpu-time ratio uses this thread's CPU time instead of "
     "wall time, less sensitive to other load)"
 )
+DEFAULT_DATASETS = ("concrete",)  # the sets run without arguments
 SETTINGS = {
     # name: (M, steps, batch size or None for full batch)
     "concrete": (64, 30 if SMOKE else 1000, None),
@@ -91,21 +92,11 @@ SETTINGS = {
 }
 
 
-def _data_dir() -> Path:
-    for cand in (os.environ.get("PYRO_TREES_DATA"), "~/.cache/pyro_trees", "/work/shared/data"):
-        if cand and (Path(cand).expanduser() / "uci").is_dir():
-            return Path(cand).expanduser()
-    raise FileNotFoundError("no UCI cache: set PYRO_TREES_DATA to the shared data folder")
-
-
-def load_uci(name: str, split: int = 0):
-    """Private loader (until pyro_trees.datasets lands): standardised train/test tensors."""
-    root = _data_dir() / "uci" / name
-    with gzip.open(root / "data.csv.gz", "rt") as fh:
-        data = np.loadtxt(fh, delimiter=",")
-    with gzip.open(root / "test_mask.csv.gz", "rt") as fh:
-        mask = np.loadtxt(fh, delimiter=",").astype(bool)[:, split]
-    X, y = data[:, :-1], data[:, -1]
+def standardised_split(name: str, split: int = 0):
+    """Standardised ``(X_train, y_train, X_test, y_test, sd of y_train)`` tensors of split
+    ``split`` of :func:`pyro_trees.datasets.load_uci`."""
+    X, y, test_mask = load_uci(name)
+    mask = test_mask[:, split]
     Xtr, ytr, Xte, yte = X[~mask], y[~mask], X[mask], y[mask]
     mx, sx = Xtr.mean(0), Xtr.std(0) + 1e-8
     my, sy = ytr.mean(), ytr.std()
@@ -309,11 +300,12 @@ def _load_note() -> str:
 
 def main(names):
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    settings = {**environment_settings("DGP_"), "datasets": list(names)}
     rows, paired = [], []
     for name in names:
         M, steps, batch = SETTINGS[name]
         steps = int(os.environ.get("DGP_STEPS", steps))
-        Xtr, ytr, Xte, yte, sy = load_uci(name)
+        Xtr, ytr, Xte, yte, sy = standardised_split(name)
         torch.manual_seed(0)
         Z1 = Xtr[torch.randperm(len(Xtr))[:M]].clone()
         Z2 = torch.randn(M, HIDDEN)
@@ -354,7 +346,8 @@ def main(names):
             + markdown_table(paired, list(paired[0]))
         )
         if not SMOKE:
-            write_results("dgp_uci_" + "_".join(names) + "_timing", {"paired": paired}, md)
+            name = "dgp_uci_" + (TAG or "_".join(names) + "_timing")
+            write_results(name, {"paired": paired}, md, args=settings)
         print(md)
         return
     md = (
@@ -375,14 +368,14 @@ def main(names):
             + markdown_table(paired, list(paired[0]))
         )
     if not SMOKE:
-        name = "dgp_uci_" + "_".join(names)
-        if METHODS != ALL_METHODS:
-            name += "_" + "_".join(METHODS)
+        name = "dgp_uci"
         if TAG:
             name += "_" + TAG
-        write_results(name, {"rows": rows, "paired": paired}, md)
+        elif tuple(names) != DEFAULT_DATASETS or METHODS != ALL_METHODS:
+            name += "_" + "_".join(names + [m for m in METHODS if METHODS != ALL_METHODS])
+        write_results(name, {"rows": rows, "paired": paired}, md, args=settings)
     print(md)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["concrete"])
+    main(sys.argv[1:] or list(DEFAULT_DATASETS))

@@ -7,7 +7,7 @@ minutes on 2 CPU cores; ``--rows``, ``--epochs``, ``--procs`` to change the defa
 it launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` on this
 file's worker, which trains ``fit(VaRT(8), VaRTGuide(model), Stream(rows, num_rows=N))``
 with every default (depth 3, ClippedAdam, lr 0.01), each rank streaming its own shard
-of synthetic rows generated batch by batch (``benchmarks/_synthetic_rows.py``), 1024
+of synthetic rows generated batch by batch (``SyntheticRows`` of ``benchmarks/_common.py``), 1024
 rows per rank and step: an epoch is ``N / (1024 W)`` steps. Time per epoch: ``fit``'s
 loop seconds (start-up excluded) over the epochs. RMSE: rank 0's posterior mean
 (``Predictive``, 32 draws, site ``mean``) on 20,000 held-out rows (noise sd 0.1).
@@ -35,8 +35,7 @@ def worker(rows: int, epochs: int, out: str, device: str | None) -> None:
     import torch
     from pyro.infer import Predictive
 
-    from benchmarks._synthetic_rows import IN_FEATURES, SyntheticRows
-    from benchmarks._synthetic_rows import rows as make_rows
+    from benchmarks._common import IN_FEATURES, SyntheticRows, synthetic_rows
     from pyro_trees.guides import VaRTGuide
     from pyro_trees.infer import Stream, fit, is_main, world
     from pyro_trees.models import VaRT
@@ -52,7 +51,7 @@ def worker(rows: int, epochs: int, out: str, device: str | None) -> None:
     total = time.perf_counter() - t0
     if not is_main():
         return
-    x, y = make_rows(0, HELD_OUT, seed=1)
+    x, y = synthetic_rows(0, HELD_OUT, seed=1)
     dev = next(guide.parameters()).device
     with torch.no_grad():
         pred = Predictive(model, guide=guide, num_samples=32, return_sites=["mean"])

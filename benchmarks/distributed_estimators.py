@@ -31,7 +31,7 @@ import numpy as np
 def _worker(args) -> None:
     import torch
 
-    from benchmarks.vart_uci import load_uci
+    from pyro_trees.datasets import load_uci
     from pyro_trees.estimators import VaRTRegressor
     from pyro_trees.infer.distributed import world
 

@@ -5,7 +5,7 @@ minutes on 2 CPU cores). Each case runs in a fresh process, which reports its pe
 resident set size (``ru_maxrss``) after one epoch of
 ``fit(VaRT(8), VaRTGuide(model), Stream(SyntheticRows(N, 1024), num_rows=N))`` (defaults:
 depth 3, ClippedAdam, lr 0.01), on synthetic rows generated batch by batch and never
-held together (``benchmarks/_synthetic_rows.py``). Cases: N = 100k and 2M rows through
+held together (``SyntheticRows`` of ``benchmarks/_common.py``). Cases: N = 100k and 2M rows through
 the stream, the issue's pair (ratio must stay <= 1.2), and, for scale, 2M rows held in
 memory as tensors (``fit(..., x, y, subsample_size=1024)``, 300 steps: memory does not
 grow with steps). The baseline is the peak after the imports and the model's creation,
@@ -32,7 +32,7 @@ def _peak_mb() -> float:
 def child(mode: str, num_rows: int) -> dict:
     import torch
 
-    from benchmarks._synthetic_rows import IN_FEATURES, SyntheticRows, rows
+    from benchmarks._common import IN_FEATURES, SyntheticRows, synthetic_rows
     from pyro_trees.guides import VaRTGuide
     from pyro_trees.infer import Stream, fit
     from pyro_trees.models import VaRT
@@ -48,7 +48,7 @@ def child(mode: str, num_rows: int) -> dict:
         result = fit(model, guide, data, num_steps=steps, seed=0, progress=False)
     else:
         steps = 300
-        x, y = rows(0, num_rows)
+        x, y = synthetic_rows(0, num_rows)
         result = fit(
             model, guide, x, y, subsample_size=BATCH, num_steps=steps, seed=0, progress=False
         )

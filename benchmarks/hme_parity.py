@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
+from benchmarks._common import make_peer, markdown_table, write_results
 from pyro_trees.datasets import make_parity, parity_test_set
 from pyro_trees.estimators import RNNTreeClassifier
 
@@ -47,8 +47,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from sklearn.tree import DecisionTreeClassifier
-
     X_test, y_test = parity_test_set(8)
     rows = []
     for sigma in args.sigmas:
@@ -71,7 +69,7 @@ def main(argv=None) -> dict:
             )
             for depth in (8, 12):
                 t0 = time.perf_counter()
-                cart = DecisionTreeClassifier(max_depth=depth, random_state=seed).fit(X, y)
+                cart = make_peer("CART", "classification", seed, depth).fit(X, y)
                 run[f"cart{depth}_seconds"] = time.perf_counter() - t0
                 run[f"cart{depth}_acc"] = float(cart.score(X_test, y_test))
             run["oracle_cuts_acc"] = oracle_cut_accuracy(X, y, X_test, y_test)

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
+from benchmarks._common import make_peer, markdown_table, write_results
 from pyro_trees.datasets import make_pulse, pulse_function
 from pyro_trees.estimators import RNNTreeRegressor
 
@@ -43,8 +43,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from sklearn.tree import DecisionTreeRegressor
-
     X, y = make_pulse(400)
     x_test = np.linspace(-4, 4, 4001)
     y_test = pulse_function(x_test)
@@ -73,7 +71,7 @@ def main(argv=None) -> dict:
                 }
             )
     t0 = time.perf_counter()
-    cart = DecisionTreeRegressor(max_depth=3, random_state=0).fit(X, y)
+    cart = make_peer("CART", "regression", seed=0, depth=3).fit(X, y)
     cart_seconds = time.perf_counter() - t0
     runs.append(
         {
@@ -122,7 +120,12 @@ def main(argv=None) -> dict:
         "partition of the training points; the other rows keep the experts as trained "
         "under soft routing (the paper).\n\n" + markdown_table(rows)
     )
-    write_results("hme_pulse", {"rows": rows, "runs": runs, "oracle_test_mse": floor}, md)
+    write_results(
+        "hme_pulse",
+        {"rows": rows, "runs": runs, "oracle_test_mse": floor},
+        md,
+        args=vars(args),
+    )
     print(md)
     return {"rows": rows}
 

@@ -70,7 +70,7 @@ def main(argv=None):
         f"{statistics.median(empty):.3f} s (median), included in every figure. "
         "Goal: `import pyro_trees` under 2 s on 2 cores.\n\n" + markdown_table(rows)
     )
-    write_results(args.name, {"repeats": args.repeats, "rows": rows}, md)
+    write_results(args.name, {"repeats": args.repeats, "rows": rows}, md, args=vars(args))
     print(md)
 
 

@@ -46,7 +46,14 @@ import warnings
 
 import numpy as np
 
-from benchmarks._common import RESULTS, markdown_table, write_results
+from benchmarks._common import (
+    RESULTS,
+    imputed,
+    make_peer,
+    markdown_table,
+    result_path,
+    write_results,
+)
 from benchmarks.defaults import DATASETS, load_dataset
 
 # cheapest first: seed 0 runs over every set before seed 1 starts
@@ -107,36 +114,16 @@ def missing_mask(scenario: str, X, train_idx, y, task: str, seed: int):
 
 def _ours(name: str, variant: str):
     def make(seed):
-        from sklearn.experimental import enable_iterative_imputer  # noqa: F401
-        from sklearn.impute import IterativeImputer, SimpleImputer
-        from sklearn.pipeline import make_pipeline
-
         import pyro_trees.estimators as E
 
         est = getattr(E, name)(random_state=seed)
-        if variant == "native":
-            return est
-        imputer = SimpleImputer() if variant == "simple" else IterativeImputer(random_state=seed)
-        return make_pipeline(imputer, est)
+        return est if variant == "native" else imputed(est, variant, seed)
 
     return make
 
 
 def _peer(name: str, task: str):
-    def make(seed):
-        if name == "XGBoost":
-            import xgboost
-
-            cls = xgboost.XGBClassifier if task == "classification" else xgboost.XGBRegressor
-            return cls(random_state=seed)
-        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-
-        cls = HistGradientBoostingClassifier
-        if task == "regression":
-            cls = HistGradientBoostingRegressor
-        return cls(random_state=seed)
-
-    return make
+    return lambda seed: make_peer(name, task, seed)
 
 
 def methods_for(task: str, selected: set) -> dict:
@@ -412,7 +399,8 @@ def render(name: str):
     writes it, with the environment of the run the JSON records."""
     import json
 
-    payload = json.loads((RESULTS / f"{name}.json").read_text())
+    base = result_path(name)
+    payload = json.loads(base.with_name(f"{name}.json").read_text())
     env = payload["environment"]
     header = (
         f"# {name}\n\n"
@@ -420,7 +408,7 @@ def render(name: str):
         f"({env['torch_threads']} torch threads) · torch {env['torch']} · pyro {env['pyro']} "
         f"· device {env['device']}\n\n"
     )
-    (RESULTS / f"{name}.md").write_text(header + markdown(payload))
+    base.with_name(f"{name}.md").write_text(header + markdown(payload))
 
 
 # ----------------------------------------------------------------------------- main

@@ -2,15 +2,16 @@
 
 Run from the repository root: ``python -m benchmarks.results_readme`` (``--check`` only
 says whether the committed README is current). Nothing in the README is written by hand:
-one section per benchmark script with a result under the name it writes by default, in
-the order of :data:`ORDER`, each with what the script measures (its docstring's first
-paragraph), the command that writes the file (the script with those of the arguments the
-file records that differ from the parser's defaults today; options the record lacks are
-named, since they did not exist when it ran), the date, machine, versions and device of
-the run (the file's environment record), and the table the benchmark wrote into its
-``.md``. Records of other configurations kept in the folder (named from the repository's
-README, docs or code) are listed under their benchmark's section.
-``tests/test_results_readme.py`` keeps the README equal to what this script writes.
+one section per benchmark script with a current result (``results/NAME.json``, ``NAME``
+the script's name), in the order of :data:`ORDER`, each with what the script measures (its
+docstring's first paragraph), the command that writes the file (the script with the
+arguments the file records that differ from the parser's defaults today; options the
+record lacks are named, since they did not exist when it ran), the date, machine, versions
+and device of the run (the file's environment record), and the table the benchmark wrote
+into its ``.md``. Then every variant of the benchmark (``results/variants/``, and any
+other record of it in ``results/``), each with its command, date, machine, torch version
+and device. ``tests/test_results_readme.py`` keeps the README equal to what this script
+writes.
 
 Standard library only: it reads the scripts' source and the result files, and imports
 neither the scripts nor torch.
@@ -20,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import re
 import shlex
 import sys
 from pathlib import Path
 
-from benchmarks._records import RESULTS, read_record
+from benchmarks._common import RESULTS, VARIANTS, read_record
 
 HERE = Path(__file__).resolve().parent
 
@@ -60,8 +60,6 @@ ORDER = (
     "missing",
     "pyro_path",
 )
-# the result a script writes with no arguments, where its name is not the script's
-DEFAULT_NAME = {"dgp_uci": "dgp_uci_concrete"}
 _NO_DEFAULT = object()
 
 
@@ -94,7 +92,7 @@ def _options(path: Path) -> dict[str, dict]:
     out = {}
     for src in sources:
         tree = ast.parse(src.read_text())
-        constants = _constants(tree)
+        constants = {**_constants(ast.parse((HERE / "_common.py").read_text())), **_constants(tree)}
         for node in ast.walk(tree):
             if not (
                 isinstance(node, ast.Call)
@@ -157,12 +155,21 @@ def command(module: str, path: Path, stem: str, record: dict) -> str:
     if not isinstance(args, dict):
         return " ".join(parts)
     options = _options(path)
+    env, positional = [], []
     for key, value in args.items():
         opt = options.get(key)
+        if opt is None and key.isupper():  # an environment variable the script reads
+            env.append(f"{key}={shlex.quote(_text(value))}")
+            continue
+        if opt is None and isinstance(value, list):  # positional arguments
+            default = _constants(ast.parse(path.read_text())).get("DEFAULT_" + key.upper())
+            if default is None or list(default) != value:
+                positional += [shlex.quote(_text(v)) for v in value]
+            continue
         if opt is None or value is None:
             continue
         if isinstance(value, str) and value.endswith("results/" + stem):  # an output path
-            if stem != DEFAULT_NAME.get(module, module):
+            if stem != module:
                 parts += [opt["flag"], f"benchmarks/results/{stem}"]
             continue
         default = opt["default"]
@@ -176,7 +183,7 @@ def command(module: str, path: Path, stem: str, record: dict) -> str:
             parts += [opt["flag"], *(shlex.quote(_text(v)) for v in value)]
         else:
             parts += [opt["flag"], shlex.quote(_text(value))]
-    return " ".join(parts)
+    return " ".join(env + parts + positional)
 
 
 def newer_options(path: Path, record: dict) -> list[str]:
@@ -190,12 +197,15 @@ def newer_options(path: Path, record: dict) -> list[str]:
 
 def _command_text(module: str, path: Path, stem: str, record: dict) -> str:
     """The command in backticks, with what the record cannot tell about it."""
-    if not isinstance(record.get("args"), dict):
-        if stem != DEFAULT_NAME.get(module, module):
-            return "arguments not recorded (its .md states its settings)"
-        text = f"`{command(module, path, stem, record)}`"
-        return text + " (the file records no arguments; the defaults may have changed since)"
     text = f"`{command(module, path, stem, record)}`"
+    if not isinstance(record.get("args"), dict):
+        if stem != module:
+            return "arguments not recorded (its .md states its settings)"
+        if not _options(path) and "os.environ.get(" not in path.read_text():
+            return text + " (the script takes no arguments)"
+        return text + " (the file records no arguments: the defaults of its day)"
+    if record.get("args_recovered"):  # written after the run: the rest at their defaults
+        return text + f" (arguments recovered {record['args_recovered']})"
     newer = newer_options(path, record)
     if newer:
         text += " (options newer than the record: " + ", ".join(f"`{f}`" for f in newer) + ")"
@@ -246,61 +256,77 @@ def body(md_path: Path) -> str:
     return "\n".join(out).strip() + "\n"
 
 
-def owner(stem: str, names) -> str | None:
-    """The benchmark whose name is the longest prefix of result ``stem``."""
+def owner(stem: str, record: dict, names) -> str | None:
+    """The benchmark that wrote result ``stem``: the script its record names, else the
+    one whose name is the longest prefix of ``stem``."""
+    if record.get("script") in names:
+        return record["script"]
     hits = [n for n in names if stem == n or stem.startswith(n + "_")]
     return max(hits, key=len) if hits else None
 
 
+def records() -> dict[str, Path]:
+    """Relative path (to ``results/``) without extension -> record file, for every result
+    in ``results/`` and ``results/variants/``."""
+    found = {}
+    for folder in (RESULTS, VARIANTS):
+        for p in sorted(folder.glob("*.json*")):
+            if p.name.endswith((".json", ".json.gz")):
+                rel = p.relative_to(RESULTS).as_posix()
+                found[rel.removesuffix(".gz").removesuffix(".json")] = p
+    return found
+
+
+def _variant_line(module: str, path: Path, rel: str, record_file: Path, record: dict) -> str:
+    stem = rel.split("/")[-1]
+    env = record.get("environment", {})
+    data = record_file.relative_to(RESULTS).as_posix()
+    return (
+        f"* [{stem}]({rel}.md) ([record]({data})): "
+        f"{_command_text(module, path, stem, record)}; ran {environment_line(env)}"
+    )
+
+
 def generate() -> str:
     table = scripts()
-    stems = sorted({p.stem for p in RESULTS.iterdir() if p.suffix in (".json", ".md")})
-    stems = [s for s in stems if s != "README"]
-    pngs = sorted(p.name for p in RESULTS.glob("*.png"))
+    found = records()
+    loaded = {rel: read_record(p) for rel, p in found.items()}
     by_owner: dict[str, list[str]] = {}
-    for s in stems:
-        by_owner.setdefault(owner(s, table), []).append(s)
+    for rel, rec in loaded.items():
+        by_owner.setdefault(owner(rel.split("/")[-1], rec, table), []).append(rel)
     figures: dict[str, list[str]] = {}
-    for png in pngs:
-        figures.setdefault(owner(png[:-4], table), []).append(png)
+    for folder in (RESULTS, VARIANTS):
+        for png in sorted(folder.glob("*.png")):
+            rel = png.relative_to(RESULTS).as_posix()
+            rec_rel = rel.removesuffix(".png")
+            name = owner(png.stem, loaded.get(rec_rel, {}), table)
+            figures.setdefault(name, []).append(rel)
 
     index, sections = [], []
     for name, path in table.items():
-        main = DEFAULT_NAME.get(name, name)
-        if main not in by_owner.get(name, []) or not (RESULTS / f"{main}.json").is_file():
-            continue  # no result yet for the script's default configuration
-        record = json.loads((RESULTS / f"{main}.json").read_text())
+        if name not in loaded:
+            continue  # no current result yet
+        record = loaded[name]
         env = record.get("environment", {})
         what = description(path)
+        others = [r for r in by_owner.get(name, []) if r != name]
         index.append(
             f"| [{name}](#{name}) | {what} | {env.get('date', '?')[:10]} "
-            f"| {env.get('device', '?')} |"
+            f"| {env.get('device', '?')} | {len(others)} |"
         )
         sec = [f"## {name}", "", what, ""]
-        sec.append(f"* Command: {_command_text(name, path, main, record)}")
+        sec.append(f"* Command: {_command_text(name, path, name, record)}")
         sec.append(f"* Ran: {environment_line(env)}")
-        files = [f"[{main}.md]({main}.md)", f"[{main}.json]({main}.json)"]
-        sec += [f"* Files: {', '.join(files)}", "", body(RESULTS / f"{main}.md")]
-        others = [s for s in by_owner[name] if s != main]
+        files = [f"[{name}.md]({name}.md)", f"[{found[name].name}]({found[name].name})"]
+        sec += [f"* Files: {', '.join(files)}", "", body(RESULTS / f"{name}.md")]
         if others:
-            sec += ["Other records of this benchmark kept here:", ""]
-            for s in others:
-                line = f"* [{s}.md]({s}.md)"
-                found = [RESULTS / f"{s}{ext}" for ext in (".json", ".json.gz")]
-                found = [f for f in found if f.is_file()]
-                if found:
-                    rec = read_record(found[0])
-                    date = rec.get("environment", {}).get("date", "?")[:10]
-                    line += f", {date}, {_command_text(name, path, s, rec)}"
-                sec.append(line)
+            sec += ["Variants (other arguments; the guide pages cite them):", ""]
+            sec += [_variant_line(name, path, r, found[r], loaded[r]) for r in others]
             sec.append("")
-        unlinked = [
-            p
-            for p in figures.get(name, [])
-            if not any(f"]({p})" in (RESULTS / f"{s}.md").read_text() for s in by_owner[name])
-        ]
+        shown = (RESULTS / f"{name}.md").read_text()  # the one body the README embeds
+        unlinked = [f for f in figures.get(name, []) if f"]({f})" not in shown]
         if unlinked:
-            sec += ["Figures: " + ", ".join(f"[{p}]({p})" for p in unlinked), ""]
+            sec += ["Figures: " + ", ".join(f"[{f.split('/')[-1]}]({f})" for f in unlinked), ""]
         sections.append("\n".join(sec))
 
     head = [
@@ -308,15 +334,17 @@ def generate() -> str:
         "",
         "Generated by `python -m benchmarks.results_readme` from the result files in this "
         "folder; do not edit it by hand (`tests/test_results_readme.py` fails when it is "
-        "out of date). One section per benchmark script with a result for its default "
-        "configuration: what it measures (the script's docstring), the command that wrote "
-        "the file, where it ran, and the table the benchmark wrote, with the paper's figure "
-        "and the peers beside ours where the benchmark has them. Each "
-        "benchmark writes `NAME.json` (the full record, with its environment) and `NAME.md`; "
-        "older runs are in git history.",
+        "out of date). One section per benchmark script with its current result: what it "
+        "measures (the script's docstring), the command that wrote the file, where it ran, "
+        "and the table the benchmark wrote, with the paper's figure and the peers beside "
+        "ours where the benchmark has them; then the benchmark's variants kept in "
+        "`variants/` (runs with other arguments that a guide page or the README cites), "
+        "each with its command, date, machine, torch version and device. Each benchmark "
+        "writes `NAME.json` (the full record: its environment and arguments) and `NAME.md`, "
+        "a variant under `variants/`; older runs are in git history.",
         "",
-        "| benchmark | what it measures | date | device |",
-        "|---|---|---|---|",
+        "| benchmark | what it measures | date | device | variants |",
+        "|---|---|---|---|---|",
         *index,
         "",
     ]

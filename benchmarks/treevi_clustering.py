@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import time
 from pathlib import Path
 
@@ -54,6 +53,7 @@ from pyro.infer import SVI, Trace_ELBO
 from torch import nn
 
 from benchmarks._common import markdown_table, write_results
+from pyro_trees.datasets import data_home
 from pyro_trees.guides import (
     GaussianEncoder,
     PairNet,
@@ -76,15 +76,8 @@ PAPER = {  # Table 2, MNIST (70,000 images)
 }
 
 
-def _data_home() -> Path:
-    for cand in (os.environ.get("PYRO_TREES_DATA"), "~/.cache/pyro_trees", "/work/shared/data"):
-        if cand and Path(cand).expanduser().joinpath("mnist").exists():
-            return Path(cand).expanduser()
-    raise SystemExit("public-data cache not found: set PYRO_TREES_DATA")
-
-
 def load_mnist_test():
-    root = _data_home() / "mnist"
+    root = data_home() / "mnist"
     with gzip.open(root / "t10k-images-idx3-ubyte.gz") as f:
         x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
     with gzip.open(root / "t10k-labels-idx1-ubyte.gz") as f:
@@ -322,6 +315,7 @@ def main(argv=None):
     meta = {"n": n, "epochs": epochs, "ae_epochs": ae_epochs, "weight": args.weight}
     meta.update(batch_size=args.batch_size, lr=args.lr, cannot_edges=args.cannot_edges)
     meta["estimator"] = args.estimator
+    meta["args"] = vars(args)
     meta["pair_particles"] = args.pair_particles if args.estimator == "pairwise" else None
     if args.part:
         Path(args.part).write_text(

@@ -190,7 +190,7 @@ def main(argv=None):
     md += f"\n1-minute load average at the end of the run: {load:.1f} on {os.cpu_count()} CPUs.\n"
     print(md)
     if not args.smoke:
-        write_results("treevi_cost", payload, md)
+        write_results("treevi_cost", payload, md, args=vars(args))
     return rows
 
 

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pyro
@@ -43,6 +41,7 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 
 from benchmarks._common import markdown_table, write_results
+from pyro_trees.datasets import data_home
 from pyro_trees.guides import (
     GaussianEncoder,
     PairNet,
@@ -59,15 +58,8 @@ PAPER_NCRR = {"VAE": 0.0052, "TreeVI": None, "MTreeVI": None}
 # extraction; its best baselines are CVAE 0.7129 (RR) and 0.0171 (NCRR).
 
 
-def _data_home() -> Path:
-    for cand in (os.environ.get("PYRO_TREES_DATA"), "~/.cache/pyro_trees", "/work/shared/data"):
-        if cand and Path(cand).expanduser().joinpath("cora").exists():
-            return Path(cand).expanduser()
-    raise SystemExit("public-data cache not found: set PYRO_TREES_DATA")
-
-
 def load_movielens_pairs(seed, min_count=20):
-    path = _data_home() / "movielens" / "ml-latest-small" / "ratings.csv"
+    path = data_home() / "movielens" / "ml-latest-small" / "ratings.csv"
     user_movies = defaultdict(list)
     counts = defaultdict(int)
     with open(path) as f:
@@ -96,7 +88,7 @@ def load_movielens_pairs(seed, min_count=20):
 
 
 def load_cora_split(seed):
-    d = np.load(_data_home() / "cora" / "cora.npz")
+    d = np.load(data_home() / "cora" / "cora.npz")
     x = d["features"].astype(np.float32)
     edges = d["edges"].astype(np.int64)
     n = x.shape[0]
@@ -295,7 +287,7 @@ def main(argv=None):
     )
     print(md)
     if not args.smoke:
-        write_results("treevi_graph", {"rows": rows, "raw": raw}, md)
+        write_results("treevi_graph", {"rows": rows, "raw": raw}, md, args=vars(args))
     return rows
 
 

@@ -427,6 +427,7 @@ def main(argv=None):
                 "spanning_trees": tree_rows,
             },
             md,
+            args=vars(args),
         )
     return rows
 

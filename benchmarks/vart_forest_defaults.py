@@ -9,13 +9,14 @@ arguments it sets; the others are the estimator's defaults at the time of the ru
 
 Committed runs: ``vart_forest_defaults`` (the learning-rate schedule, patience and the
 number of trees; its ``default`` had one fit, before ``n_fits`` existed),
-``vart_forest_fits`` (``--configs "default,one fit,5 fits" --name vart_forest_fits``: the
-number of pooled fits; its ``default`` has three refits sharing one held-out split) and
-``vart_forest_folds`` (``--configs "default,refit,one fit" --name vart_forest_folds``:
-three fits, each on its own held-out fold, with and without a refit), with
-``vart_forest_folds_5fits`` (``--configs "5 fits"``) and ``vart_forest_folds_steps``
-(``--configs "2000 steps,lr 0.05"``) at those defaults. From ``vart_forest_folds`` on,
-each file names the shipped defaults of its run in its header.
+and, under ``results/variants/``, ``vart_forest_defaults_fits`` (``--configs "default,one
+fit,5 fits" --name vart_forest_defaults_fits``: the number of pooled fits; its ``default``
+has three refits sharing one held-out split) and ``vart_forest_defaults_folds``
+(``--configs "default,refit,one fit"``: three fits, each on its own held-out fold, with
+and without a refit), with ``vart_forest_defaults_folds_5fits`` (``--configs "5 fits"``)
+and ``vart_forest_defaults_folds_steps`` (``--configs "2000 steps,lr 0.05"``) at those
+defaults. From ``vart_forest_defaults_folds`` on, each file names the shipped defaults of
+its run in its header.
 
 Per candidate: the sets (of 18, RMSE and coverage averaged over the splits) where it beats
 BART and XGBoost, where its 90 % intervals cover 0.85-0.95, the mean over sets of
@@ -31,9 +32,15 @@ import math
 import numpy as np
 import torch
 
-from benchmarks._common import markdown_table, write_results
-from benchmarks.vart_forest import fit_bart_default, fit_forest, uci_splits
-from benchmarks.vart_uci import DATASETS, run_peers
+from benchmarks._common import (
+    UCI_SETS,
+    fit_bart_default,
+    markdown_table,
+    run_peers,
+    uci_splits,
+    write_results,
+)
+from benchmarks.vart_forest import fit_forest
 from pyro_trees.estimators import VaRTForestRegressor
 
 # the training arguments the candidates vary, at the estimator's shipped values
@@ -104,7 +111,7 @@ def summarise(records: list[dict], configs: list[str]) -> tuple[list[dict], list
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default=",".join(UCI_SETS))
     p.add_argument("--splits", default="0,1,2")
     p.add_argument("--configs", default=",".join(CONFIGS), help="names from CONFIGS")
     p.add_argument("--name", default="vart_forest_defaults")
@@ -153,6 +160,7 @@ def main(argv=None):
                 "records": records,
             },
             md,
+            args=vars(args),
         )
     print(markdown_table(summary))
 

@@ -32,9 +32,7 @@ import numpy as np
 import torch
 from sklearn.datasets import make_friedman1
 
-from benchmarks._common import markdown_table, write_results
-from benchmarks.vart_forest import uci_splits
-from benchmarks.vart_uci import DATASETS, _rmse
+from benchmarks._common import UCI_SETS, markdown_table, rmse, uci_splits, write_results
 from pyro_trees.estimators import VaRTForestRegressor
 from pyro_trees.estimators._vart_calibration import (
     _coverage_factor,
@@ -71,7 +69,7 @@ def fit_rules(split, Xtr, ytr, Xte, yte, n_fits: int) -> dict:
                 mixtures = _pool_shaped_mixtures(fits[j], pool, batches)
                 scores[kind].append(_mixture_scores(mixtures, LEVEL))
     test = est.coverage_scores(Xte, yte, level=LEVEL)  # at factor-1 noise
-    out = {"rmse": _rmse(est.predict(Xte), yte), "noise_factor": float(est.noise_factor_)}
+    out = {"rmse": rmse(est.predict(Xte), yte), "noise_factor": float(est.noise_factor_)}
     for rule, (kind, confidence) in RULES.items():
         c = _coverage_factor(torch.cat(scores[kind]), LEVEL, confidence)
         out[rule] = {"factor": c, "coverage90": float(np.mean(test <= c * (1 + 1e-9)))}
@@ -129,6 +127,7 @@ def summarise(args, records) -> None:
             "records": records,
         },
         md,
+        args=vars(args),
     )
     print(md if len(names) == len(args.datasets.split(",")) else "", end="", flush=True)
 
@@ -143,7 +142,7 @@ def friedman_draws(draws: int):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default=",".join(UCI_SETS))
     p.add_argument("--splits", default="0,1,2")
     p.add_argument("--n-fits", type=int, default=3)
     p.add_argument("--friedman", type=int, default=0, help="draws of the notebook's toy")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import markdown_table, write_results
-from benchmarks.vart_uci import load_uci
+from pyro_trees.datasets import load_uci
 from pyro_trees.estimators import VaRTRegressor
 
 

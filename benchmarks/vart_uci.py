@@ -6,7 +6,8 @@ Run from the repository root, e.g. ``python -m benchmarks.vart_uci`` (everything
     python -m benchmarks.vart_uci --datasets autompg,yacht --splits 0,1 --depths 3,5
 
 Table B's large sets run the same way (the paper: depth 5, six splits), e.g.
-``--datasets kin40k,tamielectric --depths 5 --splits 0,1,2,3,4,5 --name vart_uci_large``;
+``--datasets kin40k,tamielectric --depths 5 --splits 0,1,2,3,4,5 --name vart_uci_large``
+(a variant: any ``--name`` but ``vart_uci`` is written to ``results/variants/``);
 minibatches of 2048 rows are used above that size.
 
 Protocol: ten 90/10 splits given by ``test_mask`` of the cached ``uci/<name>`` sets;
@@ -37,37 +38,15 @@ are meaningful.
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks._common import fit_bart, markdown_table, write_results
+from benchmarks._common import UCI_SETS, markdown_table, rmse, run_peers, write_results
+from pyro_trees.datasets import load_uci
 from pyro_trees.estimators import VaRTRegressor
-
-DATASETS = [
-    "autompg",
-    "concreteslump",
-    "forest",
-    "solar",
-    "stock",
-    "yacht",
-    "airfoil",
-    "autos",
-    "breastcancer",
-    "concrete",
-    "fertility",
-    "housing",
-    "machine",
-    "pendulum",
-    "servo",
-    "skillcraft",
-    "sml",
-    "wine",
-]
 
 # Table A: CatBoost, RandomForest, XGBoost, VaRT3, VaRT5, VaRT7, VaRT10 (mean test RMSE)
 PAPER_TABLE_A = {
@@ -116,79 +95,6 @@ PAPER_TABLE_B = {
     "tamielectric": (0.508, 0.503, 0.545, 0.504),
     "kin40k": (0.099, 0.100, 0.097, 0.110),
 }
-
-
-def _data_home() -> Path:
-    return Path(os.environ.get("PYRO_TREES_DATA", Path.home() / ".cache" / "pyro_trees"))
-
-
-def load_uci(name: str):
-    """``(X, y, test_mask)`` of ``uci/<name>`` from the cache (private benchmark helper)."""
-    try:  # the package loader, once pyro_trees.datasets provides it
-        from pyro_trees.datasets import load_uci as _load
-
-        return _load(name)
-    except ImportError:
-        pass
-    folder = _data_home() / "uci" / name
-    if not (folder / "data.csv.gz").exists():
-        raise FileNotFoundError(
-            f"{folder / 'data.csv.gz'} not found: set PYRO_TREES_DATA to the data cache"
-        )
-    with gzip.open(folder / "data.csv.gz", "rt") as f:
-        data = np.loadtxt(f, delimiter=",", ndmin=2)
-    with gzip.open(folder / "test_mask.csv.gz", "rt") as f:
-        mask = np.loadtxt(f, delimiter=",", ndmin=2).astype(bool)
-    return data[:, :-1], data[:, -1], mask
-
-
-def _rmse(a, b) -> float:
-    return float(np.sqrt(np.mean((np.asarray(a) - np.asarray(b)) ** 2)))
-
-
-def run_peers(peers, Xtr, ytr, Xte, yte, seed):
-    out = {}
-    if "xgboost" in peers:
-        import xgboost
-
-        t = time.perf_counter()
-        m = xgboost.XGBRegressor(n_estimators=50, random_state=seed, n_jobs=1)
-        m.fit(Xtr, ytr)
-        out["xgboost"] = {"rmse": _rmse(m.predict(Xte), yte), "seconds": time.perf_counter() - t}
-    if "rf" in peers:
-        from sklearn.ensemble import RandomForestRegressor
-
-        t = time.perf_counter()
-        m = RandomForestRegressor(n_estimators=50, random_state=seed, n_jobs=1).fit(Xtr, ytr)
-        out["rf"] = {"rmse": _rmse(m.predict(Xte), yte), "seconds": time.perf_counter() - t}
-    if "catboost" in peers:
-        import catboost
-
-        t = time.perf_counter()
-        m = catboost.CatBoostRegressor(
-            iterations=50,
-            random_seed=seed,
-            verbose=False,
-            thread_count=1,
-            allow_writing_files=False,
-        )
-        m.fit(Xtr, ytr)
-        out["catboost"] = {"rmse": _rmse(m.predict(Xte), yte), "seconds": time.perf_counter() - t}
-    if "bart" in peers:
-        t = time.perf_counter()
-        m = fit_bart(Xtr, ytr, seed)
-        secs = time.perf_counter() - t
-        f = m.predict(X=Xte)["y_hat"]  # (N, draws)
-        sigma = np.sqrt(np.asarray(m.global_var_samples)).reshape(1, -1)
-        rng = np.random.default_rng(seed)
-        draws = f + sigma * rng.normal(size=f.shape)
-        lo, hi = np.quantile(draws, [0.05, 0.95], axis=1)
-        out["bart"] = {
-            "rmse": _rmse(f.mean(1), yte),
-            "coverage90": float(np.mean((yte >= lo) & (yte <= hi))),
-            "seconds": secs,
-        }
-    return out
 
 
 RULES = ("coverage", "likelihood", "c>=1")  # noise-factor rules compared in every fit
@@ -272,7 +178,7 @@ def fit_vart(args, depth, split, Xtr, ytr, Xte, yte) -> dict:
         }
     return {
         **extra,
-        "rmse": _rmse(pred, yte),
+        "rmse": rmse(pred, yte),
         **cov,
         "seconds": secs,
         "steps": est.fit_result_.num_steps,
@@ -429,7 +335,7 @@ def refit_out_of_range(args, names, depths, peers, splits):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default=",".join(UCI_SETS))
     p.add_argument("--splits", default=",".join(map(str, range(10))))
     p.add_argument("--depths", default="3,5,7,10")
     p.add_argument("--num-steps", type=int, default=1000)
@@ -482,10 +388,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     names = [n for n in args.datasets.split(",") if n]
-    unknown = sorted(set(names) - set(DATASETS) - set(PAPER_TABLE_B))
+    unknown = sorted(set(names) - set(UCI_SETS) - set(PAPER_TABLE_B))
     if unknown:
         raise SystemExit(
-            f"unknown data sets {unknown}; choose from {DATASETS + sorted(PAPER_TABLE_B)}"
+            f"unknown data sets {unknown}; choose from {UCI_SETS + sorted(PAPER_TABLE_B)}"
         )
     splits = [int(s) for s in args.splits.split(",") if s]
     depths = [int(d) for d in args.depths.split(",") if d]

@@ -414,7 +414,7 @@ pools three fits, each of which held out its own 10 % of the rows. Each fold's r
 are scored by the fit that never saw them, with the spread the pool of the three has
 (each fit's offset from the fits' mean added), and the 150 scores set one noise
 factor. On ten draws of these data
-(`benchmarks/results/vart_pool_calibration_friedman.md`; this is draw 0) the forest
+(`benchmarks/results/variants/vart_pool_calibration_friedman.md`; this is draw 0) the forest
 covers 84-97 % of the new points, 89.7 % on average.
 Across the 18 UCI sets of the VaRT benchmark (ten splits; the guide page on VaRT forests
 has the table) the picture is mixed: at their defaults the forest is more accurate than

@@ -5,6 +5,8 @@ import pkgutil
 import re
 from pathlib import Path
 
+import pytest
+
 import pyro_trees
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -57,3 +59,51 @@ def test_the_pictures_of_the_estimators_guide_run(monkeypatch, tmp_path):
     exec(compile(code, "estimators.rst, pictures", "exec"), namespace)
     assert len(plt.get_fignums()) == 3  # the tree, the partial dependence, the importances
     plt.close("all")
+
+
+def _expand(pattern: str) -> list[str]:
+    """``a{b,c}d`` -> ``abd``, ``acd``; ``{a,...,f}`` (a range written out) -> ``*``."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    options = ["*"] if "..." in m.group(1) else m.group(1).split(",")
+    return [q for o in options for q in _expand(pattern[: m.start()] + o + pattern[m.end() :])]
+
+
+def _cited_results(text: str) -> set[str]:
+    """Result files cited in backticks: ``benchmarks/results/X``, ``variants/X`` or a bare
+    ``NAME.md`` / ``NAME.json`` / ``NAME.png`` that names a benchmark's result."""
+    found = set()
+    for token in re.findall(r"`+([^`\s]+)`+", text):
+        token = token.rstrip(".,;:")
+        if "benchmarks/results/" in token:
+            found.add(token.split("benchmarks/results/", 1)[1])
+        elif token.startswith("variants/"):
+            found.add(token)
+        elif re.fullmatch(r"[a-z][a-z0-9_\-*{},.]*\.(md|json|png)", token):
+            found.add(token)
+    return found - {"", "NAME.{json,md}", "NAME.json", "NAME.md"}
+
+
+ROOT = DOCS.parent
+PAGES = ["README.md"] + [
+    p.relative_to(ROOT).as_posix()
+    for p in sorted(DOCS.glob("guide/*.rst")) + sorted(ROOT.glob("notebooks/make_*.py"))
+]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_cited_results_exist(page):
+    root = ROOT
+    results = root / "benchmarks" / "results"
+    missing = []
+    for cited in sorted(_cited_results((root / page).read_text())):
+        if cited.endswith("/"):  # a folder
+            if not (results / cited).is_dir():
+                missing.append(cited)
+            continue
+        for pattern in _expand(cited):
+            glob = pattern if re.search(r"\.(md|json|png)$", pattern) else pattern + ".*"
+            if not list(results.glob(glob)):
+                missing.append(pattern)
+    assert not missing, f"{page} cites result files not in benchmarks/results/: {missing}"
