@@ -33,6 +33,7 @@ __all__ = [
     "expert_log_probs",
     "mirror_map",
     "num_topologies",
+    "sign_matrices",
 ]
 
 
@@ -355,6 +356,28 @@ def mirror_map(source: Topology, target: Topology):
 
     walk(1, 1)
     return gate_src, gate_flip, expert_src
+
+
+def sign_matrices(topologies, like: torch.Tensor) -> torch.Tensor:
+    """The path signs (:meth:`Topology.sign_matrix`) of one topology or of a batch of
+    topologies with the same number of experts, in the dtype and on the device of
+    ``like``.
+
+    :param topologies: a :class:`Topology`, a sequence of them, or sign matrices
+        already (a tensor, converted to ``like``'s dtype and device).
+    :param like: a tensor whose dtype and device the result takes.
+    :returns: ``(num_gates, num_experts)`` for one topology, ``(K, num_gates,
+        num_experts)`` for ``K`` of them.
+    :raises ValueError: when the topologies of a batch differ in their number of experts.
+    """
+    if isinstance(topologies, torch.Tensor):
+        return topologies.to(like)
+    if isinstance(topologies, Topology):
+        return topologies.sign_matrix(dtype=like.dtype, device=like.device)
+    tops = list(topologies)
+    if len({t.num_experts for t in tops}) != 1:
+        raise ValueError("topologies batched together must have the same number of experts")
+    return torch.stack([t.sign_matrix(dtype=like.dtype, device=like.device) for t in tops])
 
 
 def num_topologies(num_experts: int) -> int:

@@ -4,11 +4,16 @@ from pyro_trees._forest import (
     tree_depths,
     validate_parents,
 )
+from pyro_trees.distributions.joint_gaussian_slice import (
+    JointGaussianSlice,
+)
 from pyro_trees.distributions.kronecker_normal import (
     KroneckerNormal,
 )
 from pyro_trees.distributions.mixture_quantiles import (
+    compact_mixture_rows,
     gaussian_mixture_quantiles,
+    row_mixture_quantiles,
 )
 from pyro_trees.distributions.soft_tree_normal import (
     SoftTreeNormal,
@@ -34,6 +39,7 @@ from pyro_trees.distributions.tree_normal import (
 
 __all__ = [
     "BalancedLeaf",
+    "JointGaussianSlice",
     "KroneckerNormal",
     "MixtureOfTreeNormals",
     "RelaxedSplitIndicator",
@@ -43,8 +49,10 @@ __all__ = [
     "TreeNormal",
     "TreeNormalInstances",
     "TreeRouting",
+    "compact_mixture_rows",
     "expected_log_coupling",
     "gaussian_mixture_quantiles",
+    "row_mixture_quantiles",
     "tree_balance_kl",
     "tree_depths",
     "validate_parents",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["gaussian_mixture_quantiles"]
+__all__ = ["compact_mixture_rows", "gaussian_mixture_quantiles", "row_mixture_quantiles"]
 
 _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -64,12 +64,20 @@ def gaussian_mixture_quantiles(
     return torch.stack(out)
 
 
-def _compact_rows(weight: torch.Tensor, *others: torch.Tensor, tol: float = 1e-12):
-    """Per-row Gaussian mixtures ``(S, n, K)`` laid out as ``(n, C)``: every component of
-    weight at least ``tol / (S K)`` (so that the weight dropped from a row is at most
-    ``tol``), packed to the left in their original order, ``C`` the most any row keeps.
-    The padding has weight zero and ``others`` one there (finite, positive scales).
-    ``others`` ``(S, n, K)`` are gathered alike."""
+def compact_mixture_rows(weight: torch.Tensor, *others: torch.Tensor, tol: float = 1e-12):
+    """Per-row Gaussian mixtures ``(S, n, K)`` (``S`` groups of ``K`` components for each
+    of ``n`` rows, as a posterior's ``S`` draws of a ``K``-leaf mixture) laid out as one
+    mixture of ``C`` components per row, ``(n, C)``: every component of weight at least
+    ``tol / (S K)`` (so that the weight dropped from a row is at most ``tol``), packed to
+    the left in their original order, ``C`` the most any row keeps. The layout that
+    :func:`row_mixture_quantiles` takes.
+
+    :param weight: ``(S, n, K)`` component weights (a row's mixture: all ``S K`` of them).
+    :param others: further ``(S, n, K)`` tensors (means, scales), gathered alike; their
+        padding is one (a finite, positive scale).
+    :param float tol: the most weight dropped from a row.
+    :returns: a tuple of ``(n, C)`` tensors, ``weight`` (zero where padded) first.
+    """
     num, n, k = weight.shape
     flat = [t.permute(1, 0, 2).reshape(n, num * k) for t in (weight, *others)]
     kept = flat[0] >= tol / (num * k)
@@ -91,7 +99,7 @@ def _ndtr(z: torch.Tensor) -> torch.Tensor:
 
 def _newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p: float, tol: float, iters: int):
     """Safeguarded Newton steps for the ``p``-quantiles of the row mixtures of
-    :func:`_row_mixture_quantiles` (``inv`` the reciprocal scales, ``w_pdf`` the
+    :func:`row_mixture_quantiles` (``inv`` the reciprocal scales, ``w_pdf`` the
     weights over ``sqrt(2 pi)`` times ``inv``), from ``q`` ``(n,)`` inside brackets
     ``[a, b]`` with CDF below and above ``p``; each row stops once its CDF is within
     ``tol`` of ``p`` or its bracket is a few ulps wide, and only the other rows are
@@ -121,7 +129,7 @@ def _newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p: float, tol: float, it
     return result
 
 
-def _row_mixture_quantiles(
+def row_mixture_quantiles(
     weight: torch.Tensor,
     loc: torch.Tensor,
     scale: torch.Tensor,
@@ -140,10 +148,13 @@ def _row_mixture_quantiles(
     ``1e-5`` of ``p`` (for double inputs), then in the inputs' precision from there
     (one or two steps) until it is within ``tol``.
 
-    :param weight: ``(n, C)`` weights summing to one per row (zero: padding).
+    :param weight: ``(n, C)`` weights summing to one per row (zero: padding), as
+        :func:`compact_mixture_rows` lays them out.
     :param loc: ``(n, C)`` means.
     :param scale: ``(n, C)`` standard deviations (positive).
     :param probs: probabilities in ``(0, 1)``.
+    :param float tol: the largest error of the CDF at the quantiles.
+    :param int iters: the most Newton steps per precision.
     :returns: ``(len(probs), n)``.
     """
     used = weight > 0

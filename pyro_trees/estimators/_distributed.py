@@ -29,8 +29,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pyro_trees.infer._fit_data import _comm_device
-from pyro_trees.infer.distributed import _collective, rank_subsample, world
+from pyro_trees.infer import collective as _collective
+from pyro_trees.infer import comm_device as _comm_device
+from pyro_trees.infer import rank_subsample, world
 from pyro_trees.infer.vart_elbo import VaRTELBO, vart_elbo
 from pyro_trees.infer.vart_forest_elbo import VaRTForestELBO, vart_forest_elbo
 

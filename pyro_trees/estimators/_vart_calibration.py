@@ -16,10 +16,10 @@ import math
 import numpy as np
 import torch
 
-from pyro_trees.distributions.mixture_quantiles import _compact_rows
+from pyro_trees.distributions import compact_mixture_rows as _compact_rows
 from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.estimators._vart_posterior import fitted_guides, hard_guide_draws
-from pyro_trees.models._vart_mixture import _row_mixtures
+from pyro_trees.models import row_mixtures as _row_mixtures
 from pyro_trees.validation import check_level
 
 __all__ = ["noise_factor_from_curve", "noise_factor_from_scores"]

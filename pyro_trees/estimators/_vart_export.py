@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from pyro_trees import trees
-from pyro_trees.models._vart_mixture import observed, route_log_probs, with_bias
+from pyro_trees.models.vart_mixture import observed, route_log_probs, with_bias
 
 
 @torch.no_grad()

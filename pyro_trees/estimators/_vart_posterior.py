@@ -13,19 +13,15 @@ import pyro
 import torch
 from pyro.infer import Predictive
 
-from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
+from pyro_trees.distributions import compact_mixture_rows as _compact_rows
+from pyro_trees.distributions import row_mixture_quantiles as _row_mixture_quantiles
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
-from pyro_trees.guides._vart_memory import (
-    PREDICT_BYTES,
-    ROW_BYTES_PER_NODE,
-    _check_prediction_memory,
-)
-from pyro_trees.models._vart_mixture import (
-    _leaf_mixtures,
-    _leaf_tree,
-    _row_mixtures,
-    _stack_trees,
-)
+from pyro_trees.estimators.vart_memory import PREDICT_BYTES, ROW_BYTES_PER_NODE
+from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
+from pyro_trees.models import leaf_mixtures as _leaf_mixtures
+from pyro_trees.models import leaf_tree as _leaf_tree
+from pyro_trees.models import row_mixtures as _row_mixtures
+from pyro_trees.models import stack_trees as _stack_trees
 
 
 def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:

@@ -35,11 +35,12 @@ from pyro_trees.estimators._vart_posterior import (
     check_n_fits,
     training_range,
 )
-from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
+from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
+from pyro_trees.estimators.vart_memory import check_training_memory as _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import EarlyStopping, fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
-from pyro_trees.models._vart_mixture import tree_mean
+from pyro_trees.models import tree_mean
 from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level
 

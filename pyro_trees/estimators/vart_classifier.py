@@ -32,15 +32,13 @@ from pyro_trees.estimators._vart_posterior import (
     prior_rho_sites,
     training_range,
 )
-from pyro_trees.guides._vart_memory import (
-    PREDICT_BYTES,
-    _check_prediction_memory,
-    _check_training_memory,
-)
+from pyro_trees.estimators.vart_memory import PREDICT_BYTES
+from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
+from pyro_trees.estimators.vart_memory import check_training_memory as _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import EarlyStopping, fit
 from pyro_trees.infer.vart_elbo import VaRTELBO
-from pyro_trees.models._vart_mixture import _stack_trees
+from pyro_trees.models import stack_trees as _stack_trees
 from pyro_trees.models.vart_classification import VaRTClassification, base_rate_offset
 
 __all__ = ["VaRTClassifier"]

@@ -12,7 +12,7 @@ variational distribution and variational strategy).
 * :class:`DGPJointGuide`: :math:`q(U_1, \\dots, U_L) = N(\\mu, \\Sigma)` with covariance
   across layers, full or low-rank plus diagonal (``rank=``). The full factor samples
   the layers in turn from the joint's conditionals
-  (:class:`~pyro_trees.guides.dgp.JointGaussianSlice`) and gives
+  (:class:`~pyro_trees.distributions.JointGaussianSlice`) and gives
   :class:`~pyro.infer.TraceMeanField_ELBO` the exact KL of the joint; the low-rank one draws the
   joint vector at an auxiliary site with each ``u_i`` a
   :class:`~pyro.distributions.Delta` on its slice, as in
@@ -35,10 +35,10 @@ from pyro.distributions.transforms import LowerCholeskyAffine
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from pyro_trees.guides._joint_slice import JointGaussianSlice
+from pyro_trees.distributions import JointGaussianSlice
 from pyro_trees.guides.base import TreeGuide
 
-__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide", "JointGaussianSlice"]
+__all__ = ["DGPFactorisedGuide", "DGPIntermediateGuide", "DGPJointGuide"]
 
 
 def _like(model):
@@ -281,7 +281,7 @@ class DGPJointGuide(TreeGuide, PyroModule):
         :math:`\\epsilon_j = L_{jj}^{-1}(u_j - \\text{loc}_j)` the standard noise of the earlier
         layers; the product of the conditionals is the joint, and
         :class:`~pyro.infer.TraceMeanField_ELBO` gets a closed-form KL per site (see
-        :class:`~pyro_trees.guides.dgp.JointGaussianSlice`). Low rank: one auxiliary draw of the
+        :class:`~pyro_trees.distributions.JointGaussianSlice`). Low rank: one auxiliary draw of the
         joint vector, then each ``u_i`` a :class:`~pyro.distributions.Delta` on its slice (train
         with :class:`~pyro.infer.Trace_ELBO`).
         """

@@ -1,7 +1,8 @@
 """MTreeVI: the amortised guide over a mixture of trees (Xiao & Su 2024, eqs. 14-15).
 
 :class:`TreeVIMixtureGuide` trains with :class:`~pyro_trees.infer.MixtureTreeELBO`, which
-runs it in its stratified mode (one draw per tree, ``_stratified``).
+runs it in its stratified mode (one draw per tree,
+:meth:`TreeVIMixtureGuide.stratified`).
 """
 
 from __future__ import annotations
@@ -21,15 +22,6 @@ from pyro_trees.distributions.tree_normal import TreeNormal
 from pyro_trees.guides.tree_vi import TreeVIGuide, _batch_plan
 
 __all__ = ["TreeVIMixtureGuide"]
-
-
-@contextlib.contextmanager
-def _stratified(guide):
-    guide._stratify = True
-    try:
-        yield
-    finally:
-        guide._stratify = False
 
 
 class _StratifiedTreeMixture(TorchDistribution):
@@ -156,6 +148,23 @@ class TreeVIMixtureGuide(TreeVIGuide):
     def tree_probs(self):
         """The mixture weights over the trees, ``(T,)``."""
         return torch.softmax(self.tree_logits, -1)
+
+    @contextlib.contextmanager
+    def stratified(self):
+        """A context in which the guide draws one sample per tree, stacked on a leading
+        batch dimension of size ``T`` (the mode :class:`~pyro_trees.infer.MixtureTreeELBO`
+        runs it in, inside a plate of that size): the ``m``-th draw comes from tree ``m``,
+        and its ``log_prob`` is the mixture density (``entropy="exact"``) or tree ``m``'s
+        own density (``"bound"``)::
+
+            with guide.stratified(), pyro.plate("tree_components", guide.num_trees, dim=-1):
+                draws = guide(x)
+        """
+        self._stratify = True
+        try:
+            yield
+        finally:
+            self._stratify = False
 
     def _components(self, x, idx):
         xb, idx = self._inputs(x, idx)

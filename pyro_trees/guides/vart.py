@@ -22,7 +22,6 @@ from torch.distributions import constraints
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
-from pyro_trees.guides._vart_memory import _guide_param_count, _require_memory
 from pyro_trees.guides.base import TreeGuide
 from pyro_trees.models.vart import VaRT, node_weights, weighted
 
@@ -211,11 +210,11 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         self._pyro_name = "" if name is None else str(name)
         depth = trees.check_depth(depth)
         itemsize = torch.empty(()).element_size()
-        _require_memory(
-            depth,
-            float(_guide_param_count(depth, model.in_features)) * itemsize,
+        trees.require_memory(
+            float(self.num_parameters(depth, model.in_features)) * itemsize,
             f"the guide's parameters for {model.in_features:,} inputs",
-            "a smaller depth",
+            "Use a smaller depth.",
+            head=f"depth {depth} means 2**{depth + 1} - 1 = {2 ** (depth + 1) - 1:,} nodes; ",
         )
         if init not in ("data", "random"):
             raise ValueError(f"init must be 'data' or 'random', got {init!r}")
@@ -257,6 +256,23 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         "log_sigma_loc",
         "log_sigma_scale",
     )
+
+    @staticmethod
+    def num_parameters(depth: int, in_features: int) -> int:
+        """The number of entries of the guide's parameters at truncation depth ``depth``
+        with ``in_features`` inputs ``L``, counted before anything is allocated: split
+        logits and the split weights' locations and scales on the :math:`2^D - 1` internal
+        positions, the leaf weights' and log noise scales' locations and scales on all
+        :math:`2^{D+1} - 1` nodes (a guide of missing inputs holds two more per internal
+        position, ``rho_logits`` and ``rho_concentration``, not counted here).
+
+        :param int depth: ``D``.
+        :param int in_features: ``L``.
+        :returns: :math:`(2^D - 1)(1 + 2(L + 1)) + (2^{D+1} - 1)(2(L + 1) + 2)`.
+        """
+        width = in_features + 1
+        n_int, n_all = trees.num_internal(depth), trees.num_internal(depth + 1)
+        return n_int * (1 + 2 * width) + n_all * (2 * width + 2)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample a truncated tree; the arguments only fix dtype and device.

@@ -13,12 +13,13 @@ import torch
 from pyro_trees.infer.distributed import (
     RankSubsample,
     _active,
-    _collective,
     _dist,
     all_reduce_sum,
     average_gradients,
     broadcast_parameters,
     check_same_across_ranks,
+    collective,
+    comm_device,
     is_main,
     world,
 )
@@ -36,12 +37,6 @@ def local_device(device):
     if dev.type == "cuda" and dev.index is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     return device
-
-
-def _comm_device():
-    if _dist().get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _shapes(value):
@@ -84,13 +79,13 @@ class TrainingData:
             check_same_across_ranks(self.stream.num_rows, "Stream's num_rows")
         # One random stream on every rank: the same latent draws, so that the average
         # of the ranks' gradients is the gradient of one process on the global batch.
-        state = torch.get_rng_state().to(_comm_device())
-        with _collective("sharing rank 0's random state"):
+        state = torch.get_rng_state().to(comm_device())
+        with collective("sharing rank 0's random state"):
             _dist().broadcast(state, 0)
         torch.set_rng_state(state.cpu())
         if seed is None:
             mine = int.from_bytes(os.urandom(4), "little") if is_main() else 0
-            seed = int(all_reduce_sum(torch.tensor([mine], device=_comm_device())).item())
+            seed = int(all_reduce_sum(torch.tensor([mine], device=comm_device())).item())
         self.subsample = RankSubsample(seed)
         self.handlers.append(self.subsample)
 
@@ -146,7 +141,7 @@ class TrainingData:
         """``True`` on every rank when ``stop`` is ``True`` on any."""
         if not self.parallel:
             return stop
-        flag = torch.tensor([float(bool(stop))], device=_comm_device())
+        flag = torch.tensor([float(bool(stop))], device=comm_device())
         return bool(all_reduce_sum(flag).item() > 0)
 
     def mean(self, evaluate):
@@ -155,7 +150,7 @@ class TrainingData:
             return evaluate
 
         def mean() -> float:
-            value = torch.tensor([float(evaluate())], device=_comm_device())
+            value = torch.tensor([float(evaluate())], device=comm_device())
             return float(all_reduce_sum(value).item()) / _dist().get_world_size()
 
         return mean

@@ -39,10 +39,11 @@ class Checkpoint:
 
     .. rubric:: Examples
 
+    >>> import os
     >>> import tempfile
     >>> import torch
     >>> from pyro_trees.infer import Checkpoint
-    >>> path = f"{tempfile.mkdtemp()}/run.pt"
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.pt")
     >>> saver = Checkpoint(path, every=2)
     >>> for step in (1, 2, 3):
     ...     saver.after_step(step, lambda: {"weights": torch.ones(2)})

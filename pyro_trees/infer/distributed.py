@@ -32,6 +32,8 @@ __all__ = [
     "average_gradients",
     "broadcast_parameters",
     "check_same_across_ranks",
+    "collective",
+    "comm_device",
     "is_main",
     "rank_subsample",
     "world",
@@ -136,9 +138,27 @@ def is_main() -> bool:
     return not _active() or _dist().get_rank() == 0
 
 
+def comm_device() -> torch.device:
+    """The device the tensors of a collective live on: this rank's current CUDA device
+    under the NCCL backend, else the CPU (Gloo). Call inside an initialised process group.
+
+    :returns: a :class:`torch.device`.
+    """
+    if _dist().get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @contextlib.contextmanager
-def _collective(what: str):
-    """Re-raise a failed collective naming this rank and the likely cause."""
+def collective(what: str):
+    """A context for one collective (``all_reduce``, ``broadcast``, ...): a
+    ``RuntimeError`` raised inside is raised again naming this rank, the world size,
+    ``what`` failed, and the likely cause (another rank died or stopped answering within
+    :func:`timeout`).
+
+    :param str what: the collective in words (``"averaging gradients (all_reduce)"``).
+    :raises RuntimeError: when the collective fails.
+    """
     try:
         yield
     except RuntimeError as e:
@@ -309,7 +329,7 @@ def average_gradients(params, value: float | None = None) -> float | None:
     ref = grads[0] if grads else torch.zeros(())
     extra = [torch.tensor([0.0 if value is None else value], dtype=ref.dtype, device=ref.device)]
     flat = _flat(grads + extra)
-    with _collective("averaging gradients (all_reduce)"):
+    with collective("averaging gradients (all_reduce)"):
         dist.all_reduce(flat)
     flat /= dist.get_world_size()
     _unflat(flat, grads + extra)
@@ -332,7 +352,7 @@ def broadcast_parameters(tensors, src: int = 0) -> None:
     if not tensors:
         return
     flat = _flat([t.detach() for t in tensors])
-    with _collective(f"broadcasting parameters from rank {src}"):
+    with collective(f"broadcasting parameters from rank {src}"):
         _dist().broadcast(flat, src)
     _unflat(flat, tensors)
 
@@ -349,7 +369,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     tensor([1., 1.])
     """
     if _active() and _dist().get_world_size() > 1:
-        with _collective("summing statistics (all_reduce)"):
+        with collective("summing statistics (all_reduce)"):
             _dist().all_reduce(tensor)
     return tensor
 
@@ -371,7 +391,7 @@ def check_same_across_ranks(value, what: str) -> None:
         return
     dist = _dist()
     values: list = [None] * dist.get_world_size()
-    with _collective(f"comparing {what} across ranks"):
+    with collective(f"comparing {what} across ranks"):
         dist.all_gather_object(values, value)
     bad = [r for r, v in enumerate(values) if v != values[0]]
     if bad:

@@ -72,7 +72,8 @@ class FitResult:
     >>> from pyro_trees.infer import fit
     >>> def model(y):
     ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
-    ...     pyro.sample("obs", dist.Normal(mu, 1.0).expand(y.shape).to_event(1), obs=y)
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("obs", dist.Normal(mu, 1.0), obs=y)
     >>> result = fit(model, AutoNormal(model), torch.zeros(5), num_steps=3, progress=False)
     >>> result.num_steps, result.stopped, result.best_step  # no validation: no best step
     (3, 'num_steps', None)

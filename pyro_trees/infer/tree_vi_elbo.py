@@ -10,7 +10,7 @@ from pyro.infer import Trace_ELBO
 from torch import nn
 
 from pyro_trees.guides.tree_vi import TreeVIGuide
-from pyro_trees.guides.tree_vi_mixture import TreeVIMixtureGuide, _stratified
+from pyro_trees.guides.tree_vi_mixture import TreeVIMixtureGuide
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 
 __all__ = ["MixtureTreeELBO", "PairwiseELBO"]
@@ -62,7 +62,7 @@ class MixtureTreeELBO(Trace_ELBO):
             m = guide.num_trees
             shape = (m,) + (1,) * (-guide.component_dim - 1)
             with (
-                _stratified(guide),
+                guide.stratified(),
                 pyro.plate("tree_components", m, dim=guide.component_dim),
                 poutine.scale(scale=guide.tree_probs().reshape(shape)),
             ):

@@ -28,8 +28,8 @@ from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.guides.vart import rho_concentrations
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.models._vart_mixture import gaussian, observed, route_log_probs, with_bias
 from pyro_trees.models.vart import VaRT
+from pyro_trees.models.vart_mixture import gaussian, observed, route_log_probs, with_bias
 
 __all__ = ["VaRTELBO", "sample_guide", "vart_elbo"]
 

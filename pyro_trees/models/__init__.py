@@ -1,11 +1,5 @@
 """Pyro models: ``PyroModule`` classes whose ``forward(x, y=None)`` samples inside plates."""
 
-from pyro_trees.models._vart_mixture import (
-    mixture_params,
-    tree_likelihood,
-    tree_mean,
-    with_bias,
-)
 from pyro_trees.models.bayesian_hme import (
     BayesianHME,
 )
@@ -41,6 +35,16 @@ from pyro_trees.models.vart_forest import (
     VaRTForest,
     forest_mean,
 )
+from pyro_trees.models.vart_mixture import (
+    leaf_mixtures,
+    leaf_tree,
+    mixture_params,
+    row_mixtures,
+    stack_trees,
+    tree_likelihood,
+    tree_mean,
+    with_bias,
+)
 
 __all__ = [
     "BayesianHME",
@@ -56,7 +60,11 @@ __all__ = [
     "VaRTClassification",
     "VaRTForest",
     "forest_mean",
+    "leaf_mixtures",
+    "leaf_tree",
     "mixture_params",
+    "row_mixtures",
+    "stack_trees",
     "tree_likelihood",
     "tree_mean",
     "with_bias",

@@ -32,6 +32,7 @@ from pyro_trees.topology import expert_log_probs
 __all__ = [
     "SCHEDULES",
     "VBResult",
+    "fused_cycle",
     "init_state",
     "run_vb",
     "schedule_by_name",
@@ -43,12 +44,23 @@ __all__ = [
 def vb_cycle(data: VBData, state: VBState, temperature: float = 1.0) -> VBState:
     """One pass through every coordinate update, in the order of :data:`UPDATES` (experts,
     noise, expert precisions, ``xi``, gates, gate precisions, assignments)."""
-    return _fused_cycle(data, state, temperature)[0]
+    return fused_cycle(data, state, temperature)[0]
 
 
-def _fused_cycle(data, state, temperature, sq_a=None):
+def fused_cycle(
+    data: VBData, state: VBState, temperature: float = 1.0, sq_a: torch.Tensor | None = None
+):
     """:func:`vb_cycle` computing each ``O(N P^2)`` quantity once; also returns the
-    gates' ``E[a^2]`` (reused by the next cycle's ``xi`` update) and the bound.
+    gates' ``E[a^2]`` (reused by the next cycle's ``xi`` update) and the bound. The
+    step of :func:`run_vb` and of the topology search's races.
+
+    :param VBData data: the data.
+    :param VBState state: the state before the cycle.
+    :param float temperature: the likelihood temperature of the cycle's updates.
+    :param sq_a: the gates' ``E[a^2]`` ``batch_shape + (G, N)`` from the previous cycle
+        (``None``: computed from ``state``).
+    :returns: ``(state, sq_a, value)``: the state after the cycle, the gates' ``E[a^2]``
+        under it, and the bound at ``temperature`` ``batch_shape``.
 
     Internally the per-point arrays are laid out ``(..., K, N)`` (points last, so that
     elementwise work and the sums over experts run along contiguous memory); the
@@ -288,7 +300,7 @@ def run_vb(
     sq_a = None
     n = data.num_rows
     for temp in temps:
-        state, sq_a, value = _fused_cycle(data, state, temp, sq_a)
+        state, sq_a, value = fused_cycle(data, state, temp, sq_a)
         history.append(value)
         if tol is not None and temp == 1.0 and prev is not None:
             if float((value - prev).abs().nan_to_num(0.0).max()) <= tol * n:

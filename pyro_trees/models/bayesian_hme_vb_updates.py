@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 import torch.nn.functional as F
 
-from pyro_trees.topology import Topology
+from pyro_trees.topology import sign_matrices
 
 __all__ = [
     "UPDATES",
@@ -68,6 +68,8 @@ __all__ = [
     "VBState",
     "bound",
     "expected_expert_loglik",
+    "expert_factor_terms",
+    "gate_factor_terms",
     "gate_terms",
     "jj_lambda",
     "update_assignments",
@@ -135,7 +137,7 @@ class VBData:
         t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
         if t.dim() == 1:
             t = t.unsqueeze(-1)
-        return cls(x, t, _signs(topology, x), prior_a, prior_b, reduce)
+        return cls(x, t, sign_matrices(topology, x), prior_a, prior_b, reduce)
 
     def rows_sum(self, value: torch.Tensor) -> torch.Tensor:
         """A sum over rows, reduced by ``reduce`` (unchanged without one)."""
@@ -175,17 +177,6 @@ class VBData:
         full[..., iu[0], iu[1]] = packed
         full[..., iu[1], iu[0]] = packed
         return full
-
-
-def _signs(topology, like: torch.Tensor) -> torch.Tensor:
-    if isinstance(topology, torch.Tensor):
-        return topology.to(like)
-    if isinstance(topology, Topology):
-        return topology.sign_matrix(dtype=like.dtype, device=like.device)
-    tops = list(topology)
-    if len({t.num_experts for t in tops}) != 1:
-        raise ValueError("topologies batched together must have the same number of experts")
-    return torch.stack([t.sign_matrix(dtype=like.dtype, device=like.device) for t in tops])
 
 
 @dataclass(frozen=True)
@@ -333,25 +324,42 @@ def _gate_terms_from(data, state, mean_a, sq_a, lam=None):
     return (0.5 * mean_a).transpose(-1, -2) @ s + c.transpose(-1, -2) @ s.abs()
 
 
-def _global_terms(data: VBData, state: VBState) -> torch.Tensor:
-    """The bound's terms of the global factors (everything but the assignments)."""
+def gate_factor_terms(data: VBData, state: VBState) -> torch.Tensor:
+    r"""Each gate's share of the bound's global terms:
+    :math:`E[\log p(v_g \mid \beta_g)] + H[q(v_g)] - \mathrm{KL}(q(\beta_g) \| p(\beta_g))`
+    (the constants in :math:`2\pi` cancel).
+
+    :returns: ``batch_shape + (G,)``.
+    """
     p = data.x.shape[-1]
-    d = data.t.shape[-1]
-    a0, b0 = data.prior_a, data.prior_b
-    # gates: E[log p(v | beta)] + H[q(v)] - KL(q(beta) || p(beta)), constants 2 pi cancel
     e_beta = state.beta_a / state.beta_b
     vv = state.v_mean.pow(2).sum(-1) + state.v_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
     gates = 0.5 * p * _elog(state.beta_a, state.beta_b) - 0.5 * e_beta * vv
     gates = gates + 0.5 * p + 0.5 * _logdet(state.v_cov)
-    gates = gates - _gamma_kl(state.beta_a, state.beta_b, a0, b0)
+    return gates - _gamma_kl(state.beta_a, state.beta_b, data.prior_a, data.prior_b)
 
+
+def expert_factor_terms(data: VBData, state: VBState) -> torch.Tensor:
+    r"""Each expert's share of the bound's global terms:
+    :math:`E[\log p(W_j \mid \alpha_j)] + H[q(W_j)] - \mathrm{KL}(q(\alpha_j) \|
+    p(\alpha_j)) - \mathrm{KL}(q(\tau_j) \| p(\tau_j))`.
+
+    :returns: ``batch_shape + (E,)``.
+    """
+    p = data.x.shape[-1]
+    d = data.t.shape[-1]
+    a0, b0 = data.prior_a, data.prior_b
     e_alpha = state.alpha_a / state.alpha_b
     ww = state.w_mean.pow(2).sum((-1, -2)) + d * state.w_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
     experts = 0.5 * d * p * _elog(state.alpha_a, state.alpha_b) - 0.5 * e_alpha * ww
     experts = experts + 0.5 * d * p + 0.5 * d * _logdet(state.w_cov)
     experts = experts - _gamma_kl(state.alpha_a, state.alpha_b, a0, b0)
-    experts = experts - _gamma_kl(state.tau_a, state.tau_b, a0, b0)
-    return gates.sum(-1) + experts.sum(-1)
+    return experts - _gamma_kl(state.tau_a, state.tau_b, a0, b0)
+
+
+def _global_terms(data: VBData, state: VBState) -> torch.Tensor:
+    """The bound's terms of the global factors (everything but the assignments)."""
+    return gate_factor_terms(data, state).sum(-1) + expert_factor_terms(data, state).sum(-1)
 
 
 def bound(data: VBData, state: VBState, temperature: float = 1.0) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pyro.nn import PyroModule
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
-from pyro_trees.models._vart_mixture import gaussian, tree_likelihood, tree_mean
+from pyro_trees.models.vart_mixture import gaussian, tree_likelihood, tree_mean
 
 __all__ = ["VaRT", "node_weights", "weighted"]
 

@@ -15,8 +15,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_trees.models._vart_mixture import log_leaf_weights, observed, with_bias
 from pyro_trees.models.vart import VaRT
+from pyro_trees.models.vart_mixture import log_leaf_weights, observed, with_bias
 
 __all__ = ["VaRTClassification", "base_rate_offset", "class_logits", "tree_scores"]
 

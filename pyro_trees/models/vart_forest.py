@@ -24,8 +24,8 @@ from pyro.nn import PyroModule
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
-from pyro_trees.models._vart_mixture import forest_mean
 from pyro_trees.models.vart import VaRT, node_weights, weighted
+from pyro_trees.models.vart_mixture import forest_mean
 
 __all__ = ["VaRTForest", "forest_mean", "forest_tree"]
 

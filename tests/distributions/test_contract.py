@@ -57,6 +57,15 @@ def _kronecker_normal():
     return ptd.KroneckerNormal(tril, D), [tril]
 
 
+def _joint_gaussian_slice():
+    n, s = 2 * D, 3
+    loc = _leaf(N, n)
+    tril = torch.eye(n, dtype=torch.float64) + 0.3 * torch.randn(n, n, dtype=torch.float64).tril(-1)
+    tril = tril.requires_grad_()
+    mean, cross = loc.detach()[0], 0.2 * torch.randn(n, s, dtype=torch.float64)
+    return ptd.JointGaussianSlice(loc, tril, (2, D), mean=mean, cross=cross), [loc, tril]
+
+
 def _split_indicator():
     probs = _unit(5)
     return ptd.SplitIndicator(probs), [probs]
@@ -88,6 +97,7 @@ FACTORIES = {
         _soft_tree_normal,
         _mixture_of_tree_normals,
         _kronecker_normal,
+        _joint_gaussian_slice,
         _split_indicator,
         _relaxed_split_indicator,
         _tree_routing,

@@ -1,9 +1,14 @@
-"""gaussian_mixture_quantiles: known mixtures, and the same answer whatever the layout."""
+"""gaussian_mixture_quantiles: known mixtures, and the same answer whatever the layout;
+row_mixture_quantiles on the rows compact_mixture_rows packs."""
 
 import pytest
 import torch
 
-from pyro_trees.distributions import gaussian_mixture_quantiles
+from pyro_trees.distributions import (
+    compact_mixture_rows,
+    gaussian_mixture_quantiles,
+    row_mixture_quantiles,
+)
 
 
 def test_mixture_quantiles_of_known_mixtures():
@@ -57,3 +62,23 @@ def test_quantiles_of_huge_mixtures_scale_with_them(factor):
     q_big = gaussian_mixture_quantiles(w, factor * loc, factor * scale, probs)
     assert bool(torch.isfinite(q_big).all())
     torch.testing.assert_close(q_big / factor, q, rtol=1e-9, atol=0)
+
+
+def test_row_mixture_quantiles_match_the_reference_solver():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.rand(9, 40, 6, generator=gen, dtype=torch.float64) ** 8  # uneven weights
+    w[:, :, 2] = 0.0  # a node that is no leaf
+    w = w / w.sum((0, -1), keepdim=True)
+    loc = 3 * torch.randn(9, 40, 6, generator=gen, dtype=torch.float64)  # multimodal
+    scale = 0.01 + torch.rand(9, 40, 6, generator=gen, dtype=torch.float64)
+    probs = (0.05, 0.3, 0.95)
+    ref = gaussian_mixture_quantiles(w, loc, scale, probs, dim=(0, -1))
+    cw, cloc, cscale = compact_mixture_rows(w, loc, scale)
+    # the weight dropped from a row is at most tol, and the padding is weight 0, scale 1
+    assert ((1.0 - cw.sum(-1)).abs() <= 1e-12).all() and cw.shape[1] < 9 * 6
+    assert (cscale[cw == 0] == 1.0).all()
+    got = row_mixture_quantiles(cw, cloc, cscale, probs)
+    torch.testing.assert_close(got, ref, atol=1e-9, rtol=0)
+    # single precision inputs take the same path without the coarse first steps
+    got32 = row_mixture_quantiles(cw.float(), cloc.float(), cscale.float(), probs, tol=1e-5)
+    torch.testing.assert_close(got32.double(), ref, atol=1e-3, rtol=0)

@@ -122,12 +122,12 @@ def test_a_fit_without_missing_values_never_takes_the_missing_path(cls, monkeypa
     routes missing values never runs: predictions are those of the code before missing
     values were accepted (checked bit for bit against it when they were added)."""
     from pyro_trees.guides import rnn_tree
-    from pyro_trees.models import _vart_mixture
+    from pyro_trees.models import vart_mixture
 
     def boom(*args, **kwargs):
         raise AssertionError("the missing-value path ran on complete data")
 
-    monkeypatch.setattr(_vart_mixture, "missing_share", boom)
+    monkeypatch.setattr(vart_mixture, "missing_share", boom)
     monkeypatch.setattr(rnn_tree.RNNTree, "_missing_log_probs", boom)
     soft = rnn_tree._log_right_left
 

@@ -15,12 +15,12 @@ from pyro_trees.estimators import (
     _vart_posterior,
     noise_factor_from_curve,
     noise_factor_from_scores,
+    vart_memory,
 )
 from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.estimators._vart_calibration import _coverage_scores
 from pyro_trees.estimators._vart_posterior import hard_guide_draws
-from pyro_trees.guides import _vart_memory
-from pyro_trees.models import _vart_mixture, mixture_params, with_bias
+from pyro_trees.models import mixture_params, row_mixtures, stack_trees, with_bias
 
 # the settings of the module's fitted estimators (fixtures ``fitted`` and ``stopped``)
 SMALL = {"depth": 2, "num_steps": 150, "lr": 0.05, "num_samples": 50, "random_state": 0}
@@ -190,7 +190,7 @@ def test_early_stopping_and_noise_calibration(fitted, data):
 def _raw_tree(est) -> dict:
     """Every node of the estimator's posterior trees (not only their leaves), with the
     factor-1 noise: the full mixtures the estimator's leaf-node computations must equal."""
-    tree = _vart_mixture._stack_trees(est._posterior_trees(), est.guide_.depth)
+    tree = stack_trees(est._posterior_trees(), est.guide_.depth)
     shift = math.log(est.noise_factor_)
     return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
 
@@ -449,7 +449,9 @@ def test_compact_rows_keep_the_quantiles_and_scores():
     w = w / w.sum((0, -1), keepdim=True)
     loc = torch.randn(6, 5, 7, generator=gen, dtype=torch.float64)
     scale = 0.1 + torch.rand(6, 5, 7, generator=gen, dtype=torch.float64)
-    cw, cloc, cscale = (t.unsqueeze(0) for t in mixture_quantiles._compact_rows(w, loc, scale))
+    cw, cloc, cscale = (
+        t.unsqueeze(0) for t in mixture_quantiles.compact_mixture_rows(w, loc, scale)
+    )
     assert cw.shape[0] == 1 and cw.shape[1] == 5 and cw.shape[2] < 6 * 7
     assert ((1.0 - cw.sum((0, -1))).abs() <= 1e-12).all()
     probs = (0.05, 0.95)
@@ -460,7 +462,7 @@ def test_compact_rows_keep_the_quantiles_and_scores():
         rtol=0,
     )
     z = (0.3 - loc) / scale
-    cz = mixture_quantiles._compact_rows(w, z)[1].unsqueeze(0)
+    cz = mixture_quantiles.compact_mixture_rows(w, z)[1].unsqueeze(0)
     torch.testing.assert_close(
         _coverage_scores(cw, cz, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
     )
@@ -561,8 +563,8 @@ def test_depth_memory_checks_count_parameters_and_prediction(fitted, data, monke
     # every depth of the UCI benchmarks (3 to 10, up to 33 inputs, 200 trees) fits 1 GiB
     budget = 2**30
     for depth in (3, 5, 7, 10):
-        _vart_memory._check_training_memory(depth, 2048, 33, None)
-        _vart_memory._check_prediction_memory(depth, 200, 33, None)
+        vart_memory.check_training_memory(depth, 2048, 33, None)
+        vart_memory.check_prediction_memory(depth, 200, 33, None)
 
 
 def test_cross_fitted_calibration_pools_disjoint_folds(stopped, data):
@@ -698,7 +700,7 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     X, _ = data
     Xs = fitted._prepare(X)
     ym, ys = float(fitted.y_scaler_.mean), float(fitted.y_scaler_.scale)
-    tree = _vart_mixture._stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
+    tree = stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
     logits, loc, scale = mixture_params(tree, with_bias(Xs))
     w = logits.double().softmax(-1) / logits.shape[0]
     q = gaussian_mixture_quantiles(w, loc.double(), scale.double(), (0.05, 0.95), dim=(0, -1))
@@ -710,19 +712,13 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     np.testing.assert_allclose(fitted.sample_function(X), mean, rtol=0, atol=1e-5 * float(ys))
 
 
-def test_row_mixture_quantiles_match_the_reference_solver():
+def test_compact_scores_match_the_coverage_scores():
     gen = torch.Generator().manual_seed(1)
     w = torch.rand(9, 40, 6, generator=gen, dtype=torch.float64) ** 8  # uneven weights
     w[:, :, 2] = 0.0  # a node that is no leaf
     w = w / w.sum((0, -1), keepdim=True)
     loc = 3 * torch.randn(9, 40, 6, generator=gen, dtype=torch.float64)  # multimodal
     scale = 0.01 + torch.rand(9, 40, 6, generator=gen, dtype=torch.float64)
-    probs = (0.05, 0.3, 0.95)
-    ref = gaussian_mixture_quantiles(w, loc, scale, probs, dim=(0, -1))
-    cw, cloc, cscale = mixture_quantiles._compact_rows(w, loc, scale)
-    assert ((1.0 - cw.sum(-1)).abs() <= 1e-12).all() and cw.shape[1] < 9 * 6
-    got = mixture_quantiles._row_mixture_quantiles(cw, cloc, cscale, probs)
-    torch.testing.assert_close(got, ref, atol=1e-9, rtol=0)
     z = (0.3 - loc) / scale
     torch.testing.assert_close(
         _vart_calibration._compact_scores(w, z, 0.9), _coverage_scores(w, z, 0.9), rtol=1e-7, atol=0
@@ -775,7 +771,7 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
     ]
     for j, rows in enumerate([perm[:12], perm[12:24]]):
         xj, yj = est._clip(Xt[rows]), yt[rows].double()
-        mix = [_vart_mixture._row_mixtures(f, xj) for f in fits]  # (7, 12, M) each
+        mix = [row_mixtures(f, xj) for f in fits]  # (7, 12, M) each
         means = torch.stack([(lw.exp() * loc).sum(-1).mean(0) for lw, loc, _ in mix])
 
         def cdf(c, mix=mix, means=means, j=j, yj=yj):  # the pool's shape about fit j

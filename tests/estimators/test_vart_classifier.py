@@ -117,7 +117,7 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
 
     from pyro_trees.estimators._rng import MEMBER_SEED
     from pyro_trees.estimators._vart_posterior import hard_guide_draws
-    from pyro_trees.models._vart_mixture import _stack_trees
+    from pyro_trees.models import stack_trees
 
     X, y = _blobs(n=120, classes=3)
     one = _small(num_samples=7).fit(X, y)
@@ -133,7 +133,7 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
         hard_guide_draws(clf.guides_[1], 3, dummy, clf.seed_ + 1 + MEMBER_SEED),
     ]
     pooled = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    ref = _stack_trees(pooled, clf.guide_.depth)
+    ref = stack_trees(pooled, clf.guide_.depth)
     for key, value in clf.trees_.items():
         torch.testing.assert_close(value, ref[key], rtol=0, atol=0)
     # the temperature is the pool's: fitted again on the same held-out rows, it repeats

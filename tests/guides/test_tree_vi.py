@@ -14,7 +14,6 @@ from pyro_trees.guides import (
     induced_forest,
     tree_batches,
 )
-from pyro_trees.guides.tree_vi_mixture import _stratified
 from pyro_trees.infer import MixtureTreeELBO
 from pyro_trees.models import GraphPriorVAE, SyntheticGraphVAE
 
@@ -79,7 +78,7 @@ def test_guide_distribution_shapes_and_minibatch_forest():
 def test_stratified_log_prob_is_the_mixture_density():
     x, _, parents = graph_data()
     guide, _ = make_guide("exact", parents)
-    with _stratified(guide), pyro.plate("tree_components", 2, dim=-1):
+    with guide.stratified(), pyro.plate("tree_components", 2, dim=-1):
         tr = pyro.poutine.trace(guide).get_trace(x)
     site = tr.nodes["z"]
     z = site["value"]

@@ -284,10 +284,8 @@ def test_mean_tree_matches_a_hard_guide_draw_with_tiny_scales():
 
 
 def test_guide_memory_check_counts_its_parameters():
-    from pyro_trees.guides._vart_memory import _guide_param_count
-
     guide = VaRTGuide(VaRT(4), 3)
-    assert _guide_param_count(3, 4) == sum(p.numel() for p in guide.parameters())
+    assert VaRTGuide.num_parameters(3, 4) == sum(p.numel() for p in guide.parameters())
     # 2**20 positions with 2**20 + 1 weights each: about 24 TiB of parameters, although
     # one point through 2**20 leaves would take only 16 MiB
     with pytest.raises(ValueError, match=r"depth 20 .* guide's parameters .* would need about"):

@@ -7,7 +7,6 @@ import torch.distributions as D
 
 from pyro_trees.infer import bayesian_hme_vb as vb
 from pyro_trees.infer.bayesian_hme_vb import selection as vb_selection
-from pyro_trees.models import bayesian_hme_vb_run as vb_run
 from pyro_trees.models import bayesian_hme_vb_updates as vb_updates
 from pyro_trees.topology import Topology, enumerate_topologies, mirror_map
 
@@ -61,7 +60,7 @@ def test_fused_cycle_equals_sequential_updates():
     seq = state
     for update in vb.UPDATES:
         seq = update(data, seq, 1.7)
-    fused, _, value = vb_run._fused_cycle(data, state, 1.7)
+    fused, _, value = vb.fused_cycle(data, state, 1.7)
     for f in fields(seq):
         assert torch.allclose(getattr(fused, f.name), getattr(seq, f.name), atol=1e-10), f.name
     assert torch.allclose(value, vb.bound(data, seq, 1.7))

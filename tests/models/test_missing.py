@@ -13,10 +13,10 @@ from pyro.infer import Predictive
 from pyro_trees import trees
 from pyro_trees.guides import VaRTForestGuide, VaRTGuide
 from pyro_trees.models import VaRT, VaRTClassification, VaRTForest, tree_mean
-from pyro_trees.models._vart_mixture import (
-    _leaf_mixtures,
-    _leaf_tree,
+from pyro_trees.models.vart_mixture import (
     forest_mean,
+    leaf_mixtures,
+    leaf_tree,
     log_leaf_weights,
     missing_share,
     route_log_probs,
@@ -133,7 +133,7 @@ def test_every_routing_agrees_with_the_rule_by_hand():
     torch.testing.assert_close(tree_mean(tree, x), ref)  # log_leaf_weights' route
     # the posterior-tree route of the estimators: one stacked tree cut to its leaves
     stacked = {k: v.unsqueeze(0) for k, v in tree.items()}
-    logits, means, _ = _leaf_mixtures(_leaf_tree(stacked), x)
+    logits, means, _ = leaf_mixtures(leaf_tree(stacked), x)
     torch.testing.assert_close((logits.softmax(-1) * means).sum(-1)[0], ref)
     # the forest's route (path matrices): a forest of this one tree
     forest = {k: v.unsqueeze(0) for k, v in tree.items()}

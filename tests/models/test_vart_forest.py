@@ -72,7 +72,7 @@ def test_checks():
 def test_forest_mean_differentiates_after_a_call_in_inference_mode():
     """The cached ancestor matrices first built under ``inference_mode`` still enter a
     backward pass later (a normal tensor, not an inference tensor)."""
-    from pyro_trees.models._vart_mixture import _paths
+    from pyro_trees.models.vart_mixture import _paths
 
     _paths.cache_clear()
     forest = VaRTForest(2, n_trees=3, depth=2).sample_forest()

@@ -21,14 +21,12 @@ from pyro_trees.models.bayesian_hme_vb_run import run_vb
 from pyro_trees.models.bayesian_hme_vb_updates import (
     VBData,
     VBState,
-    _elog,
-    _gamma_kl,
-    _logdet,
-    _signs,
     bound,
+    expert_factor_terms,
+    gate_factor_terms,
     jj_lambda,
 )
-from pyro_trees.topology import Topology, mirror_map
+from pyro_trees.topology import Topology, mirror_map, sign_matrices
 
 __all__ = [
     "grow_selection",
@@ -178,9 +176,6 @@ def split_gain(data: VBData, parent: VBState, grown: VBState, gate: int, expert:
     """The closed-form change of the bound from ``parent`` to the output of
     :func:`~pyro_trees.infer.bayesian_hme_vb.grow_state` (``gate`` and ``expert`` are the positions
     of the new gate and of the split expert)."""
-    p = data.x.shape[-1]
-    d = data.t.shape[-1]
-    a0, b0 = data.prior_a, data.prior_b
     m, cov = grown.v_mean[..., gate, :], grown.v_cov[..., gate, :, :]
     mean_a = m @ data.x.T
     sq_a = mean_a.square() + data.quad(cov.unsqueeze(-3)).squeeze(-2)
@@ -188,18 +183,9 @@ def split_gain(data: VBData, parent: VBState, grown: VBState, gate: int, expert:
     c = -jj_lambda(xi) * (sq_a - xi.square()) + F.logsigmoid(xi) - 0.5 * xi
     split = torch.logaddexp(c - 0.5 * mean_a, c + 0.5 * mean_a)
     r = parent.log_r[..., expert].exp()
-    ba, bb = grown.beta_a[..., gate], grown.beta_b[..., gate]
-    vv = m.square().sum(-1) + cov.diagonal(dim1=-2, dim2=-1).sum(-1)
-    gate_terms_ = 0.5 * p * _elog(ba, bb) - 0.5 * (ba / bb) * vv + 0.5 * p + 0.5 * _logdet(cov)
-    gate_terms_ = gate_terms_ - _gamma_kl(ba, bb, a0, b0)
-    aa, ab = parent.alpha_a[..., expert], parent.alpha_b[..., expert]
-    wm, wc = parent.w_mean[..., expert, :, :], parent.w_cov[..., expert, :, :]
-    ww = wm.square().sum((-1, -2)) + d * wc.diagonal(dim1=-2, dim2=-1).sum(-1)
-    expert_terms = 0.5 * d * p * _elog(aa, ab) - 0.5 * (aa / ab) * ww + 0.5 * d * p
-    expert_terms = expert_terms + 0.5 * d * _logdet(wc) - _gamma_kl(aa, ab, a0, b0)
-    expert_terms = expert_terms - _gamma_kl(
-        parent.tau_a[..., expert], parent.tau_b[..., expert], a0, b0
-    )
+    # the global terms of the new gate (in grown) and of the split expert (in parent)
+    gate_terms_ = gate_factor_terms(data, grown)[..., gate]
+    expert_terms = expert_factor_terms(data, parent)[..., expert]
     return data.rows_sum((r * split).sum(-1)) + gate_terms_ + expert_terms
 
 
@@ -308,7 +294,7 @@ def grow_selection(
         base = VBData.build(
             xs, ts, tops[owners[0]], prior_a=prior_a, prior_b=prior_b, reduce=reduce
         )
-        sg = _signs([tops[k] for k in owners], xs)
+        sg = sign_matrices([tops[k] for k in owners], xs)
         cap = max(1, int(max_batch * 1024 / max(1, e * n)))
         finals, values = [], []
         for c in range(0, len(owners), cap):

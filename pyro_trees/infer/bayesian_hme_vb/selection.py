@@ -10,9 +10,9 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from pyro_trees.models.bayesian_hme_vb_run import _fused_cycle, init_state, run_vb
-from pyro_trees.models.bayesian_hme_vb_updates import VBData, VBState, _signs, bound
-from pyro_trees.topology import Topology, enumerate_topologies
+from pyro_trees.models.bayesian_hme_vb_run import fused_cycle, init_state, run_vb
+from pyro_trees.models.bayesian_hme_vb_updates import VBData, VBState, bound
+from pyro_trees.topology import Topology, enumerate_topologies, sign_matrices
 
 __all__ = [
     "ModelSelection",
@@ -103,7 +103,7 @@ def _race(data: VBData, state: VBState, temps: Sequence[float], tol: float | Non
     value = None
     work = 0
     for k, temp in enumerate(temps):
-        state, sq_a, value = _fused_cycle(data, state, temp, sq_a)
+        state, sq_a, value = fused_cycle(data, state, temp, sq_a)
         work += len(active)
         last = k == len(temps) - 1
         if temp != 1.0 or tol is None or last:
@@ -206,7 +206,7 @@ def select_topology(
         base = VBData.build(
             xs, ts, topologies[members[0]], prior_a=prior_a, prior_b=prior_b, reduce=reduce
         )
-        signs = _signs([topologies[k] for k in members], xs)  # (K, G, E)
+        signs = sign_matrices([topologies[k] for k in members], xs)  # (K, G, E)
         phase1 = temps[:prune_after] if pruning else temps
         results = []  # (state, bounds (K_c, R), member indices) per chunk
         for c in range(0, len(members), per_chunk):

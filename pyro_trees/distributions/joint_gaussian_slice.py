@@ -1,8 +1,9 @@
-"""One layer's conditional of the deep GP's jointly Gaussian guide, with a closed-form KL.
+"""One slice of a jointly Gaussian vector given the slices before it, with the KL to a
+prior without parents registered in its expectation over those slices.
 
-:class:`JointGaussianSlice` is what :class:`~pyro_trees.guides.dgp.DGPJointGuide` samples
-layer by layer; it is documented (and importable) as
-:class:`pyro_trees.guides.dgp.JointGaussianSlice`.
+:class:`JointGaussianSlice` is what :class:`~pyro_trees.guides.DGPJointGuide` samples
+layer by layer (the inducing outputs of each deep-GP layer given the earlier layers'), so
+that :class:`~pyro.infer.TraceMeanField_ELBO` gets the exact KL of the joint.
 """
 
 from __future__ import annotations
@@ -36,6 +37,21 @@ class JointGaussianSlice(TorchDistribution):
     expected log-likelihood by Monte Carlo. Without this, every one of the factor's
     ``T (T - 1) / 2`` entries gets a Monte Carlo KL gradient (noise that Adam turns into
     a random walk).
+
+    :param loc: the conditional mean :math:`\\mu_i + C_i \\epsilon_{<i}`, ``B + (n,)``.
+    :param scale_tril: the conditional's lower Cholesky factor :math:`L_{ii}`, ``(n, n)``.
+    :param event_shape: ``(P, M)`` with ``P M = n``.
+    :param mean: the unconditional mean :math:`\\mu_i`, ``(n,)``.
+    :param cross: the factor :math:`C_i` on the earlier slices' noise, ``(n, s)``.
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.distributions import JointGaussianSlice
+    >>> q = JointGaussianSlice(torch.zeros(6), torch.eye(6), (2, 3),
+    ...                        mean=torch.zeros(6), cross=torch.zeros(6, 4))
+    >>> q.rsample().shape
+    torch.Size([2, 3])
     """
 
     arg_constraints = {}

@@ -1,5 +1,10 @@
 """VaRT's mixture of leaves (eq. 27): the Gaussian mixture a tree gives each input row,
-for one tree, a batch of trees, or posterior trees cut to their leaves.
+for one tree, a batch of trees, a forest, or posterior trees cut to their leaves.
+
+A fitted guide's posterior predictive is a mixture over its draws: :func:`stack_trees`
+stacks ``S`` draws into ``S`` trees, :func:`leaf_tree` cuts them to their leaves, and
+:func:`row_mixtures` gives each row its ``S K`` Gaussians (the estimators' intervals and
+quantiles come from there, :func:`~pyro_trees.distributions.row_mixture_quantiles`).
 
 References
 
@@ -19,10 +24,14 @@ from pyro_trees import trees
 
 __all__ = [
     "gaussian",
+    "leaf_mixtures",
+    "leaf_tree",
     "missing_share",
     "mixture_params",
     "observed",
     "route_log_probs",
+    "row_mixtures",
+    "stack_trees",
     "tree_likelihood",
     "tree_mean",
     "with_bias",
@@ -164,22 +173,35 @@ def gaussian(loc: torch.Tensor, scale: torch.Tensor) -> dist.TorchDistribution:
     return dist.MultivariateNormal(loc, scale_tril=scale)
 
 
-def _row_mixtures(leaf: dict, x: torch.Tensor):
-    """The predictive mixtures of rows ``x`` ``(n, L)`` under the trees of
-    :func:`_leaf_tree`, in double precision: log leaf weights normalised within each
-    tree, means and scales, each ``(S, n, K)``. Over trees and leaves together the
-    weights are ``exp(log_w) / S``."""
-    logits, loc, log_scale = _leaf_mixtures(leaf, x)
+def row_mixtures(leaf: dict, x: torch.Tensor):
+    """The posterior predictive mixtures of the rows ``x`` under ``S`` posterior trees:
+    one Gaussian per tree and leaf, in double precision. Over trees and leaves together
+    the weights are ``exp(log_w) / S``.
+
+    :param dict leaf: posterior trees cut to their leaves (:func:`leaf_tree`), or a
+        posterior forest (see :func:`leaf_mixtures`).
+    :param x: inputs ``(n, L)`` (NaN where missing).
+    :returns: ``(log_w, loc, scale)``, each ``(S, n, K)``: log leaf weights normalised
+        within each tree, means and standard deviations.
+    """
+    logits, loc, log_scale = leaf_mixtures(leaf, x)
     logits, loc = logits.double(), loc.double()
     scale = log_scale.double().exp().expand_as(loc)
     return logits - logits.logsumexp(-1, keepdim=True), loc, scale
 
 
-def _stack_trees(samples: dict, depth: int) -> dict:
-    """The guide's posterior draws (sites ``split_d``, ``beta_d``, ``theta_d``,
-    ``log_sigma_d`` and, where present, ``rho_d``, leading dimension ``S``) in the format
-    of :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``(S,)`` (``rho``
-    only with the ``rho_d`` sites)."""
+def stack_trees(samples: dict, depth: int) -> dict:
+    """A VaRT guide's ``S`` posterior draws as ``S`` trees in the format of
+    :meth:`~pyro_trees.models.VaRT.sample_tree`, batch shape ``(S,)``.
+
+    :param dict samples: draws by site name, leading dimension ``S``: ``split_d``,
+        ``beta_d``, ``theta_d``, ``log_sigma_d`` and, where present, ``rho_d``
+        (a :class:`pyro.infer.Predictive` of the guide returns them).
+    :param int depth: the guide's truncation depth ``D``.
+    :returns: ``split``, ``log_exist``, ``log_sigma`` ``(S, 2**(D+1) - 1)``, ``beta``
+        ``(S, 2**D - 1, L + 1)``, ``theta`` ``(S, 2**(D+1) - 1, L + 1)`` and, with the
+        ``rho_d`` sites, ``rho`` ``(S, 2**D - 1)``.
+    """
     num = samples["split_0"].shape[0]
     width = samples["theta_0"].shape[-1]
     split = [samples[f"split_{d}"].reshape(num, -1) for d in range(depth + 1)]
@@ -208,13 +230,17 @@ def _stack_trees(samples: dict, depth: int) -> dict:
     return out
 
 
-def _leaf_tree(tree: dict) -> dict:
-    """The stacked trees of :func:`_stack_trees` cut to the nodes that are a leaf of at
-    least one of them: ``keep`` ``(K,)`` their heap positions, ``log_kappa`` ``(S, K)``
-    (``-inf`` where a node is no leaf of that tree), ``theta`` ``(S, K, L + 1)`` and
-    ``log_sigma`` ``(S, K)``; ``beta`` ``(S, 2**D - 1, L + 1)`` and ``rho``
-    ``(S, 2**D - 1)`` (where present) as before. The other nodes have mixture weight zero
-    in every tree."""
+def leaf_tree(tree: dict) -> dict:
+    """The stacked trees of :func:`stack_trees` cut to the ``K`` nodes that are a leaf of
+    at least one of them (the other nodes have mixture weight zero in every tree), the
+    input of :func:`leaf_mixtures` and :func:`row_mixtures`.
+
+    :param dict tree: ``S`` trees of :func:`stack_trees`.
+    :returns: ``keep`` ``(K,)`` the kept heap positions, ``log_kappa`` ``(S, K)``
+        (``-inf`` where a node is no leaf of that tree), ``theta`` ``(S, K, L + 1)`` and
+        ``log_sigma`` ``(S, K)``; ``beta`` ``(S, 2**D - 1, L + 1)`` and ``rho``
+        ``(S, 2**D - 1)`` (where present) as given.
+    """
     log_kappa = tree["log_exist"] + torch.log1p(-tree["split"])
     keep = (log_kappa > -math.inf).any(0).nonzero().flatten()
     out = {
@@ -229,11 +255,16 @@ def _leaf_tree(tree: dict) -> dict:
     return out
 
 
-def _leaf_mixtures(leaf: dict, x: torch.Tensor):
+def leaf_mixtures(leaf: dict, x: torch.Tensor):
     """The mixtures of eq. 27 for rows ``x`` ``(n, L)`` under the trees of
-    :func:`_leaf_tree`, over their ``K`` leaf nodes: unnormalised logits, means and
+    :func:`leaf_tree`, over their ``K`` leaf nodes: unnormalised logits, means and
     log scales ``(S, n, K)`` (the values :func:`mixture_params`
     gives at those nodes; its other nodes have weight zero).
+
+    :param dict leaf: ``S`` trees of :func:`leaf_tree`, or a posterior forest.
+    :param x: inputs ``(n, L)`` (NaN where missing).
+    :returns: ``(logits, loc, log_scale)``, ``(S, n, K)`` each (``log_scale``
+        ``(S, 1, K)``, broadcastable).
 
     Posterior forests (a dict with ``forest``, trees of batch shape ``(S, K)``, and
     ``log_sigma`` ``(S,)``) give one component per draw: zero logits, the forest's mean
