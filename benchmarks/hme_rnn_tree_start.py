@@ -61,10 +61,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--datasets", default=PANEL, help="comma-separated names")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--entropy-weight",
+        type=float,
+        default=None,
+        help="passed to every fit (default: the estimators' own); the results then go to "
+        "hme_rnn_tree_start_entropy<w>",
+    )
+    parser.add_argument("--no-diagnostics", action="store_true", help="skip the two diagnostics")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from sklearn.model_selection import train_test_split
 
+    extra = {} if args.entropy_weight is None else {"entropy_weight": args.entropy_weight}
+    name_out = "hme_rnn_tree_start" + (
+        "" if args.entropy_weight is None else f"_entropy{args.entropy_weight:g}"
+    )
     start = time.perf_counter()
     rows, runs = [], []
     for name in [n for n in args.datasets.split(",") if n]:
@@ -82,16 +94,23 @@ def main(argv=None) -> dict:
                 stratify=y if task == "classification" else None,
             )
             t0 = time.perf_counter()
-            est = cls(random_state=seed).fit(Xtr, ytr)
+            est = cls(random_state=seed, **extra).fit(Xtr, ytr)
             secs.append(time.perf_counter() - t0)
             e_tr, se = score(task, np.asarray(est.predict(Xte)), yte)
-            st = cls(random_state=seed, num_steps=0).fit(Xtr, ytr)
+            st = cls(random_state=seed, num_steps=0, **extra).fit(Xtr, ytr)
             e_st, _ = score(task, np.asarray(st.predict(Xte)), yte)
-            with no_start_margin(True):
-                nm = cls(random_state=seed, patience=30).fit(Xtr, ytr)
-            diag["no margin"].append(score(task, np.asarray(nm.predict(Xte)), yte)[0])
-            ne = cls(random_state=seed, validation_fraction=0.0, num_steps=300).fit(Xtr, ytr)
-            diag["no early stop"].append(score(task, np.asarray(ne.predict(Xte)), yte)[0])
+            nm_step = None
+            if args.no_diagnostics:
+                diag["no margin"].append(float("nan"))
+                diag["no early stop"].append(float("nan"))
+            else:
+                with no_start_margin(True):
+                    nm = cls(random_state=seed, patience=30, **extra).fit(Xtr, ytr)
+                nm_step = nm.fit_result_.best_step
+                diag["no margin"].append(score(task, np.asarray(nm.predict(Xte)), yte)[0])
+                ne = cls(random_state=seed, validation_fraction=0.0, num_steps=300, **extra)
+                ne.fit(Xtr, ytr)
+                diag["no early stop"].append(score(task, np.asarray(ne.predict(Xte)), yte)[0])
             trained.append(e_tr)
             begun.append(e_st)
             ses.append(se)
@@ -108,7 +127,7 @@ def main(argv=None) -> dict:
                     "start_untrained": st.start_,
                     "best_step": step,
                     "no_margin": diag["no margin"][-1],
-                    "no_margin_step": nm.fit_result_.best_step,
+                    "no_margin_step": nm_step,
                     "no_early_stop": diag["no early stop"][-1],
                 }
             )
@@ -147,21 +166,27 @@ def main(argv=None) -> dict:
                 out.append(r["data set"])
         return out
 
+    diagnostics = (
+        " Diagnostics skipped."
+        if args.no_diagnostics
+        else f" Diagnostics, mean test error below the start's: no margin on "
+        f"{len(lower('no_margin'))} sets ({', '.join(lower('no_margin')) or 'none'}), "
+        f"no early stop on {len(lower('no_early_stop'))} "
+        f"({', '.join(lower('no_early_stop')) or 'none'})."
+    )
+    also = f", and {extra}" if extra else ""
     md = (
         f"Seeds {args.seeds}, {args.threads} torch thread, every estimator at its defaults "
-        "(random_state = seed); start = the same fit with num_steps=0. Metrics: error rate "
-        "(C), RMSE / std(y_test) (R). Per seed: the start kept (g greedy, b balanced) and "
-        "the step early stopping kept (0: the start). "
+        f"(random_state = seed{also}); start = the same fit with num_steps=0. Metrics: "
+        "error rate (C), RMSE / std(y_test) (R). Per seed: the start kept (g greedy, b "
+        "balanced) and the step early stopping kept (0: the start). "
         f"Whole run: {total:.0f} s.\n\n"
         f"**Training beats its start by one standard error on {n_beats} of {len(rows)} "
         f"sets** (goal: at least half); early stopping kept step 0 on {n_kept} of "
-        f"{len(runs)} fits. Diagnostics, mean test error below the start's: no margin "
-        f"on {len(lower('no_margin'))} sets ({', '.join(lower('no_margin')) or 'none'}), "
-        f"no early stop on {len(lower('no_early_stop'))} "
-        f"({', '.join(lower('no_early_stop')) or 'none'}).\n\n" + markdown_table(rows)
+        f"{len(runs)} fits.{diagnostics}\n\n" + markdown_table(rows)
     )
     write_results(
-        "hme_rnn_tree_start",
+        name_out,
         {
             "rows": rows,
             "runs": runs,
