@@ -2,9 +2,12 @@
 
 Protocol: three random 80/10/10 train/validation/test splits; the validation split
 drives early stopping for the RNN-Tree and cost-complexity pruning for CART. Errors:
-classification error (Iris, Wine, Digits, Breast cancer) and RMSE on standardised
-targets (Diabetes, Boston = ``uci/housing`` in the data cache). Both methods run side by
-side in the same process.
+classification error (Iris, Wine, Digits, Breast cancer) and, for Diabetes and Boston
+(``uci/housing`` in the data cache), the MSE of targets standardised on the training
+split: the paper's caption says RMSE, but of RMSE, MSE and RMSE over the range only the
+MSE puts our CART within the paper's CART figures on both regression sets
+(``hme_table1_protocol.md``); the RMSE is shown beside it. Both methods run side by side
+in the same process.
 
 Starts: ``--init auto`` (default: the estimators' own choice, which trains the greedy and
 the balanced start and lets the held-out error pick), ``balanced`` (median cuts), ``greedy``
@@ -67,9 +70,16 @@ def cart(task: str, X_tr, y_tr, X_va, y_va, seed: int):
 
 
 def error(task: str, pred, y) -> float:
+    """Error rate (``"C"``) or RMSE (``"R"``)."""
     if task == "C":
         return float(np.mean(pred != y))
     return float(np.sqrt(np.mean((pred - y) ** 2)))
+
+
+def paper_metric(task: str, errs) -> np.ndarray:
+    """Table 1's figure: the error rate, or the MSE of standardised targets."""
+    errs = np.asarray(errs, dtype=np.float64)
+    return np.square(errs) if task == "R" else errs
 
 
 def main(argv=None) -> dict:
@@ -147,23 +157,24 @@ def main(argv=None) -> dict:
                 }
             )
         _, pc, pcs, pr, prs = PAPER[name]
+        c_fig, r_fig = paper_metric(task, errs["cart"]), paper_metric(task, errs["rnn"])
         rows.append(
             {
                 "dataset": f"{name} ({task})",
-                "CART (ours)": f"{np.mean(errs['cart']):.3f} ± {np.std(errs['cart']):.3f}",
-                "RNN-Tree (ours)": f"{np.mean(errs['rnn']):.3f} ± {np.std(errs['rnn']):.3f}",
+                "CART (ours)": f"{np.mean(c_fig):.3f} ± {np.std(c_fig):.3f}",
+                "RNN-Tree (ours)": f"{np.mean(r_fig):.3f} ± {np.std(r_fig):.3f}",
                 "CART (paper)": f"{pc:.3f} ± {pcs:.3f}",
                 "RNN-Tree (paper)": f"{pr:.3f} ± {prs:.3f}",
-                # The caption says RMSE, yet the paper's CART figures sit nearer our
-                # CART's MSE (Boston: 0.311 vs our RMSE 0.58, MSE 0.33): both are shown.
-                "MSE CART / RNN-Tree (ours)": (
-                    f"{np.mean(np.square(errs['cart'])):.3f} / "
-                    f"{np.mean(np.square(errs['rnn'])):.3f}"
+                # The caption says RMSE, yet only the MSE of standardised targets puts our
+                # CART within the paper's CART on both regression sets
+                # (hme_table1_protocol): Table 1's figure is the MSE; the RMSE is shown.
+                "RMSE CART / RNN-Tree (ours)": (
+                    f"{np.mean(errs['cart']):.3f} / {np.mean(errs['rnn']):.3f}"
                     if task == "R"
                     else ""
                 ),
-                "ours <= paper RNN-Tree": bool(np.mean(errs["rnn"]) <= pr + 1e-9),
-                "ours <= our CART": bool(np.mean(errs["rnn"]) <= np.mean(errs["cart"]) + 1e-9),
+                "ours <= paper RNN-Tree": bool(np.mean(r_fig) <= pr + 1e-9),
+                "ours <= our CART": bool(np.mean(r_fig) <= np.mean(c_fig) + 1e-9),
                 "start, depth (per seed)": " ".join(
                     r["init"] for r in runs if r["dataset"] == name
                 ),
@@ -177,6 +188,9 @@ def main(argv=None) -> dict:
         print(rows[-1], flush=True)
     total = time.perf_counter() - start
     md = (
+        "Figures: error rate (C) and MSE of targets standardised on the training split (R; "
+        "the metric that reproduces the paper's CART, hme_table1_protocol.md; RMSE in its "
+        "own column); mean ± sd over the splits. "
         f"Depths {args.depth} (those with >= {args.min_leaf_points:g} training points per "
         f"leaf on average), steps {args.steps or 'default'}, otherwise the estimators' "
         f"defaults, init={args.init!r} "
