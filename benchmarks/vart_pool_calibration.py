@@ -35,12 +35,8 @@ from sklearn.datasets import make_friedman1
 from benchmarks._common import markdown_table, write_results
 from benchmarks.vart_forest import uci_splits
 from benchmarks.vart_uci import DATASETS, _rmse
-from pyro_trees.estimators import VaRTForestRegressor
-from pyro_trees.estimators._vart_calibration import (
-    _coverage_factor,
-    _mixture_scores,
-    _pool_shaped_mixtures,
-)
+from pyro_trees.estimators import VaRTForestRegressor, coverage_factor
+from pyro_trees.estimators._vart_calibration import _mixture_scores, _pool_shaped_mixtures
 
 RULES = {
     "own + bound (previous)": ("own", 0.95),
@@ -73,7 +69,7 @@ def fit_rules(split, Xtr, ytr, Xte, yte, n_fits: int) -> dict:
     test = est.coverage_scores(Xte, yte, level=LEVEL)  # at factor-1 noise
     out = {"rmse": _rmse(est.predict(Xte), yte), "noise_factor": float(est.noise_factor_)}
     for rule, (kind, confidence) in RULES.items():
-        c = _coverage_factor(torch.cat(scores[kind]), LEVEL, confidence)
+        c = coverage_factor(torch.cat(scores[kind]), LEVEL, confidence)
         out[rule] = {"factor": c, "coverage90": float(np.mean(test <= c * (1 + 1e-9)))}
     shipped = out["pool + quantile (shipped)"]["factor"]
     assert abs(shipped - est.noise_factor_) <= 1e-9 * shipped, (shipped, est.noise_factor_)

@@ -1,6 +1,8 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
 from pyro_trees.estimators._vart_calibration import (
+    SCORE_GRID,
+    coverage_factor,
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
@@ -28,6 +30,7 @@ from pyro_trees.estimators.vart_forest import (
 )
 
 __all__ = [
+    "SCORE_GRID",
     "BayesianHMERegressor",
     "HeteroscedasticGPRegressor",
     "RNNTreeClassifier",
@@ -36,6 +39,7 @@ __all__ = [
     "VaRTClassifier",
     "VaRTForestRegressor",
     "VaRTRegressor",
+    "coverage_factor",
     "noise_factor_from_curve",
     "noise_factor_from_scores",
 ]

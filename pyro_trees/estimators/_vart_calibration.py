@@ -18,21 +18,15 @@ import torch
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows
 from pyro_trees.estimators._rng import MEMBER_SEED
+from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_posterior import fitted_guides, hard_guide_draws
 from pyro_trees.models._vart_mixture import _row_mixtures
 from pyro_trees.validation import check_level
 
-__all__ = ["noise_factor_from_curve", "noise_factor_from_scores"]
+__all__ = ["SCORE_GRID", "coverage_factor", "noise_factor_from_curve", "noise_factor_from_scores"]
 
 _REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
-
-
-def fold_rows(perm: torch.Tensor, n_val: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold ``k`` of the row permutation ``perm``: its rows ``perm[k n_val : (k + 1)
-    n_val]`` and the other rows, in ``perm``'s order."""
-    start, stop = k * n_val, (k + 1) * n_val
-    return perm[start:stop], torch.cat([perm[:start], perm[stop:]])
 
 
 def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
@@ -106,14 +100,25 @@ def noise_factor_from_scores(
     return 1.0 if u > n else min(1.0, float(s[u - 1]))
 
 
-_SCORE_GRID = (-6.0, 8.0, 29)  # log2 of the smallest and largest factor, grid points
+#: the log grid of the coverage scores: log2 of its smallest and largest factor, and its
+#: number of points (:meth:`~pyro_trees.estimators.VaRTRegressor.coverage_scores`)
+SCORE_GRID = (-6.0, 8.0, 29)
 
 
-def _coverage_factor(scores: torch.Tensor, level: float, confidence: float | None = 0.95):
-    """:func:`noise_factor_from_scores` capped at the score grid's largest factor (a
-    row no factor on the grid covers scores ``inf``); ``None`` with too few rows."""
+def coverage_factor(
+    scores: torch.Tensor, level: float, confidence: float | None = 0.95
+) -> float | None:
+    """The noise factor of ``calibrate_noise="coverage"``:
+    :func:`noise_factor_from_scores` capped at the score grid's largest factor,
+    ``2 ** SCORE_GRID[1]`` (a row no factor on the grid covers scores ``inf``).
+
+    :param scores: held-out coverage scores ``(n,)``.
+    :param float level: the interval's probability, in ``(0, 1)``.
+    :param confidence: of the upper bound used when shrinking, or ``None``.
+    :returns: the factor, or ``None`` with too few rows.
+    """
     c = noise_factor_from_scores(scores, level, confidence)
-    return None if c is None else min(c, 2.0 ** _SCORE_GRID[1])
+    return None if c is None else min(c, 2.0 ** SCORE_GRID[1])
 
 
 def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
@@ -138,7 +143,7 @@ def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> tor
         cdf = (w * torch.special.ndtr(zz / c)).sum((0, -1))
         return (cdf >= lo) & (cdf <= hi)
 
-    factors = torch.exp2(torch.linspace(*_SCORE_GRID, dtype=z.dtype, device=z.device))
+    factors = torch.exp2(torch.linspace(*SCORE_GRID, dtype=z.dtype, device=z.device))
     log_grid = factors.log()
     covered = torch.stack([inside(weight, z, float(c)) for c in factors])  # (K, n)
     k = log_grid.numel()
@@ -241,46 +246,37 @@ class _NoiseCalibration:
     ``_refit``)."""
 
     def _calibration_rule(self) -> str | None:
-        """``calibrate_noise`` checked: ``"likelihood"``, ``"coverage"`` or ``None``."""
+        """``calibrate_noise`` as a rule: ``"likelihood"``, ``"coverage"`` or ``None``."""
         rule = self.calibrate_noise
         if rule is True:
             return "likelihood"
-        if rule is None or rule is False:
-            return None
-        if rule not in ("likelihood", "coverage"):
-            raise ValueError(
-                "calibrate_noise must be 'coverage', 'likelihood', None, True or False, "
-                f"got {rule!r}"
-            )
-        return rule
+        return None if rule is None or rule is False else rule
 
     def _calibration_folds(self, n: int, n_val: int, rule) -> int:
         """Folds whose held-out scores set the coverage factor: 1 (the held-out split
         alone) or, with ``min_calibration_rows``, enough disjoint splits of ``n_val`` rows
         for that many rows, at most ``n // n_val``."""
         m = self.min_calibration_rows
-        if m is None:
-            return 1
-        if isinstance(m, bool) or int(m) != m or m < 1:
-            raise ValueError(f"min_calibration_rows must be a positive integer or None, got {m!r}")
-        if not n_val or rule != "coverage":
+        if m is None or not n_val or rule != "coverage":
             return 1
         return max(1, min(math.ceil(int(m) / n_val), n // n_val))
 
-    def _fold_scores(self, X, y, perm, n_val: int, k: int, fits: list[dict]) -> torch.Tensor:
-        """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under one
+    def _fold_scores(self, X, y, split, k: int, fits: list[dict]) -> torch.Tensor:
+        """Coverage scores of fold ``k`` of the held-out ``split`` (a
+        :class:`~pyro_trees.estimators._template.HeldOut`) under one
         fit that holds them out (for early stopping, as each of the estimator's fits does
         with its own fold), seeded ``seed_ + k``, in the pool's shape
         (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
         estimator's fits, whose posterior trees are ``fits``: :meth:`_all_fit_leaves`)."""
-        rows, rest = fold_rows(perm, n_val, k)
+        rows, rest = split.fold(k)
         params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
         params.update(progress=False, random_state=self._seed() + k, n_fits=1)
         other = type(self)(**params)
         other.seed_ = self._seed() + k
         self._share_inputs(other)
         gen = torch.Generator().manual_seed(other.seed_)
-        ((Xva, yva),) = other._fit_members(X, y, torch.cat([rows, rest]), n_val, gen)
+        own = HeldOut(torch.cat([rows, rest]), split.n_val)  # fold k first
+        ((Xva, yva),) = other._fit_all(X, y, own, gen)
         other.noise_factor_, other._tree_samples = 1.0, None
         batches = self._calibration_batches(
             Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
@@ -335,7 +331,7 @@ class _NoiseCalibration:
         c_lik = noise_factor_from_curve(grid, total)
         # refit: the rows chose no parameters; a pool: see the n_fits docstring
         confidence = None if self.refit or len(fits) > 1 else 0.95
-        c_cov = _coverage_factor(pooled, level, confidence)
+        c_cov = coverage_factor(pooled, level, confidence)
         rule = self._calibration_rule()
         if rule == "coverage" and c_cov is None:
             rule = "likelihood"

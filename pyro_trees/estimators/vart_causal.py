@@ -13,9 +13,10 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators._base import guarded_fit
+from pyro_trees.estimators._constraints import Anything, Boolean, Checked, Integer, validate_params
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.estimators.vart_forest import VaRTForestRegressor
-from pyro_trees.validation import check_level
+from pyro_trees.validation import check_level, resolve_device
 
 __all__ = ["VaRTCausal"]
 
@@ -82,6 +83,14 @@ class VaRTCausal(BaseEstimator):
         self.device = device
         self.progress = progress
 
+    _parameter_constraints = {
+        "regressor": Anything("fit (an unfitted VaRTRegressor or VaRTForestRegressor)"),
+        "n_trees": Integer(1, none=True),
+        "random_state": Integer(none=True),
+        "device": Checked(resolve_device, none=True),
+        "progress": Boolean(),
+    }
+
     @guarded_fit
     def fit(self, X, A, y, *, sharded: bool = False):
         """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``.
@@ -89,6 +98,7 @@ class VaRTCausal(BaseEstimator):
         :param bool sharded: under ``torchrun``, each rank passes only its own rows
             (:meth:`VaRTRegressor.fit`); :meth:`ate` then needs its ``X``.
         """
+        validate_params(self)
         X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, y_numeric=True)
         A = np.asarray(A)
         if A.ndim != 1 or A.shape[0] != X.shape[0]:

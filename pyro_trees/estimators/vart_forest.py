@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pyro.infer import Trace_ELBO
 
+from pyro_trees.estimators._constraints import Integer
 from pyro_trees.estimators._distributed import RankVaRTForestELBO
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.guides.vart_forest import VaRTForestGuide
@@ -82,6 +83,7 @@ class VaRTForestRegressor(VaRTRegressor):
     """
 
     _label = "VaRT forest"
+    _parameter_constraints = {**VaRTRegressor._parameter_constraints, "n_trees": Integer(1)}
 
     def __init__(
         self,
@@ -149,8 +151,6 @@ class VaRTForestRegressor(VaRTRegressor):
         )
 
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):
-        if isinstance(self.n_trees, bool) or int(self.n_trees) != self.n_trees or self.n_trees < 1:
-            raise ValueError(f"n_trees must be an integer >= 1, got {self.n_trees!r}")
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
         model = VaRTForest(
             num_features,
