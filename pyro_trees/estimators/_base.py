@@ -206,7 +206,8 @@ class TabularEstimator(BaseEstimator):
         scalers, the classes and ``n_global_rows_`` are those of all ranks' rows together
         (see :mod:`~pyro_trees.estimators._distributed`). Sets ``ranks_`` (the processes
         of the fit), ``n_global_rows_``, ``n_features_in_`` (and ``feature_names_in_``
-        for frames with string column names), ``dtype_``, ``device_`` and ``x_scaler_``;
+        for frames with string column names), ``dtype_``, ``device_`` and ``x_scaler_``
+        (and ``missing_fraction_`` ``(L,)`` where ``X`` may hold NaN);
         for classifiers ``classes_`` and ``n_classes_``; for regressors ``y_scaler_``
         and ``n_outputs_``.
 
@@ -232,6 +233,8 @@ class TabularEstimator(BaseEstimator):
                 ensure_all_finite="allow-nan" if self._allow_nan else True,
             )
         ranks.check_data(X, y)
+        if self._allow_nan:  # the share of the rows missing each feature
+            self.missing_fraction_ = np.isnan(X).mean(0)
         self.n_global_rows_ = ranks.count(X.shape[0])
         self.x_scaler_ = Standardizer(X, ranks)
         Xs = self._tensor(self.x_scaler_.transform(X))

@@ -25,7 +25,19 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-__all__ = ["Anything", "Boolean", "Checked", "Integer", "OneOf", "Real", "validate_params"]
+from pyro_trees.validation import resolve_device
+
+__all__ = [
+    "EARLY_STOPPING",
+    "SEED_AND_DEVICE",
+    "Anything",
+    "Boolean",
+    "Checked",
+    "Integer",
+    "OneOf",
+    "Real",
+    "validate_params",
+]
 
 
 class Constraint:
@@ -185,3 +197,18 @@ def validate_params(estimator, constraints: Mapping[str, Constraint] | None = No
         if name not in constraints:
             raise TypeError(f"{type(estimator).__name__} declares no constraint for {name!r}")
         constraints[name].check(name, value)
+
+
+#: the parameters every estimator has: its seed, its device and its progress bar
+SEED_AND_DEVICE = {
+    "random_state": Integer(none=True),
+    "device": Checked(resolve_device, none=True),
+    "progress": Boolean(),
+}
+
+#: early stopping on held-out rows (the SVI estimators)
+EARLY_STOPPING = {
+    "validation_fraction": Real(0, 1, high_open=True),
+    "patience": Integer(1, none=True),
+    "eval_every": Integer(1),
+}

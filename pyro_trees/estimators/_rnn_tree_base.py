@@ -14,14 +14,22 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import expected_log_coupling
-from pyro_trees.estimators._constraints import Anything, Boolean, Checked, Integer, OneOf, Real
+from pyro_trees.estimators._constraints import (
+    EARLY_STOPPING,
+    SEED_AND_DEVICE,
+    Anything,
+    Checked,
+    Integer,
+    OneOf,
+    Real,
+)
 from pyro_trees.estimators._distributed import RankRows
 from pyro_trees.estimators._missing import MissingInputs
 from pyro_trees.estimators._template import HeldOut, HeldOutRule, SVIEstimator, run_svi
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
 from pyro_trees.models.hme import HME
-from pyro_trees.validation import resolve_device, resolve_dtype
+from pyro_trees.validation import resolve_dtype
 
 _ROUTINGS = ("hard", "posterior")
 #: Fewest held-out rows worth a validation split.
@@ -141,6 +149,8 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
         raise NotImplementedError
 
     _parameter_constraints = {
+        **SEED_AND_DEVICE,
+        **EARLY_STOPPING,
         "depth": Integer(1),
         "hidden_size": Integer(1),
         "feedback": OneOf("hard", "soft"),
@@ -151,18 +161,12 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
         "lr_decay": Real(0, low_open=True),
         "optim": Anything("pyro_trees.infer.make_optimizer"),
         "batch_size": Integer(1, none=True),
-        "validation_fraction": Real(0, 1, high_open=True),
-        "patience": Integer(1, none=True),
-        "eval_every": Integer(1),
         "routing": OneOf(*_ROUTINGS),
         "num_noise_samples": Integer(1),
         "balance_weight": Real(),
         "entropy_weight": Real(),
         "refit_leaves": OneOf(True, False, "auto"),
-        "random_state": Integer(none=True),
-        "device": Checked(resolve_device, none=True),
         "dtype": Checked(resolve_dtype),
-        "progress": Boolean(),
     }
     #: a validation split only where it holds out at least ``_MIN_VALIDATION`` rows
     #: (fewer make the choice of a step noise)

@@ -5,8 +5,8 @@
 1. the declared parameter checks (:func:`~pyro_trees.estimators._constraints.validate_params`
    over the class's ``_parameter_constraints``, then the family's
    ``_check_params_together`` for the few checks that tie parameters together);
-2. the input checks and scaling (:meth:`TabularEstimator._validate_fit`; estimators
-   that route missing values record where they are);
+2. the input checks and scaling (:meth:`TabularEstimator._validate_fit`, which also
+   records where the values of estimators that route them are missing);
 3. one seed rule (:func:`fit_seed`): ``seed_`` is ``random_state``, or with ``None`` a
    seed drawn from torch's global stream (rank 0's, shared under ``torchrun``);
 4. one held-out split (:func:`held_out_rows`, its sizes a :class:`HeldOutRule` per
@@ -164,8 +164,6 @@ class SVIEstimator(TabularEstimator):
         validate_params(self)
         self._check_params_together(sharded)
         X, y = self._validate_fit(X, y, sharded=sharded)
-        if self._allow_nan:
-            self._note_missing(X)
         self.seed_ = fit_seed(self.random_state, self.ranks_)
         with local_seed(self.seed_ if self._seed_whole_fit else None, self.device_):
             generator = torch.Generator().manual_seed(self.seed_)

@@ -106,16 +106,9 @@ def _most_probable_tree(guide, x_scaler=None) -> dict:
 
 @torch.no_grad()
 def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 3) -> str:
-    """The most probable tree under the guide
-    (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style
-    of ``sklearn.tree.export_text``.
-
-    Splits are oblique (:math:`x` goes left iff :math:`\\tilde\\mu_i^\\top x > 0`); each
-    is printed as its dominant feature (largest standardised weight, its share in
-    brackets) with the threshold where the rule flips when the other inputs sit at
-    their training means. Leaves (linear models) print their prediction at the
-    training mean of the inputs, their noise scale and their three largest slopes.
-    A guide of missing inputs marks the side a missing input of the split's feature
+    """:meth:`VaRTRegressor.export_text <pyro_trees.estimators.VaRTRegressor.export_text>`
+    of a fitted guide and the estimator's scalers (the rules it prints are described
+    there). A guide of missing inputs marks the side a missing input of the split's feature
     mostly takes (``or missing``, with the guide's mean probability of that side).
 
     Unreachable regions are not printed: a split on a single feature (every split in

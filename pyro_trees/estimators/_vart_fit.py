@@ -13,29 +13,38 @@ then gives ``guides_``, ``fit_results_`` and the mean ``feature_importances_``.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pyro
 import torch
 from pyro.infer import Trace_ELBO
 
-from pyro_trees.estimators._constraints import Boolean, Checked, Integer, OneOf, Real
+from pyro_trees.estimators._constraints import (
+    EARLY_STOPPING,
+    SEED_AND_DEVICE,
+    Integer,
+    OneOf,
+    Real,
+)
 from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO
 from pyro_trees.estimators._missing import MissingInputs
 from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.estimators._template import VART_HELD_OUT, HeldOut, SVIEstimator, run_svi
 from pyro_trees.estimators._vart_export import _split_importances
-from pyro_trees.estimators._vart_posterior import clip_to_training_range, training_range
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule
 from pyro_trees.infer.fit import EarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
-from pyro_trees.validation import resolve_device
 
-__all__ = ["VART_CONSTRAINTS", "VaRTFits"]
+__all__ = ["VART_CONSTRAINTS", "VaRTFits", "clip_to_training_range", "training_range"]
+
+_REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 
 #: the parameters every VaRT estimator shares, and what each may be
 VART_CONSTRAINTS = {
+    **SEED_AND_DEVICE,
+    **EARLY_STOPPING,
     "depth": Integer(1),
     "lam": Real(0, low_open=True),
     "num_steps": Integer(0),
@@ -45,9 +54,6 @@ VART_CONSTRAINTS = {
     "temperature_start": Real(0, low_open=True),
     "temperature_end": Real(0, low_open=True),
     "num_samples": Integer(1),
-    "validation_fraction": Real(0, 1, high_open=True),
-    "patience": Integer(1, none=True),
-    "eval_every": Integer(1),
     "init": OneOf("data", "random"),
     "init_split_prob": Real(0, 1, low_open=True, high_open=True),
     "elbo": OneOf("vectorised", "trace"),
@@ -56,10 +62,32 @@ VART_CONSTRAINTS = {
     "split_beta": Real(0),
     "split_scale": Real(0, low_open=True),
     "leaf_scale": Real(0, low_open=True),
-    "random_state": Integer(none=True),
-    "device": Checked(resolve_device, none=True),
-    "progress": Boolean(),
 }
+
+
+def training_range(ranks, Xtr: torch.Tensor):
+    """``(x_min, x_max)`` ``(L,)``: each feature's range over the training rows ``Xtr``
+    (all ranks' rows, :meth:`Ranks.min <pyro_trees.estimators._distributed.Ranks.min>`),
+    missing values (NaN) left out; a feature with no observed value has range
+    ``[0, 0]`` (its standardised mean), so that new values of it are clipped there."""
+    missing = torch.isnan(Xtr)
+    if not bool(missing.any()):
+        return ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
+    lo = torch.where(missing, math.inf, Xtr).min(0).values
+    hi = torch.where(missing, -math.inf, Xtr).max(0).values
+    seen = ~missing.all(0)
+    zero = torch.zeros_like(lo)
+    return ranks.min(torch.where(seen, lo, zero)), ranks.max(torch.where(seen, hi, zero))
+
+
+def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:
+    """Standardised inputs clipped to the training rows' range (``est.x_min_``,
+    ``est.x_max_``) widened by ``est.clip_margin`` times its width on each side
+    (``clip_margin=None``, or no range yet: unchanged)."""
+    if est.clip_margin is not None and getattr(est, "x_min_", None) is not None:
+        pad = float(est.clip_margin) * (est.x_max_ - est.x_min_)
+        Xs = torch.minimum(torch.maximum(Xs, est.x_min_ - pad), est.x_max_ + pad)
+    return Xs
 
 
 class VaRTFits(MissingInputs, SVIEstimator):
@@ -111,10 +139,6 @@ class VaRTFits(MissingInputs, SVIEstimator):
             self._refit(X, y, val_idx, train_idx, stopped, self._seed(), member=j)
         ranges = (self.x_min_, self.x_max_)
         return self.guide_, self.fit_result_, self.feature_importances_, ranges, held, stopped
-
-    def _fit_all(self, X, y, split: HeldOut, generator) -> list:
-        """The several-fits loop (``n_fits`` fits), pooled (:meth:`_pool`)."""
-        return self._pool(super()._fit_all(X, y, split, generator))
 
     def _pool(self, fits: list) -> list:
         """Set ``guides_`` (``guide_`` the first), ``fit_results_``,
@@ -194,6 +218,17 @@ class VaRTFits(MissingInputs, SVIEstimator):
         self.feature_importances_ = _split_importances(guide, Xtr[:4096], ranks)
         return Xva, yva
 
+    def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
+        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
+        ``member * MEMBER_SEED`` for the further fits of ``n_fits``), trained on
+        ``train_idx`` for the number of steps early stopping chose (``stopped``, the
+        stopped fit's :class:`~pyro_trees.infer.FitResult`: its ``best_step``, at least
+        1), replaces the stopped one."""
+        steps = max(int(stopped.best_step or 0), 1)
+        seed = int(seed) + _REFIT_SEED + int(member) * MEMBER_SEED
+        gen = torch.Generator().manual_seed(seed)
+        self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)
+
     def _lr_scheduler(self):
         """``lr_decay``'s geometric schedule over ``num_steps`` (``None`` when constant
         or without ``lr_decay``)."""
@@ -208,6 +243,22 @@ class VaRTFits(MissingInputs, SVIEstimator):
         if self.elbo != "vectorised":
             return Trace_ELBO()
         return VaRTELBO() if rows is None else RankVaRTELBO(rows, data=data)
+
+    def _start_guide(self, guide_cls, model, *args, Xtr, gen):
+        """A guide of ``guide_cls(model, *args)`` at ``temperature_start``, its split
+        rules started from ``gen``: random hyperplanes, then (``init="data"``) through
+        random training rows of ``Xtr``."""
+        guide = guide_cls(
+            model,
+            *args,
+            temperature=self.temperature_start,
+            init="random",  # the data-driven start follows, from ``gen``
+            init_split_prob=self.init_split_prob,
+            generator=gen,
+        )
+        if self.init == "data":
+            guide.init_splits_from_data(Xtr, generator=gen)
+        return guide
 
     # -- the family's hooks ----------------------------------------------------------------
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):

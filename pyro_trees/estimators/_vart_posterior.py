@@ -15,6 +15,7 @@ from pyro.infer import Predictive
 
 from pyro_trees.distributions.mixture_quantiles import _compact_rows, _row_mixture_quantiles
 from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
+from pyro_trees.estimators._vart_fit import clip_to_training_range
 from pyro_trees.guides._vart_memory import (
     PREDICT_BYTES,
     ROW_BYTES_PER_NODE,
@@ -27,35 +28,9 @@ from pyro_trees.models._vart_mixture import (
     _stack_trees,
 )
 
-
-def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:
-    """Standardised inputs clipped to the training rows' range (``est.x_min_``,
-    ``est.x_max_``) widened by ``est.clip_margin`` times its width on each side
-    (``clip_margin=None``, or no range yet: unchanged)."""
-    if est.clip_margin is not None and getattr(est, "x_min_", None) is not None:
-        pad = float(est.clip_margin) * (est.x_max_ - est.x_min_)
-        Xs = torch.minimum(torch.maximum(Xs, est.x_min_ - pad), est.x_max_ + pad)
-    return Xs
-
-
 #: seeds the prior draws of ``rho`` (where a missing input goes) for posterior trees of
 #: a fit without missing values, offset from ``seed_``
 MISSING_SEED = 7919
-
-
-def training_range(ranks, Xtr: torch.Tensor):
-    """``(x_min, x_max)`` ``(L,)``: each feature's range over the training rows ``Xtr``
-    (all ranks' rows, :meth:`Ranks.min <pyro_trees.estimators._distributed.Ranks.min>`),
-    missing values (NaN) left out; a feature with no observed value has range
-    ``[0, 0]`` (its standardised mean), so that new values of it are clipped there."""
-    missing = torch.isnan(Xtr)
-    if not bool(missing.any()):
-        return ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
-    lo = torch.where(missing, math.inf, Xtr).min(0).values
-    hi = torch.where(missing, -math.inf, Xtr).max(0).values
-    seen = ~missing.all(0)
-    zero = torch.zeros_like(lo)
-    return ranks.min(torch.where(seen, lo, zero)), ranks.max(torch.where(seen, hi, zero))
 
 
 def prior_rho_sites(model, samples: dict, depth: int, seed: int) -> dict:
@@ -274,6 +249,21 @@ class _PosteriorTrees:
             weight = logits.exp() / logits.shape[0]
             out.append(_row_mixture_quantiles(*_compact_rows(weight, loc, scale), probs))
         return torch.cat(out, -1)
+
+    def _all_fit_leaves(self) -> list[dict]:
+        """:meth:`_fit_leaves` of every fit."""
+        return [self._fit_leaves(j) for j in range(len(fitted_guides(self)))]
+
+    def _fit_leaves(self, j: int) -> dict:
+        """Fit ``j``'s own posterior trees (factor-1 noise), which score its held-out
+        fold: the estimator's ``_raw_leaves`` when it has one fit, else ``num_samples``
+        hard trees of ``guides_[j]`` seeded ``seed_ + 1 + j * MEMBER_SEED``."""
+        guides = fitted_guides(self)
+        if len(guides) == 1:
+            return self._raw_leaves()
+        like = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
+        seed = self._seed() + 1 + j * MEMBER_SEED
+        return self._stack(hard_guide_draws(guides[j], int(self.num_samples), like, seed))
 
     def __getstate__(self):
         state = self.__dict__.copy()

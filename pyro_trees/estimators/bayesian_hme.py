@@ -14,9 +14,8 @@ from tqdm.auto import tqdm
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TabularEstimator
 from pyro_trees.estimators._constraints import (
+    SEED_AND_DEVICE,
     Anything,
-    Boolean,
-    Checked,
     Integer,
     OneOf,
     Real,
@@ -33,7 +32,7 @@ from pyro_trees.infer.bayesian_hme_vb import (
     select_topology,
 )
 from pyro_trees.topology import Topology, enumerate_topologies
-from pyro_trees.validation import check_level, resolve_device
+from pyro_trees.validation import check_level
 
 __all__ = ["BayesianHMERegressor"]
 
@@ -191,6 +190,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     _multi_output = True
     _default_dtype = "float64"  # the closed-form updates need double precision
     _parameter_constraints = {
+        **SEED_AND_DEVICE,
         "max_experts": Integer(1, none=True),
         "min_experts": Integer(1),
         "topologies": Anything("_candidates (Topology objects, gate sets, nested pairs)"),
@@ -205,9 +205,6 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         "prior_a": Real(0, low_open=True),
         "prior_b": Real(0, low_open=True),
         "search_dtype": OneOf("float32", "float64", None),
-        "random_state": Integer(none=True),
-        "device": Checked(resolve_device, none=True),
-        "progress": Boolean(),
     }
 
     # ------------------------------------------------------------------ fitting

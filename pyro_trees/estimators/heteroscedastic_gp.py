@@ -20,7 +20,14 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
-from pyro_trees.estimators._constraints import Boolean, Checked, Integer, OneOf, Real
+from pyro_trees.estimators._constraints import (
+    EARLY_STOPPING,
+    SEED_AND_DEVICE,
+    Checked,
+    Integer,
+    OneOf,
+    Real,
+)
 from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._template import SVIEstimator, run_svi
 from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
@@ -28,7 +35,7 @@ from pyro_trees.infer.collapsed_elbo import CollapsedELBO
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
 from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
-from pyro_trees.validation import check_level, resolve_device, resolve_dtype
+from pyro_trees.validation import check_level, resolve_dtype
 
 __all__ = ["HeteroscedasticGPRegressor"]
 
@@ -153,6 +160,8 @@ class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
         self.progress = progress
 
     _parameter_constraints = {
+        **SEED_AND_DEVICE,
+        **EARLY_STOPPING,
         "depth": Integer(1),
         "num_inducing": Integer(0, none=True),
         "num_steps": Integer(0),
@@ -164,13 +173,7 @@ class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
         "routing": OneOf(*_ROUTINGS),
         "balance_weight": Real(),
         "entropy_weight": Real(),
-        "validation_fraction": Real(0, 1, high_open=True),
-        "patience": Integer(1, none=True),
-        "eval_every": Integer(1),
-        "random_state": Integer(none=True),
         "dtype": Checked(resolve_dtype),
-        "device": Checked(resolve_device, none=True),
-        "progress": Boolean(),
     }
 
     # -- checks ------------------------------------------------------------------------------

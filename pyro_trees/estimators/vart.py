@@ -14,7 +14,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._constraints import Boolean, Integer, OneOf, Real
 from pyro_trees.estimators._template import HeldOut
-from pyro_trees.estimators._vart_calibration import CALIBRATION_ROWS, _NoiseCalibration
+from pyro_trees.estimators._vart_calibration import (
+    CALIBRATION_ROWS,
+    NoiseCalibration,
+    _mixture_scores,
+    _pool_shaped_mixtures,
+)
 from pyro_trees.estimators._vart_export import (
     _export_text,
     _importance_draws,
@@ -22,14 +27,14 @@ from pyro_trees.estimators._vart_export import (
 from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits
 from pyro_trees.estimators._vart_posterior import _PosteriorTrees
 from pyro_trees.guides.vart import VaRTGuide
-from pyro_trees.models._vart_mixture import tree_mean
+from pyro_trees.models._vart_mixture import _row_mixtures, tree_mean
 from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level
 
 __all__ = ["VaRTRegressor"]
 
 
-class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, VaRTFits):
+class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
     """A variational regression tree (VaRT) with posterior predictive intervals.
 
     Fits :class:`~pyro_trees.models.VaRT` with the truncated guide
@@ -275,16 +280,17 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, VaRTFits
     }
 
     # ------------------------------------------------------------------ fitting
-    def _after_fit(self, X, y, split: HeldOut, held: list) -> None:
+    def _after_fit(self, X, y, split: HeldOut, fits: list) -> None:
         """The noise calibration on the fits' held-out rows (and, with
         ``min_calibration_rows``, cross-fitted folds), then the posterior trees drawn
         once: predicting changes no attribute."""
-        rule = self._calibration_rule()
+        held = self._pool(fits)
+        calibration = NoiseCalibration.of(self)
         ranks, n, n_val = self.ranks_, X.shape[0], split.n_val
-        num_folds = int(ranks.min(self._calibration_folds(n, n_val, rule)))
+        num_folds = int(ranks.min(calibration.folds(n, n_val)))
         self.noise_factor_ = 1.0
         self._tree_samples = None
-        if n_val and rule is not None:  # the held-out rows are in random order
+        if n_val and calibration.rule is not None:  # the held-out rows are in random order
             # the fits' own folds are scored; cross-fitting adds the folds after them
             first = int(ranks.min(min(len(held), n // n_val)))
             fits = self._all_fit_leaves()  # each fit's posterior trees, drawn once
@@ -296,23 +302,62 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, VaRTFits
             self._tree_samples = None
         self._leaf_trees()
 
+    def _calibrate_noise(self, held, extra=(), fits=None) -> float:
+        """The noise factor of ``calibrate_noise`` (:class:`NoiseCalibration`) from each
+        fit's held-out standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``,
+        ``(n_j,)``, one per fit in the order of ``guides_``; ``extra``: cross-fitted
+        folds' scores; ``fits``: the fits' posterior trees (default:
+        :meth:`_all_fit_leaves`). Each fit's rows are read under its own posterior trees
+        (factor 1), which never saw them, in the pool's shape
+        (:func:`_pool_shaped_mixtures`); what the rule read is kept in
+        ``noise_calibration_``."""
+        fits = self._all_fit_leaves() if fits is None else fits
+        mixtures = [
+            _pool_shaped_mixtures(
+                fits[j], fits, self._calibration_batches(Xva, yva, parts=len(fits))
+            )
+            for j, (Xva, yva) in enumerate(held)
+        ]
+        c, self.noise_calibration_ = NoiseCalibration.of(self).factor(
+            mixtures,
+            extra,
+            num_samples=int(self.num_samples),
+            num_fits=len(fits),
+            ranks=self.ranks_,
+        )
+        return c
+
+    def _fold_scores(self, X, y, split, k: int, fits: list[dict]) -> torch.Tensor:
+        """Coverage scores of fold ``k`` of the held-out ``split`` (a
+        :class:`~pyro_trees.estimators._template.HeldOut`) under one
+        fit that holds them out (for early stopping, as each of the estimator's fits does
+        with its own fold), seeded ``seed_ + k``, in the pool's shape
+        (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
+        estimator's fits, whose posterior trees are ``fits``: :meth:`_all_fit_leaves`)."""
+        rows, rest = split.fold(k)
+        params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
+        params.update(progress=False, random_state=self._seed() + k, n_fits=1)
+        other = type(self)(**params)
+        other.seed_ = self._seed() + k
+        self._share_inputs(other)
+        gen = torch.Generator().manual_seed(other.seed_)
+        own = HeldOut(torch.cat([rows, rest]), split.n_val)  # fold k first
+        ((Xva, yva),) = other._pool(other._fit_all(X, y, own, gen))
+        other.noise_factor_, other._tree_samples = 1.0, None
+        batches = self._calibration_batches(
+            Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
+        )
+        mixtures = _pool_shaped_mixtures(other._raw_leaves(), fits, batches)
+        scores = _mixture_scores(mixtures, float(self.calibration_level))
+        return self.ranks_.gather(scores)
+
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):
         """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
         model = VaRT(
             num_features, missing=self._fit_missing(), **{k: getattr(self, k) for k in keys}
         )
-        guide = VaRTGuide(
-            model,
-            depth,
-            temperature=self.temperature_start,
-            init="random",  # the data-driven start follows, from ``gen``
-            init_split_prob=self.init_split_prob,
-            generator=gen,
-        )
-        if self.init == "data":
-            guide.init_splits_from_data(Xtr, generator=gen)
-        return model, guide
+        return model, self._start_guide(VaRTGuide, model, depth, Xtr=Xtr, gen=gen)
 
     def _held_out_score(self, guide, Xva, yva) -> float:
         """The held-out RMSE of the guide's central tree (all ranks' rows)."""
@@ -393,6 +438,35 @@ class VaRTRegressor(_NoiseCalibration, _PosteriorTrees, RegressorMixin, VaRTFits
         probs = ((1 - level) / 2, (1 + level) / 2)
         q = self._outputs(self._mixture_quantiles(self._prepare(X), probs))
         return q[0], q[1]
+
+    @torch.no_grad()
+    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
+        """Each row's coverage score: the least noise factor (relative to the fitted
+        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
+        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
+        the ``num_samples`` trees and their leaves) for every larger factor (log grid
+        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
+
+        A row is inside the ``level`` interval of the calibrated predictive iff its
+        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
+        factor from these scores on the held-out rows
+        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
+        estimates the same interval from ``num_samples`` draws.
+
+        :param X: ``(N, L)``.
+        :param y: ``(N,)``.
+        :param level: default ``calibration_level``.
+        :returns: ``(N,)`` scores.
+        """
+        level = check_level(self.calibration_level if level is None else level)
+        Xs = self._prepare(X)
+        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
+
+    def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
+        """:meth:`coverage_scores` of standardised (and clipped) rows."""
+        tree = self._raw_leaves()
+        mixtures = ((yb, *_row_mixtures(tree, xb)) for xb, yb in self._calibration_batches(Xs, ys))
+        return _mixture_scores(mixtures, level).cpu().numpy()
 
     # ------------------------------------------------------------ interpretation
     def sample_importances(self, X) -> np.ndarray:

@@ -13,10 +13,15 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators._base import guarded_fit
-from pyro_trees.estimators._constraints import Anything, Boolean, Checked, Integer, validate_params
+from pyro_trees.estimators._constraints import (
+    SEED_AND_DEVICE,
+    Anything,
+    Integer,
+    validate_params,
+)
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.estimators.vart_forest import VaRTForestRegressor
-from pyro_trees.validation import check_level, resolve_device
+from pyro_trees.validation import check_level
 
 __all__ = ["VaRTCausal"]
 
@@ -84,11 +89,9 @@ class VaRTCausal(BaseEstimator):
         self.progress = progress
 
     _parameter_constraints = {
+        **SEED_AND_DEVICE,
         "regressor": Anything("fit (an unfitted VaRTRegressor or VaRTForestRegressor)"),
         "n_trees": Integer(1, none=True),
-        "random_state": Integer(none=True),
-        "device": Checked(resolve_device, none=True),
-        "progress": Boolean(),
     }
 
     @guarded_fit

@@ -19,10 +19,9 @@ from pyro_trees.estimators._constraints import Boolean, OneOf
 from pyro_trees.estimators._temperature import TemperatureScaling
 from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_export import _importance_draws
-from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits
+from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits, clip_to_training_range
 from pyro_trees.estimators._vart_posterior import (
     MISSING_SEED,
-    clip_to_training_range,
     fitted_guides,
     pooled_guide_draws,
     prior_rho_sites,
@@ -249,17 +248,7 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
 
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):
         """The shared model and a new guide started from ``gen`` (and ``Xtr``)."""
-        guide = VaRTGuide(
-            self.model_,
-            depth,
-            temperature=self.temperature_start,
-            init="random",  # the data-driven start follows, from ``gen``
-            init_split_prob=self.init_split_prob,
-            generator=gen,
-        )
-        if self.init == "data":
-            guide.init_splits_from_data(Xtr, generator=gen)
-        return self.model_, guide
+        return self.model_, self._start_guide(VaRTGuide, self.model_, depth, Xtr=Xtr, gen=gen)
 
     def _held_out_score(self, guide, Xva, yva) -> float:
         """The held-out log loss of the guide's central tree (all ranks' rows)."""
@@ -268,9 +257,10 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
             total = float(-logp.gather(-1, yva.unsqueeze(-1)).sum())
         return self.ranks_.mean_error(total, yva.shape[0])
 
-    def _after_fit(self, X, y, split: HeldOut, held: list) -> None:
-        """The posterior trees, drawn once, and the temperature of ``calibrate`` on the
-        held-out rows."""
+    def _after_fit(self, X, y, split: HeldOut, fits: list) -> None:
+        """The pool of fits, its posterior trees, drawn once, and the temperature of
+        ``calibrate`` on the held-out rows."""
+        held = self._pool(fits)
         self.trees_ = self._draw_trees()
         self.temperature_ = 1.0
         if split.n_val and self.calibrate:

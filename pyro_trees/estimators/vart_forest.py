@@ -159,16 +159,7 @@ class VaRTForestRegressor(VaRTRegressor):
             missing=self._fit_missing(),
             **{k: getattr(self, k) for k in keys},
         )
-        guide = VaRTForestGuide(
-            model,
-            temperature=self.temperature_start,
-            init="random",
-            init_split_prob=self.init_split_prob,
-            generator=gen,
-        )
-        if self.init == "data":
-            guide.init_splits_from_data(Xtr, generator=gen)
-        return model, guide
+        return model, self._start_guide(VaRTForestGuide, model, Xtr=Xtr, gen=gen)
 
     def _central_mean(self, guide, Xs):
         return forest_mean(guide.mean_tree(), Xs)

@@ -12,6 +12,7 @@ from pyro_trees.distributions import gaussian_mixture_quantiles, mixture_quantil
 from pyro_trees.estimators import (
     VaRTRegressor,
     _vart_calibration,
+    _vart_fit,
     _vart_posterior,
     noise_factor_from_curve,
     noise_factor_from_scores,
@@ -650,7 +651,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     assert ref.num_steps == steps and ref.best_step is None and not ref.val_losses
     assert not np.allclose(est.predict(X), stopped.predict(X))
     perm, Xt, yt, other = _replay(est, X, y, SMALL, 0)
-    seed = _vart_calibration._REFIT_SEED
+    seed = _vart_fit._REFIT_SEED
     other._fit_split(
         Xt,
         yt,
