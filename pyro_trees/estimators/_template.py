@@ -154,10 +154,25 @@ class SVIEstimator(TabularEstimator):
     _seed_whole_fit = True
 
     def fit(self, X, y, *, sharded: bool = False):
-        """Fit on ``X`` ``(N, L)`` and ``y`` ``(N,)`` (see the class's docstring for
-        what its fit learns); ``sharded``: under ``torchrun``, each rank passes only its
-        own rows.
+        """Fit on ``X`` and ``y`` (see the class's docstring for what its fit learns).
 
+        ``X`` (and a regressor's ``y``) are standardised inside; predictions are in the
+        units of ``y``. With an integer ``random_state`` the fit is reproducible and
+        leaves the global random streams (Python, NumPy, torch) as it found them; with
+        ``None`` it draws its seed from torch's global stream and keeps it as ``seed_``
+        (``random_state=seed_`` repeats the fit). Under ``torchrun`` the fit is
+        data-parallel (the guide's "Estimators on several processes"): each rank trains
+        on its part of every minibatch and the fitted estimator is the same on every
+        rank.
+
+        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
+        :param y: ``(N,)`` targets or class labels (``(N, K)`` for a multi-output
+            regressor).
+        :param bool sharded: under ``torchrun``, each rank passes only its own rows
+            (default: every rank passes all of them). Scalers, classes, clipping ranges
+            and held-out scores then use every rank's rows (all-reduced); each rank
+            holds out its own rows, and data-driven starts are grown on rank 0's rows
+            and broadcast. Estimators that cannot train on shards say so.
         :returns: ``self``.
         :raises ValueError: naming the cause, for invalid options or data.
         """

@@ -33,7 +33,7 @@ from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.estimators._template import VART_HELD_OUT, HeldOut, SVIEstimator, run_svi
 from pyro_trees.estimators._vart_export import _split_importances
 from pyro_trees.guides._vart_memory import _check_prediction_memory, _check_training_memory
-from pyro_trees.guides.vart import TemperatureSchedule
+from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.fit import EarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
 
@@ -92,7 +92,7 @@ def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:
 
 class VaRTFits(MissingInputs, SVIEstimator):
     """The hooks the VaRT estimators share; a family adds its model and guide
-    (``_model_guide``), its held-out score (``_held_out_score``), its loss
+    (``_model``, ``_guide_cls``), its held-out score (``_held_out_score``), its loss
     (``_loss``) and its after-fit step."""
 
     _held_out_rule = VART_HELD_OUT
@@ -181,7 +181,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
         Xva = clip_to_training_range(self, X[val_idx])  # scored as new rows would be
         # inputs are checked above; Pyro's per-site validation only costs time here
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
-            self.model_, self.guide_ = self._model_guide(num_features, depth, Xtr, gen)
+            self.model_, self.guide_ = self._start(num_features, depth, Xtr, gen)
             guide = self.guide_
             ranks.broadcast_modules(guide)  # sharded: rank 0's start
             guide.to(X.device)
@@ -244,13 +244,14 @@ class VaRTFits(MissingInputs, SVIEstimator):
             return Trace_ELBO()
         return VaRTELBO() if rows is None else RankVaRTELBO(rows, data=data)
 
-    def _start_guide(self, guide_cls, model, *args, Xtr, gen):
-        """A guide of ``guide_cls(model, *args)`` at ``temperature_start``, its split
-        rules started from ``gen``: random hyperplanes, then (``init="data"``) through
-        random training rows of ``Xtr``."""
-        guide = guide_cls(
+    def _start(self, num_features: int, depth: int, Xtr, gen):
+        """The model (:meth:`_model`) and a guide of ``_guide_cls`` at
+        ``temperature_start``, its split rules started from ``gen``: random
+        hyperplanes, then (``init="data"``) through random training rows of ``Xtr``."""
+        model = self._model(num_features, depth)
+        guide = self._guide_cls(
             model,
-            *args,
+            *self._guide_args(depth),
             temperature=self.temperature_start,
             init="random",  # the data-driven start follows, from ``gen``
             init_split_prob=self.init_split_prob,
@@ -258,11 +259,17 @@ class VaRTFits(MissingInputs, SVIEstimator):
         )
         if self.init == "data":
             guide.init_splits_from_data(Xtr, generator=gen)
-        return guide
+        return model, guide
 
     # -- the family's hooks ----------------------------------------------------------------
-    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
-        """The model and guide of a fit, started from ``gen`` (and ``Xtr``)."""
+    _guide_cls = VaRTGuide
+
+    def _guide_args(self, depth: int) -> tuple:
+        """``_guide_cls``'s arguments after the model: the truncation depth."""
+        return (depth,)
+
+    def _model(self, num_features: int, depth: int):
+        """The model of a fit (no data: the guide's start reads them)."""
         raise NotImplementedError
 
     def _held_out_score(self, guide, Xva, yva) -> float:

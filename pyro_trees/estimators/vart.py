@@ -26,7 +26,6 @@ from pyro_trees.estimators._vart_export import (
 )
 from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits
 from pyro_trees.estimators._vart_posterior import _PosteriorTrees
-from pyro_trees.guides.vart import VaRTGuide
 from pyro_trees.models._vart_mixture import _row_mixtures, tree_mean
 from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level
@@ -351,13 +350,12 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
         scores = _mixture_scores(mixtures, float(self.calibration_level))
         return self.ranks_.gather(scores)
 
-    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
-        """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
+    def _model(self, num_features: int, depth: int):
+        """The model of a fit: :class:`~pyro_trees.models.VaRT` of the prior's parameters."""
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
-        model = VaRT(
+        return VaRT(
             num_features, missing=self._fit_missing(), **{k: getattr(self, k) for k in keys}
         )
-        return model, self._start_guide(VaRTGuide, model, depth, Xtr=Xtr, gen=gen)
 
     def _held_out_score(self, guide, Xva, yva) -> float:
         """The held-out RMSE of the guide's central tree (all ranks' rows)."""

@@ -27,7 +27,6 @@ from pyro_trees.estimators._vart_posterior import (
     prior_rho_sites,
 )
 from pyro_trees.guides._vart_memory import PREDICT_BYTES
-from pyro_trees.guides.vart import VaRTGuide
 from pyro_trees.models._vart_mixture import _stack_trees
 from pyro_trees.models.vart_classification import VaRTClassification, base_rate_offset
 
@@ -246,9 +245,9 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
     def _memory_width(self, num_features: int) -> int:
         return self.model_.leaf_width - 1  # the memory checks count L + 1 weights
 
-    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
-        """The shared model and a new guide started from ``gen`` (and ``Xtr``)."""
-        return self.model_, self._start_guide(VaRTGuide, self.model_, depth, Xtr=Xtr, gen=gen)
+    def _model(self, num_features: int, depth: int):
+        """The model every fit shares (:meth:`_before_fits`)."""
+        return self.model_
 
     def _held_out_score(self, guide, Xva, yva) -> float:
         """The held-out log loss of the guide's central tree (all ranks' rows)."""

@@ -150,16 +150,20 @@ class VaRTForestRegressor(VaRTRegressor):
             progress=progress,
         )
 
-    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
+    _guide_cls = VaRTForestGuide
+
+    def _guide_args(self, depth: int) -> tuple:
+        return ()  # the model holds the depth
+
+    def _model(self, num_features: int, depth: int):
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
-        model = VaRTForest(
+        return VaRTForest(
             num_features,
             n_trees=int(self.n_trees),
             depth=depth,
             missing=self._fit_missing(),
             **{k: getattr(self, k) for k in keys},
         )
-        return model, self._start_guide(VaRTForestGuide, model, Xtr=Xtr, gen=gen)
 
     def _central_mean(self, guide, Xs):
         return forest_mean(guide.mean_tree(), Xs)
