@@ -63,7 +63,7 @@ def fit_rules(split, Xtr, ytr, Xte, yte, n_fits: int) -> dict:
     with torch.no_grad():
         for j, (Xva, yva) in enumerate(est.held_):
             for kind, pool in (("own", [fits[j]]), ("pool", fits)):
-                batches = est._calibration_batches(Xva, yva, parts=len(pool))
+                batches = est._posterior().batches(Xva, yva, parts=len(pool))
                 mixtures = _pool_shaped_mixtures(fits[j], pool, batches)
                 scores[kind].append(_mixture_scores(mixtures, LEVEL))
     test = est.coverage_scores(Xte, yte, level=LEVEL)  # at factor-1 noise

@@ -24,8 +24,8 @@ from pyro_trees.estimators._vart_export import (
     _export_text,
     _importance_draws,
 )
-from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits
-from pyro_trees.estimators._vart_posterior import _PosteriorTrees
+from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits, clip_to_training_range
+from pyro_trees.estimators._vart_posterior import PosteriorTrees, stack_tree
 from pyro_trees.models._vart_mixture import _row_mixtures, tree_mean
 from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level
@@ -33,7 +33,7 @@ from pyro_trees.validation import check_level
 __all__ = ["VaRTRegressor"]
 
 
-class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
+class VaRTRegressor(RegressorMixin, VaRTFits):
     """A variational regression tree (VaRT) with posterior predictive intervals.
 
     Fits :class:`~pyro_trees.models.VaRT` with the truncated guide
@@ -292,29 +292,28 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
         if n_val and calibration.rule is not None:  # the held-out rows are in random order
             # the fits' own folds are scored; cross-fitting adds the folds after them
             first = int(ranks.min(min(len(held), n // n_val)))
-            fits = self._all_fit_leaves()  # each fit's posterior trees, drawn once
+            fits = self._posterior().all_fit_leaves()  # each fit's trees, drawn once
             extra = [self._fold_scores(X, y, split, k, fits) for k in range(first, num_folds)]
             rows = -(-CALIBRATION_ROWS // ranks.size) if ranks.spread else CALIBRATION_ROWS
             rows = -(-rows // len(held))  # shared among the fits
             held = [(Xva[:rows], yva[:rows]) for Xva, yva in held]
             self.noise_factor_ = self._calibrate_noise(held, extra, fits)
             self._tree_samples = None
-        self._leaf_trees()
+        self._posterior().leaves()  # drawn here once: predicting changes no attribute
 
     def _calibrate_noise(self, held, extra=(), fits=None) -> float:
         """The noise factor of ``calibrate_noise`` (:class:`NoiseCalibration`) from each
         fit's held-out standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``,
         ``(n_j,)``, one per fit in the order of ``guides_``; ``extra``: cross-fitted
         folds' scores; ``fits``: the fits' posterior trees (default:
-        :meth:`_all_fit_leaves`). Each fit's rows are read under its own posterior trees
-        (factor 1), which never saw them, in the pool's shape
+        :meth:`PosteriorTrees.all_fit_leaves`). Each fit's rows are read under its own
+        posterior trees (factor 1), which never saw them, in the pool's shape
         (:func:`_pool_shaped_mixtures`); what the rule read is kept in
         ``noise_calibration_``."""
-        fits = self._all_fit_leaves() if fits is None else fits
+        posterior = self._posterior()
+        fits = posterior.all_fit_leaves() if fits is None else fits
         mixtures = [
-            _pool_shaped_mixtures(
-                fits[j], fits, self._calibration_batches(Xva, yva, parts=len(fits))
-            )
+            _pool_shaped_mixtures(fits[j], fits, posterior.batches(Xva, yva, parts=len(fits)))
             for j, (Xva, yva) in enumerate(held)
         ]
         c, self.noise_calibration_ = NoiseCalibration.of(self).factor(
@@ -332,7 +331,7 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
         fit that holds them out (for early stopping, as each of the estimator's fits does
         with its own fold), seeded ``seed_ + k``, in the pool's shape
         (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
-        estimator's fits, whose posterior trees are ``fits``: :meth:`_all_fit_leaves`)."""
+        estimator's fits, whose posterior trees are ``fits``)."""
         rows, rest = split.fold(k)
         params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
         params.update(progress=False, random_state=self._seed() + k, n_fits=1)
@@ -343,10 +342,10 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
         own = HeldOut(torch.cat([rows, rest]), split.n_val)  # fold k first
         ((Xva, yva),) = other._pool(other._fit_all(X, y, own, gen))
         other.noise_factor_, other._tree_samples = 1.0, None
-        batches = self._calibration_batches(
+        batches = self._posterior().batches(
             Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
         )
-        mixtures = _pool_shaped_mixtures(other._raw_leaves(), fits, batches)
+        mixtures = _pool_shaped_mixtures(other._posterior().raw_leaves(), fits, batches)
         scores = _mixture_scores(mixtures, float(self.calibration_level))
         return self.ranks_.gather(scores)
 
@@ -368,6 +367,34 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
         return tree_mean(guide.mean_tree(), Xs)
 
     # --------------------------------------------------------------- prediction
+    _stack_posterior = staticmethod(stack_tree)
+
+    def _posterior(self) -> PosteriorTrees:
+        """The posterior trees behind every prediction (:class:`PosteriorTrees`), drawn
+        once and kept in ``_tree_samples`` (``None``: drawn again, with the same seed)."""
+        if getattr(self, "_tree_samples", None) is None:
+            self._tree_samples = PosteriorTrees.of(self)
+        return self._tree_samples
+
+    def _all_fit_leaves(self) -> list[dict]:
+        """Each fit's own posterior trees (:meth:`PosteriorTrees.all_fit_leaves`)."""
+        return self._posterior().all_fit_leaves()
+
+    def _prepare(self, X) -> torch.Tensor:
+        """New rows checked, standardised and clipped (``clip_margin``)."""
+        return clip_to_training_range(self, self._validate_predict(X))
+
+    def _take(self, draws: np.ndarray, num_samples) -> np.ndarray:
+        if num_samples is not None:
+            num_samples = int(num_samples)
+            if not 1 <= num_samples <= int(self.num_samples):
+                raise ValueError(
+                    f"num_samples must lie in [1, {self.num_samples}] (the estimator's "
+                    f"num_samples: one function draw per posterior tree), got {num_samples}"
+                )
+            draws = draws[:num_samples]
+        return draws
+
     def predict(self, X, return_std: bool = False):
         """Posterior predictive mean (eq. 32): the average over posterior trees of
         :math:`\\sum_i \\kappa_i P(x \\to i)\\, \\theta_i^\\top x`; shape ``(N,)``.
@@ -377,15 +404,16 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
             leaves, calibrated noise included), ``(N,)``.
         """
         Xs = self._prepare(X)
-        mean = self._function_draws(Xs).mean(0)
+        mean = self._outputs(self._posterior().function_draws(Xs)).mean(0)
         if not return_std:
             return mean
-        return mean, self._output_scale(self._mixture_std(Xs))
+        return mean, self._output_scale(self._posterior().mixture_std(Xs))
 
     def sample_function(self, X, num_samples: int | None = None) -> np.ndarray:
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
         one per posterior tree: shape ``(num_samples, N)`` (credible bands for means)."""
-        return self._take(self._function_draws(self._prepare(X)), num_samples)
+        draws = self._outputs(self._posterior().function_draws(self._prepare(X)))
+        return self._take(draws, num_samples)
 
     def sample(self, X, num_samples: int | None = None) -> np.ndarray:
         """Draws of the posterior predictive :math:`y^*` (eq. 32), ``(num_samples, N)``.
@@ -408,7 +436,8 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         # round r draws with seed seed_ + 3 + r, so the first round is the default call's
         rounds = [
-            self._predictive(Xs, ("obs",), 3 + r)["obs"] for r in range(-(-want // per_round))
+            self._outputs(self._posterior().predictive(Xs, ("obs",), self._seed() + 3 + r)["obs"])
+            for r in range(-(-want // per_round))
         ]
         return np.concatenate(rounds)[:want]
 
@@ -434,7 +463,7 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
         if method != "exact":
             raise ValueError(f"method must be 'exact' or 'draws', got {method!r}")
         probs = ((1 - level) / 2, (1 + level) / 2)
-        q = self._outputs(self._mixture_quantiles(self._prepare(X), probs))
+        q = self._outputs(self._posterior().mixture_quantiles(self._prepare(X), probs))
         return q[0], q[1]
 
     @torch.no_grad()
@@ -462,8 +491,9 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
 
     def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
         """:meth:`coverage_scores` of standardised (and clipped) rows."""
-        tree = self._raw_leaves()
-        mixtures = ((yb, *_row_mixtures(tree, xb)) for xb, yb in self._calibration_batches(Xs, ys))
+        posterior = self._posterior()
+        tree = posterior.raw_leaves()
+        mixtures = ((yb, *_row_mixtures(tree, xb)) for xb, yb in posterior.batches(Xs, ys))
         return _mixture_scores(mixtures, level).cpu().numpy()
 
     # ------------------------------------------------------------ interpretation
@@ -484,9 +514,10 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
             rows, or any others).
         """
         Xs = self._prepare(X)[:4096]
-        samples = self._posterior_trees()
+        posterior = self._posterior()
+        samples = posterior.samples
         if bool(torch.isnan(Xs).any()):  # rows with missing inputs: rho of every tree
-            samples = {**samples, **self._prior_rho(samples)}
+            samples = {**samples, **posterior.prior_rho(samples)}
         return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
@@ -506,6 +537,12 @@ class VaRTRegressor(_PosteriorTrees, RegressorMixin, VaRTFits):
                 f"feature_names has {len(feature_names)} names for {self.n_features_in_} features"
             )
         return _export_text(self.guide_, self.x_scaler_, self.y_scaler_, feature_names, decimals)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_tree_samples"] = None  # drawn again with the same seed after loading
+        state.pop("_leaf_cache", None)
+        return state
 
     def __setstate__(self, state):
         # parameters added after an estimator was pickled: the behaviour it was fitted with

@@ -21,6 +21,20 @@ from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_tree
 __all__ = ["VaRTForestRegressor"]
 
 
+def stack_forest(samples: dict, model, depth: int) -> dict:
+    """The posterior forests: trees of batch shape ``(S, K)`` and ``log_sigma`` ``(S,)``
+    (the format :func:`~pyro_trees.models._vart_mixture._leaf_mixtures` reads), from
+    the draws by site (``rho`` included)."""
+    site = model.site
+    forest = forest_tree(
+        [samples[site(f"split_{d}")] for d in range(depth)],
+        [samples[site(f"beta_{d}")] for d in range(depth)],
+        [samples[site(f"theta_{d}")] for d in range(depth + 1)],
+        [samples[site(f"rho_{d}")] for d in range(depth)],
+    )
+    return {"forest": forest, "log_sigma": samples[site("log_sigma")].reshape(-1)}
+
+
 class VaRTForestRegressor(VaRTRegressor):
     """A forest of ``n_trees`` VaRT trees under one prior, with Bayesian intervals.
 
@@ -151,6 +165,7 @@ class VaRTForestRegressor(VaRTRegressor):
         )
 
     _guide_cls = VaRTForestGuide
+    _stack_posterior = staticmethod(stack_forest)
 
     def _guide_args(self, depth: int) -> tuple:
         return ()  # the model holds the depth
@@ -172,20 +187,6 @@ class VaRTForestRegressor(VaRTRegressor):
         if self.elbo != "vectorised":
             return Trace_ELBO()
         return VaRTForestELBO() if rows is None else RankVaRTForestELBO(rows, data=data)
-
-    def _stack(self, samples: dict) -> dict:
-        """The posterior forests: trees of batch shape ``(S, K)`` and ``log_sigma``
-        ``(S,)`` (the format :func:`~pyro_trees.models._vart_mixture._leaf_mixtures`
-        reads; ``rho`` from its prior for a fit without missing values)."""
-        depth, site = self.guide_.depth, self.model_.site
-        samples = {**samples, **self._prior_rho(samples)}
-        forest = forest_tree(
-            [samples[site(f"split_{d}")] for d in range(depth)],
-            [samples[site(f"beta_{d}")] for d in range(depth)],
-            [samples[site(f"theta_{d}")] for d in range(depth + 1)],
-            [samples[site(f"rho_{d}")] for d in range(depth)],
-        )
-        return {"forest": forest, "log_sigma": samples[site("log_sigma")].reshape(-1)}
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """Not offered: a forest is not one readable tree (``feature_importances_`` sums
