@@ -372,6 +372,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
     def _posterior(self) -> PosteriorTrees:
         """The posterior trees behind every prediction (:class:`PosteriorTrees`), drawn
         once and kept in ``_tree_samples`` (``None``: drawn again, with the same seed)."""
+        check_is_fitted(self, "guide_")
         if getattr(self, "_tree_samples", None) is None:
             self._tree_samples = PosteriorTrees.of(self)
         return self._tree_samples
@@ -412,7 +413,8 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
     def sample_function(self, X, num_samples: int | None = None) -> np.ndarray:
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
         one per posterior tree: shape ``(num_samples, N)`` (credible bands for means)."""
-        draws = self._outputs(self._posterior().function_draws(self._prepare(X)))
+        Xs = self._prepare(X)
+        draws = self._outputs(self._posterior().function_draws(Xs))
         return self._take(draws, num_samples)
 
     def sample(self, X, num_samples: int | None = None) -> np.ndarray:
@@ -463,7 +465,8 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         if method != "exact":
             raise ValueError(f"method must be 'exact' or 'draws', got {method!r}")
         probs = ((1 - level) / 2, (1 + level) / 2)
-        q = self._outputs(self._posterior().mixture_quantiles(self._prepare(X), probs))
+        Xs = self._prepare(X)
+        q = self._outputs(self._posterior().mixture_quantiles(Xs, probs))
         return q[0], q[1]
 
     @torch.no_grad()
