@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import markdown_table, read_record, record_paths, write_results
-from pyro_trees.estimators._vart_calibration import _SCORE_GRID, _coverage_factor
+from pyro_trees.estimators import SCORE_GRID, coverage_factor
 
 LEVEL = 0.9
 BAND = (0.85, 0.95)
@@ -56,9 +56,9 @@ def factor(rule: str, held_out) -> float:
     if rule == "none":
         return 1.0
     if rule == "floor":
-        return 2.0 ** _SCORE_GRID[0]
+        return 2.0 ** SCORE_GRID[0]
     scores = torch.as_tensor(held_out, dtype=torch.float64)
-    c = _coverage_factor(scores, LEVEL, confidence=None if rule == "free" else 0.95)
+    c = coverage_factor(scores, LEVEL, confidence=None if rule == "free" else 0.95)
     if c is None:  # too few rows for the quantile: the fitted noise
         return 1.0
     return max(c, 1.0) if rule == "widen only" else c

@@ -33,12 +33,8 @@ import torch
 from sklearn.datasets import make_friedman1
 
 from benchmarks._common import UCI_SETS, markdown_table, rmse, uci_splits, write_results
-from pyro_trees.estimators import VaRTForestRegressor
-from pyro_trees.estimators._vart_calibration import (
-    _coverage_factor,
-    _mixture_scores,
-    _pool_shaped_mixtures,
-)
+from pyro_trees.estimators import VaRTForestRegressor, coverage_factor
+from pyro_trees.estimators._vart_calibration import _mixture_scores, _pool_shaped_mixtures
 
 RULES = {
     "own + bound (previous)": ("own", 0.95),
@@ -65,13 +61,13 @@ def fit_rules(split, Xtr, ytr, Xte, yte, n_fits: int) -> dict:
     with torch.no_grad():
         for j, (Xva, yva) in enumerate(est.held_):
             for kind, pool in (("own", [fits[j]]), ("pool", fits)):
-                batches = est._calibration_batches(Xva, yva, parts=len(pool))
+                batches = est._posterior().batches(Xva, yva, parts=len(pool))
                 mixtures = _pool_shaped_mixtures(fits[j], pool, batches)
                 scores[kind].append(_mixture_scores(mixtures, LEVEL))
     test = est.coverage_scores(Xte, yte, level=LEVEL)  # at factor-1 noise
     out = {"rmse": rmse(est.predict(Xte), yte), "noise_factor": float(est.noise_factor_)}
     for rule, (kind, confidence) in RULES.items():
-        c = _coverage_factor(torch.cat(scores[kind]), LEVEL, confidence)
+        c = coverage_factor(torch.cat(scores[kind]), LEVEL, confidence)
         out[rule] = {"factor": c, "coverage90": float(np.mean(test <= c * (1 + 1e-9)))}
     shipped = out["pool + quantile (shipped)"]["factor"]
     assert abs(shipped - est.noise_factor_) <= 1e-9 * shipped, (shipped, est.noise_factor_)

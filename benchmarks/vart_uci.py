@@ -102,7 +102,7 @@ RULES = ("coverage", "likelihood", "c>=1")  # noise-factor rules compared in eve
 
 def rule_factor(cal: dict, rule: str) -> float:
     """The noise factor that ``rule`` reads off a fit's ``noise_calibration_``."""
-    from pyro_trees.estimators._vart_calibration import _coverage_factor, noise_factor_from_curve
+    from pyro_trees.estimators import coverage_factor, noise_factor_from_curve
 
     grid, dens = torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
     if rule == "c>=1":  # the earliest rule: max(argmax, 1)
@@ -110,7 +110,7 @@ def rule_factor(cal: dict, rule: str) -> float:
     c = None
     if rule == "coverage":  # the held-out split's scores and any cross-fitted folds'
         scores = [torch.as_tensor(v) for v in [cal["scores"], *cal.get("fold_scores", [])]]
-        c = _coverage_factor(torch.cat(scores), cal["level"], cal.get("confidence", 0.95))
+        c = coverage_factor(torch.cat(scores), cal["level"], cal.get("confidence", 0.95))
     return noise_factor_from_curve(grid, dens) if c is None else c
 
 

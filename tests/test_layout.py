@@ -30,25 +30,12 @@ MAX_LINES = 600
 
 # Known exceptions, each waiting on a named change; remove an entry when its change lands.
 ALLOWED_SCRIPT_IMPORTS = {
-    # The estimator rewrite (issue 37, item 1) gives the calibration rules public names
-    # (`_coverage_factor`, `_SCORE_GRID`, the pool's mixtures); these three benchmarks then
-    # import them from there. Remove after that merge.
-    ("benchmarks/vart_uci.py", "pyro_trees.estimators._vart_calibration"),
-    ("benchmarks/vart_calibration_rules.py", "pyro_trees.estimators._vart_calibration"),
+    # The pool-calibration study reads two steps of the pool's calibration that no user
+    # calls (the pool-shaped mixtures of a fold and their scores); they stay private.
     ("benchmarks/vart_pool_calibration.py", "pyro_trees.estimators._vart_calibration"),
 }
-ALLOWED_PRIVATE_IMPORTS = {
-    # `_most_probable_tree` reads only a VaRTGuide: its home is the guide (a public
-    # `VaRTGuide` method beside `most_probable_structure`). It is defined in a module of
-    # `estimators/`, which the estimator rewrite (issue 37, item 1) is changing now; move
-    # it after that merge and remove this entry.
-    ("pyro_trees/plotting/tree.py", "pyro_trees.estimators._vart_export"),
-}
-ALLOWED_LONG_MODULES = {
-    # The estimator rewrite (issue 37, item 1: one fit template) moves VaRTRegressor's fit
-    # recipe out of this module; remove after that merge.
-    "pyro_trees/estimators/vart.py",
-}
+ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
+ALLOWED_LONG_MODULES: set[str] = set()
 
 
 def _module_name(path: Path) -> list[str]:

@@ -1,9 +1,12 @@
 """Scikit-learn style estimators on top of the Pyro models and guides."""
 
 from pyro_trees.estimators._vart_calibration import (
+    SCORE_GRID,
+    coverage_factor,
     noise_factor_from_curve,
     noise_factor_from_scores,
 )
+from pyro_trees.estimators._vart_export import most_probable_tree
 from pyro_trees.estimators.bayesian_hme import (
     BayesianHMERegressor,
 )
@@ -28,6 +31,7 @@ from pyro_trees.estimators.vart_forest import (
 )
 
 __all__ = [
+    "SCORE_GRID",
     "BayesianHMERegressor",
     "HeteroscedasticGPRegressor",
     "RNNTreeClassifier",
@@ -36,6 +40,8 @@ __all__ = [
     "VaRTClassifier",
     "VaRTForestRegressor",
     "VaRTRegressor",
+    "coverage_factor",
+    "most_probable_tree",
     "noise_factor_from_curve",
     "noise_factor_from_scores",
 ]

@@ -194,34 +194,9 @@ class TabularEstimator(BaseEstimator):
         return torch.as_tensor(arr, device=self.device_)
 
     def _check_early_stopping_options(self) -> None:
-        """``validation_fraction`` in ``[0, 1)``; ``patience`` only with a validation split."""
-        frac = self.validation_fraction
-        if isinstance(frac, bool) or not (isinstance(frac, int | float) and 0.0 <= frac < 1.0):
-            raise ValueError(f"validation_fraction must lie in [0, 1), got {frac!r}")
-        if self.patience is not None and frac == 0:
+        """``patience`` only with a validation split (``validation_fraction > 0``)."""
+        if self.patience is not None and self.validation_fraction == 0:
             raise ValueError("patience needs a validation split: set validation_fraction > 0")
-
-    def _held_out_split(self, n: int):
-        """Indices ``(held_out, train)`` of ``n`` rows: ``max(1, round(fraction * n))``
-        held out, drawn by ``numpy.random.default_rng(random_state)``; ``None`` when
-        ``validation_fraction`` is 0."""
-        if self.validation_fraction == 0:
-            return None
-        seed = self.random_state
-        ranks = getattr(self, "ranks_", None)
-        if seed is None and ranks is not None and ranks.size > 1:  # the same on every rank
-            seed = ranks.shared(int(np.random.default_rng().integers(2**62)))
-        perm = np.random.default_rng(seed).permutation(n)
-        n_val = max(1, int(round(self.validation_fraction * n)))
-        return perm[:n_val], perm[n_val:]
-
-    def _shared_seed(self):
-        """``random_state``; under ``torchrun`` with ``random_state=None``, a seed drawn
-        from rank 0's torch stream and shared, so that every rank fits the same way
-        (call after :meth:`_validate_fit`)."""
-        if self.random_state is not None or self.ranks_.size == 1:
-            return self.random_state
-        return self.ranks_.shared(int(torch.randint(2**31, ()).item()))
 
     # -- fit ----------------------------------------------------------------------------
     def _validate_fit(self, X, y, *, min_samples: int = 2, sharded: bool = False):
@@ -231,7 +206,8 @@ class TabularEstimator(BaseEstimator):
         scalers, the classes and ``n_global_rows_`` are those of all ranks' rows together
         (see :mod:`~pyro_trees.estimators._distributed`). Sets ``ranks_`` (the processes
         of the fit), ``n_global_rows_``, ``n_features_in_`` (and ``feature_names_in_``
-        for frames with string column names), ``dtype_``, ``device_`` and ``x_scaler_``;
+        for frames with string column names), ``dtype_``, ``device_`` and ``x_scaler_``
+        (and ``missing_fraction_`` ``(L,)`` where ``X`` may hold NaN);
         for classifiers ``classes_`` and ``n_classes_``; for regressors ``y_scaler_``
         and ``n_outputs_``.
 
@@ -257,6 +233,8 @@ class TabularEstimator(BaseEstimator):
                 ensure_all_finite="allow-nan" if self._allow_nan else True,
             )
         ranks.check_data(X, y)
+        if self._allow_nan:  # the share of the rows missing each feature
+            self.missing_fraction_ = np.isnan(X).mean(0)
         self.n_global_rows_ = ranks.count(X.shape[0])
         self.x_scaler_ = Standardizer(X, ranks)
         Xs = self._tensor(self.x_scaler_.transform(X))

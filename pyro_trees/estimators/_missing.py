@@ -7,22 +7,17 @@ estimators and the RNN-Tree estimators. Their ``fit`` and ``predict`` accept NaN
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 
 class MissingInputs:
     """Mixin (before :class:`~pyro_trees.estimators._base.TabularEstimator`) of an
-    estimator that routes missing inputs itself. ``fit`` calls :meth:`_note_missing` on
-    its validated inputs; :meth:`_fit_missing` then says whether the model needs its
-    learnt missing-value routes (a fit without any missing value builds the model it
-    always built)."""
+    estimator that routes missing inputs itself: ``_validate_fit`` then accepts NaN in
+    ``X`` and records ``missing_fraction_`` ``(L,)``, the share of the training rows
+    missing each feature; :meth:`_fit_missing` says whether the model needs its learnt
+    missing-value routes (a fit without any missing value builds the model it always
+    built)."""
 
     _allow_nan = True
-
-    def _note_missing(self, X: torch.Tensor) -> None:
-        """Set ``missing_fraction_`` ``(L,)``: the share of the training rows ``X``
-        ``(N, L)`` missing each feature."""
-        self.missing_fraction_ = torch.isnan(X).double().mean(0).cpu().numpy()
 
     def _fit_missing(self) -> bool:
         """Whether some training value was missing (estimators pickled before missing

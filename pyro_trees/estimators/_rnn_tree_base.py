@@ -14,14 +14,22 @@ from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
 from pyro_trees.distributions.tree_balance import expected_log_coupling
-from pyro_trees.estimators._base import TabularEstimator
-from pyro_trees.estimators._distributed import RankRows, fit_args, rank_fit
+from pyro_trees.estimators._constraints import (
+    EARLY_STOPPING,
+    SEED_AND_DEVICE,
+    Anything,
+    Checked,
+    Integer,
+    OneOf,
+    Real,
+)
+from pyro_trees.estimators._distributed import RankRows
 from pyro_trees.estimators._missing import MissingInputs
-from pyro_trees.estimators._rng import local_seed
+from pyro_trees.estimators._template import HeldOut, HeldOutRule, SVIEstimator, run_svi
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
-from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.models.hme import HME
+from pyro_trees.validation import resolve_dtype
 
 _ROUTINGS = ("hard", "posterior")
 #: Fewest held-out rows worth a validation split.
@@ -81,7 +89,7 @@ class _ClosedFormTreeELBO(torch.nn.Module):
         return -elbo
 
 
-class _RNNTreeBase(MissingInputs, TabularEstimator):
+class _RNNTreeBase(MissingInputs, SVIEstimator):
     _likelihood = "gaussian"
 
     def __init__(
@@ -140,88 +148,70 @@ class _RNNTreeBase(MissingInputs, TabularEstimator):
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:
         raise NotImplementedError
 
-    # -- validation --------------------------------------------------------------------
-    def _check_options(self) -> None:
-        if self.init not in ("auto", "balanced", "greedy", "random"):
-            raise ValueError(
-                f"init must be 'auto', 'balanced', 'greedy' or 'random', got {self.init!r}"
-            )
-        if self.refit_leaves not in (True, False, "auto"):
-            raise ValueError(
-                f"refit_leaves must be True, False or 'auto', got {self.refit_leaves!r}"
-            )
-        if self.routing not in _ROUTINGS:
-            raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
+    _parameter_constraints = {
+        **SEED_AND_DEVICE,
+        **EARLY_STOPPING,
+        "depth": Integer(1),
+        "hidden_size": Integer(1),
+        "feedback": OneOf("hard", "soft"),
+        "experts": OneOf("constant", "linear"),
+        "init": OneOf("auto", "balanced", "greedy", "random"),
+        "num_steps": Integer(0, none=True),
+        "lr": Real(0, low_open=True),
+        "lr_decay": Real(0, low_open=True),
+        "optim": Anything("pyro_trees.infer.make_optimizer"),
+        "batch_size": Integer(1, none=True),
+        "routing": OneOf(*_ROUTINGS),
+        "num_noise_samples": Integer(1),
+        "balance_weight": Real(),
+        "entropy_weight": Real(),
+        "refit_leaves": OneOf(True, False, "auto"),
+        "dtype": Checked(resolve_dtype),
+    }
+    #: a validation split only where it holds out at least ``_MIN_VALIDATION`` rows
+    #: (fewer make the choice of a step noise)
+    _held_out_rule = HeldOutRule(min_expected=_MIN_VALIDATION)
+
+    def _check_params_together(self, sharded: bool) -> None:
         self._check_early_stopping_options()
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
 
-    # -- fitting -------------------------------------------------------------------------
-    def fit(self, X, y, *, sharded: bool = False):
-        """Fit the HME and its RNN-Tree routing posterior.
+    # -- the fit template's hooks --------------------------------------------------------
+    def _num_fits(self, split: HeldOut) -> int:
+        """The starts: ``"greedy"`` then ``"balanced"`` for ``init="auto"`` (the first
+        alone without a validation split), else ``init``."""
+        return 2 if self.init == "auto" and split.n_val else 1
 
-        ``X`` (and the regressor's ``y``) are standardised inside; predictions are in
-        the units of ``y``. With an integer ``random_state`` the fit is reproducible and
-        leaves the global random streams (Python, NumPy, torch) as it found them; with
-        ``None`` it draws from them.
-
-        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
-        :param y: ``(N,)`` class labels (classifier) or targets (regressor; ``(N, K)``
-            for several outputs).
-        :param bool sharded: under ``torchrun``, each rank passes only its own rows
-            (default: every rank passes all of them; see the guide's "Estimators on
-            several processes"). Scalers, classes, held-out errors and the leaf refit
-            then use every rank's rows (all-reduced); each rank holds out
-            ``validation_fraction`` of its own rows; the greedy or balanced start is
-            grown on rank 0's rows and broadcast; a degenerate fit found on any rank
-            counts for all.
-        :returns: ``self``.
-        :raises ValueError: naming the cause, for invalid options or data.
-        """
-        self._check_options()
-        Xs, y = self._validate_fit(X, y, sharded=sharded)
-        self._note_missing(Xs)
-        with local_seed(self._shared_seed(), self.device_):
-            self._fit_seeded(Xs, y)
-        return self
-
-    def _fit_seeded(self, Xs: torch.Tensor, y: torch.Tensor) -> None:
-        n, n_features = Xs.shape
-        ranks = self.ranks_
+    def _fit_one(self, j: int, X, y, split: HeldOut, generator):
+        """Train start ``j`` on the training rows; returns ``(held-out error or None,
+        start, (model_, guide_, hard_leaf_loc_, fit_result_))``."""
+        init = ("greedy", "balanced")[j] if self.init == "auto" else self.init
         n_all = self.n_global_rows_  # every rank's rows
         width = getattr(self, "n_classes_", None) or getattr(self, "n_outputs_", 1)
         depth = trees.check_depth(
             self.depth,
             num_points=min(n_all, self.batch_size or n_all),
-            width=max(width, n_features),
-            dtype=Xs.dtype,
-            device=Xs.device,
+            width=max(width, X.shape[1]),
+            dtype=X.dtype,
+            device=X.device,
         )
+        val, train = split.fold(0)
+        X_val, y_val = (X[val], y[val]) if split.n_val else (None, None)
+        self._train(X[train], y[train], X_val, y_val, depth, init)
+        err = self._error(X_val, y_val) if split.n_val else None
+        return err, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
 
-        X_val = y_val = None
-        Xs_all, y_all = Xs, y
-        use_val = self._use_validation(n)
-        if ranks.spread:  # every shard holds out rows, or none
-            use_val = bool(ranks.min(float(use_val)))
-        split = self._held_out_split(n) if use_val else None
-        if split is not None:
-            val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
-            X_val, y_val = Xs[val], y[val]
-            Xs, y = Xs[train], y[train]
-
-        starts = ("greedy", "balanced") if self.init == "auto" else (self.init,)
-        if X_val is None:
-            starts = starts[:1]
+    def _after_fit(self, X, y, split: HeldOut, fits: list) -> None:
+        """Keep the start of least held-out error (a later start must beat an earlier
+        one clearly: :meth:`_start_margin`), then grow a greedy start that training
+        never beat on all the rows, or refit the hard tree's leaves on them, and cure a
+        degenerate tree."""
         best = None
-        for init in starts:
-            self._train(Xs, y, X_val, y_val, depth, init)
-            if X_val is None:
+        n_val = self.ranks_.count(split.n_val)
+        for err, init, state in fits:
+            if err is None:
                 break
-            err = self._error(X_val, y_val)
-            # a later start replaces an earlier one only if clearly better
-            margin = self._start_margin(best[0], ranks.count(y_val.shape[0])) if best else 0.0
+            margin = self._start_margin(best[0], n_val) if best else 0.0
             if best is None or err + margin < best[0]:
-                state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
                 best = (err, init, state)
         self.validation_error_ = None
         if best is not None:
@@ -229,20 +219,15 @@ class _RNNTreeBase(MissingInputs, TabularEstimator):
             self.validation_error_ = err
             self._rules = None
         self.start_ = init
-        if X_val is not None and self.fit_result_.best_step == 0 and init == "greedy":
+        if split.n_val and self.fit_result_.best_step == 0 and init == "greedy":
             # Training never beat the greedy start on the held-out points: the start
             # is what the data chose, so grow it on all of them.
-            self._init_tree(Xs_all, y_all, init)
-        elif self.hard_leaf_loc_ is not None or (X_val is not None and self.refit_leaves is True):
-            self._refit_hard_leaves(Xs_all, y_all)
-        self._check_collapse(Xs_all, y_all)
+            self._init_tree(X, y, init)
+        elif self.hard_leaf_loc_ is not None or (split.n_val and self.refit_leaves is True):
+            self._refit_hard_leaves(X, y)
+        self._check_collapse(X, y)
         self._rules = None
         _ = self.rules_  # the hard tree, made here once: predicting changes no attribute
-
-    def _use_validation(self, n: int) -> bool:
-        """Hold out ``validation_fraction`` of the rows only if that leaves at least
-        ``_MIN_VALIDATION`` of them (fewer make the choice of a step noise)."""
-        return self.validation_fraction > 0 and self.validation_fraction * n >= _MIN_VALIDATION
 
     def _num_steps(self, validated: bool) -> int:
         """``num_steps``, or by default ``_AUTO_STEPS`` (early stopping ends most runs
@@ -317,25 +302,23 @@ class _RNNTreeBase(MissingInputs, TabularEstimator):
         if X_val is not None:
             patience = _AUTO_PATIENCE if self.patience is None else self.patience
         gamma = float(self.lr_decay) ** (1.0 / max(1, num_steps))
-        batch = self.batch_size
-        if batch is not None and self.ranks_.size > 1:  # under torchrun: per rank
-            batch = max(batch // self.ranks_.size, 1)
-        with rank_fit(self.ranks_):
-            self.fit_result_ = _fit(
-                model,
-                guide,
-                *fit_args(self.ranks_, Xs, y),
-                loss=self._loss((Xs, y)),
-                num_steps=num_steps,
-                optim=self.optim,
-                lr=self.lr,
-                lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
-                early_stopping=None
-                if val_metric is None
-                else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
-                progress=self.progress and type(self).__name__,
-                subsample_size=batch,
-            )
+        self.fit_result_ = run_svi(
+            self.ranks_,
+            model,
+            guide,
+            Xs,
+            y,
+            batch=self.batch_size,  # under torchrun: per rank
+            loss=self._loss((Xs, y)),
+            num_steps=num_steps,
+            optim=self.optim,
+            lr=self.lr,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
+            early_stopping=None
+            if val_metric is None
+            else EarlyStopping(val_metric, eval_every=self.eval_every, patience=patience),
+            progress=self.progress and type(self).__name__,
+        )
         model.eval()
         guide.eval()
         self._rules = None
@@ -365,8 +348,7 @@ class _RNNTreeBase(MissingInputs, TabularEstimator):
         (:class:`~pyro_trees.estimators._distributed.RankRows`)."""
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
         ranks = self.ranks_
-        seed = 0 if self.random_state is None else int(self.random_state)
-        weights["rows"] = RankRows(ranks, seed) if ranks.size > 1 else None
+        weights["rows"] = RankRows(ranks, self.seed_) if ranks.size > 1 else None
         weights["data"] = data
         return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
 

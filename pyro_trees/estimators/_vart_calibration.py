@@ -12,27 +12,22 @@ References
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pyro_trees.distributions import compact_mixture_rows as _compact_rows
-from pyro_trees.estimators._rng import MEMBER_SEED
-from pyro_trees.estimators._vart_posterior import fitted_guides, hard_guide_draws
 from pyro_trees.models import row_mixtures as _row_mixtures
-from pyro_trees.validation import check_level
 
-__all__ = ["noise_factor_from_curve", "noise_factor_from_scores"]
+__all__ = [
+    "SCORE_GRID",
+    "NoiseCalibration",
+    "coverage_factor",
+    "noise_factor_from_curve",
+    "noise_factor_from_scores",
+]
 
-_REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x trees x nodes)
-
-
-def fold_rows(perm: torch.Tensor, n_val: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold ``k`` of the row permutation ``perm``: its rows ``perm[k n_val : (k + 1)
-    n_val]`` and the other rows, in ``perm``'s order."""
-    start, stop = k * n_val, (k + 1) * n_val
-    return perm[start:stop], torch.cat([perm[:start], perm[stop:]])
 
 
 def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
@@ -106,14 +101,25 @@ def noise_factor_from_scores(
     return 1.0 if u > n else min(1.0, float(s[u - 1]))
 
 
-_SCORE_GRID = (-6.0, 8.0, 29)  # log2 of the smallest and largest factor, grid points
+#: the log grid of the coverage scores: log2 of its smallest and largest factor, and its
+#: number of points (:meth:`~pyro_trees.estimators.VaRTRegressor.coverage_scores`)
+SCORE_GRID = (-6.0, 8.0, 29)
 
 
-def _coverage_factor(scores: torch.Tensor, level: float, confidence: float | None = 0.95):
-    """:func:`noise_factor_from_scores` capped at the score grid's largest factor (a
-    row no factor on the grid covers scores ``inf``); ``None`` with too few rows."""
+def coverage_factor(
+    scores: torch.Tensor, level: float, confidence: float | None = 0.95
+) -> float | None:
+    """The noise factor of ``calibrate_noise="coverage"``:
+    :func:`noise_factor_from_scores` capped at the score grid's largest factor,
+    ``2 ** SCORE_GRID[1]`` (a row no factor on the grid covers scores ``inf``).
+
+    :param scores: held-out coverage scores ``(n,)``.
+    :param float level: the interval's probability, in ``(0, 1)``.
+    :param confidence: of the upper bound used when shrinking, or ``None``.
+    :returns: the factor, or ``None`` with too few rows.
+    """
     c = noise_factor_from_scores(scores, level, confidence)
-    return None if c is None else min(c, 2.0 ** _SCORE_GRID[1])
+    return None if c is None else min(c, 2.0 ** SCORE_GRID[1])
 
 
 def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> torch.Tensor:
@@ -138,7 +144,7 @@ def _coverage_scores(weight: torch.Tensor, z: torch.Tensor, level: float) -> tor
         cdf = (w * torch.special.ndtr(zz / c)).sum((0, -1))
         return (cdf >= lo) & (cdf <= hi)
 
-    factors = torch.exp2(torch.linspace(*_SCORE_GRID, dtype=z.dtype, device=z.device))
+    factors = torch.exp2(torch.linspace(*SCORE_GRID, dtype=z.dtype, device=z.device))
     log_grid = factors.log()
     covered = torch.stack([inside(weight, z, float(c)) for c in factors])  # (K, n)
     k = log_grid.numel()
@@ -178,7 +184,7 @@ def _pool_shaped_mixtures(own: dict, fits: list[dict], batches):
     With the fits' posterior trees ``fits``, their means :math:`m_k(x)` and offsets
     :math:`d_k = m_k - \\bar m`, the mixture is :math:`\\frac1K \\sum_k F(y - d_k(x))`,
     ``own``'s predictive :math:`F` moved by each offset: ``(S, n, K M)`` components
-    (:func:`~pyro_trees.models._vart_mixture._row_mixtures`'s ``(S, n, M)`` with one fit,
+    (:func:`~pyro_trees.models.row_mixtures`'s ``(S, n, M)`` with one fit,
     when it is ``own``'s). It spreads as the pooled predictive does (each fit's spread
     about its mean, and the fits' offsets), but around a mean that never saw the row.
     """
@@ -233,159 +239,80 @@ def _mixture_scores(mixtures, level: float) -> torch.Tensor:
     return torch.cat(out)
 
 
-class _NoiseCalibration:
-    """The held-out noise calibration of :class:`~pyro_trees.estimators.VaRTRegressor`
-    (its ``calibrate_noise``, ``calibration_level`` and ``min_calibration_rows``): the
-    factor on the leaf noise, the coverage scores behind it and the cross-fitted folds.
-    Uses the estimator's posterior trees (``_raw_leaves``) and fits (``_fit_split``,
-    ``_refit``)."""
+@dataclass(frozen=True)
+class NoiseCalibration:
+    """The held-out noise calibration rule of :class:`~pyro_trees.estimators.VaRTRegressor`
+    (its ``calibrate_noise``, ``calibration_level``, ``min_calibration_rows`` and
+    ``refit``): how many folds score rows, and the factor on the leaf noise those
+    scores and the held-out log densities give. It reads predictive mixtures and
+    scores; the estimator supplies them (its posterior trees, its cross-fitted folds).
 
-    def _calibration_rule(self) -> str | None:
-        """``calibrate_noise`` checked: ``"likelihood"``, ``"coverage"`` or ``None``."""
-        rule = self.calibrate_noise
-        if rule is True:
-            return "likelihood"
-        if rule is None or rule is False:
-            return None
-        if rule not in ("likelihood", "coverage"):
-            raise ValueError(
-                "calibrate_noise must be 'coverage', 'likelihood', None, True or False, "
-                f"got {rule!r}"
-            )
-        return rule
+    :param rule: ``"coverage"``, ``"likelihood"`` or ``None`` (no calibration).
+    :param float level: the interval probability the coverage rule calibrates.
+    :param min_rows: score at least this many rows by cross-fitting, or ``None``.
+    :param bool refit: whether the fits were refitted (the coverage rule then takes
+        the conformal quantile as it is, below one too).
+    """
 
-    def _calibration_folds(self, n: int, n_val: int, rule) -> int:
+    rule: str | None
+    level: float
+    min_rows: int | None = None
+    refit: bool = False
+
+    @classmethod
+    def of(cls, est) -> NoiseCalibration:
+        """The rule of an estimator's parameters (``calibrate_noise=True`` is
+        ``"likelihood"``, ``False`` is ``None``)."""
+        rule = est.calibrate_noise
+        rule = "likelihood" if rule is True else None if rule is None or rule is False else rule
+        return cls(rule, float(est.calibration_level), est.min_calibration_rows, bool(est.refit))
+
+    def folds(self, n: int, n_val: int) -> int:
         """Folds whose held-out scores set the coverage factor: 1 (the held-out split
-        alone) or, with ``min_calibration_rows``, enough disjoint splits of ``n_val`` rows
-        for that many rows, at most ``n // n_val``."""
-        m = self.min_calibration_rows
-        if m is None:
+        alone) or, with ``min_rows``, enough disjoint splits of ``n_val`` rows for that
+        many rows, at most ``n // n_val``."""
+        if self.min_rows is None or not n_val or self.rule != "coverage":
             return 1
-        if isinstance(m, bool) or int(m) != m or m < 1:
-            raise ValueError(f"min_calibration_rows must be a positive integer or None, got {m!r}")
-        if not n_val or rule != "coverage":
-            return 1
-        return max(1, min(math.ceil(int(m) / n_val), n // n_val))
-
-    def _fold_scores(self, X, y, perm, n_val: int, k: int, fits: list[dict]) -> torch.Tensor:
-        """Coverage scores of fold ``k``'s rows ``perm[k n_val : (k + 1) n_val]`` under one
-        fit that holds them out (for early stopping, as each of the estimator's fits does
-        with its own fold), seeded ``seed_ + k``, in the pool's shape
-        (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
-        estimator's fits, whose posterior trees are ``fits``: :meth:`_all_fit_leaves`)."""
-        rows, rest = fold_rows(perm, n_val, k)
-        params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
-        params.update(progress=False, random_state=self._seed() + k, n_fits=1)
-        other = type(self)(**params)
-        other.seed_ = self._seed() + k
-        self._share_inputs(other)
-        gen = torch.Generator().manual_seed(other.seed_)
-        ((Xva, yva),) = other._fit_members(X, y, torch.cat([rows, rest]), n_val, gen)
-        other.noise_factor_, other._tree_samples = 1.0, None
-        batches = self._calibration_batches(
-            Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
-        )
-        mixtures = _pool_shaped_mixtures(other._raw_leaves(), fits, batches)
-        scores = _mixture_scores(mixtures, float(self.calibration_level))
-        return self.ranks_.gather(scores)
-
-    def _all_fit_leaves(self) -> list[dict]:
-        """:meth:`_fit_leaves` of every fit."""
-        return [self._fit_leaves(j) for j in range(len(fitted_guides(self)))]
-
-    def _fit_leaves(self, j: int) -> dict:
-        """Fit ``j``'s own posterior trees (factor-1 noise), which score its held-out
-        fold: the estimator's ``_raw_leaves`` when it has one fit, else ``num_samples``
-        hard trees of ``guides_[j]`` seeded ``seed_ + 1 + j * MEMBER_SEED``."""
-        guides = fitted_guides(self)
-        if len(guides) == 1:
-            return self._raw_leaves()
-        like = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-        seed = self._seed() + 1 + j * MEMBER_SEED
-        return self._stack(hard_guide_draws(guides[j], int(self.num_samples), like, seed))
+        return max(1, min(math.ceil(int(self.min_rows) / n_val), n // n_val))
 
     @torch.no_grad()
-    def _calibrate_noise(self, held, extra=(), fits=None) -> float:
-        """The noise factor :math:`c` of ``calibrate_noise`` from each fit's held-out
-        standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``, ``(n_j,)``, one
-        per fit in the order of ``guides_``; ``extra``: cross-fitted folds' scores;
-        ``fits``: the fits' posterior trees (default: :meth:`_all_fit_leaves`).
+    def factor(self, held, extra=(), *, num_samples: int, num_fits: int, ranks):
+        """The noise factor :math:`c` and what it was read from.
 
-        Each fit's rows are read under its own ``num_samples`` posterior trees (factor 1;
-        the pooled trees when there is one fit), which never saw them, in the pool's shape
-        (:func:`_pool_shaped_mixtures`: moved by every fit's offset from the fits' mean):
-        the log predictive density :math:`\\ell(c) = \\sum_j \\log \\frac1S
-        \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log-spaced grid, summed over
-        the fits, and each row's coverage score (:func:`_coverage_scores`); all are stored
-        in ``noise_calibration_`` (``grid``, ``log_density``, ``scores``, ``level``,
-        ``confidence`` of the coverage rule's shrinking bound, ``rule``: the rule that
-        chose the factor, ``"likelihood"`` where the coverage
-        rule had too few rows)."""
-        level = float(self.calibration_level)
-        fits = self._all_fit_leaves() if fits is None else fits
+        Each fit's held-out rows come as their predictive mixtures at factor 1, in the
+        pool's shape (``held``: one iterable of ``(y, logits, loc, scale)`` batches per
+        fit, :func:`_pool_shaped_mixtures`); ``extra``: the coverage scores of
+        cross-fitted folds. The log predictive density :math:`\\ell(c) = \\sum_j \\log
+        \\frac1S \\sum_s p(y_j \\mid x_j, T_s, \\Theta_s, c)` on a log grid is summed
+        over the fits and ranks, and each row's coverage score (:func:`_coverage_scores`)
+        gathered.
+
+        :returns: ``(c, record)``; ``record`` (the estimator's ``noise_calibration_``)
+            holds ``grid``, ``log_density``, ``scores``, ``fold_scores``, ``level``,
+            ``confidence`` (of the coverage rule's shrinking bound) and ``rule`` (the
+            rule that chose the factor: ``"likelihood"`` where the coverage rule had too
+            few rows).
+        """
         total, scores = 0.0, []
-        for j, (Xva, yva) in enumerate(held):
-            batches = self._calibration_batches(Xva, yva, parts=len(fits))
-            mixtures = _pool_shaped_mixtures(fits[j], fits, batches)
-            grid, curve, s = _held_out_curves(mixtures, level, int(self.num_samples))
+        for mixtures in held:
+            grid, curve, s = _held_out_curves(mixtures, self.level, int(num_samples))
             total, scores = total + curve, [*scores, s]
-        ranks = self.ranks_  # sharded: every rank's held-out rows
-        total, scores = ranks.sum(total), ranks.gather(torch.cat(scores))
+        total, scores = ranks.sum(total), ranks.gather(torch.cat(scores))  # every rank's rows
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
-        # refit: the rows chose no parameters; a pool: see the n_fits docstring
-        confidence = None if self.refit or len(fits) > 1 else 0.95
-        c_cov = _coverage_factor(pooled, level, confidence)
-        rule = self._calibration_rule()
+        # refit: the rows chose no parameters; a pool: see VaRTRegressor's n_fits
+        confidence = None if self.refit or num_fits > 1 else 0.95
+        c_cov = coverage_factor(pooled, self.level, confidence)
+        rule = self.rule
         if rule == "coverage" and c_cov is None:
             rule = "likelihood"
-        self.noise_calibration_ = {
+        record = {
             "grid": grid.cpu().numpy(),
             "log_density": total.cpu().numpy(),
             "scores": scores.cpu().numpy(),
             "fold_scores": [e.cpu().numpy() for e in extra],
-            "level": level,
+            "level": self.level,
             "rule": rule,
             "confidence": confidence,
         }
-        return c_cov if rule == "coverage" else c_lik
-
-    @torch.no_grad()
-    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
-        """Each row's coverage score: the least noise factor (relative to the fitted
-        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
-        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
-        the ``num_samples`` trees and their leaves) for every larger factor (log grid
-        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
-
-        A row is inside the ``level`` interval of the calibrated predictive iff its
-        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
-        factor from these scores on the held-out rows
-        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
-        estimates the same interval from ``num_samples`` draws.
-
-        :param X: ``(N, L)``.
-        :param y: ``(N,)``.
-        :param level: default ``calibration_level``.
-        :returns: ``(N,)`` scores.
-        """
-        level = check_level(self.calibration_level if level is None else level)
-        Xs = self._prepare(X)
-        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
-
-    def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
-        """:meth:`coverage_scores` of standardised (and clipped) rows."""
-        tree = self._raw_leaves()
-        mixtures = ((yb, *_row_mixtures(tree, xb)) for xb, yb in self._calibration_batches(Xs, ys))
-        return _mixture_scores(mixtures, level).cpu().numpy()
-
-    def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
-        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
-        ``member * MEMBER_SEED`` for the further fits of ``n_fits``), trained on
-        ``train_idx`` for the number of steps early stopping chose (``stopped``, the
-        stopped fit's :class:`~pyro_trees.infer.FitResult`: its ``best_step``, at least
-        1), replaces the stopped one."""
-        steps = max(int(stopped.best_step or 0), 1)
-        seed = int(seed) + _REFIT_SEED + int(member) * MEMBER_SEED
-        gen = torch.Generator().manual_seed(seed)
-        self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)
+        return (c_cov if rule == "coverage" else c_lik), record

@@ -40,7 +40,7 @@ def _split_importances(guide, Xs: torch.Tensor, ranks=None) -> np.ndarray:
 
 
 @torch.no_grad()
-def _most_probable_tree(guide, x_scaler=None) -> dict:
+def most_probable_tree(guide, x_scaler=None) -> dict:
     """The most probable tree under ``guide``
     (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as nested dicts, with
     its unreachable regions folded away (the rules of :func:`_export_text`).
@@ -106,16 +106,9 @@ def _most_probable_tree(guide, x_scaler=None) -> dict:
 
 @torch.no_grad()
 def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 3) -> str:
-    """The most probable tree under the guide
-    (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style
-    of ``sklearn.tree.export_text``.
-
-    Splits are oblique (:math:`x` goes left iff :math:`\\tilde\\mu_i^\\top x > 0`); each
-    is printed as its dominant feature (largest standardised weight, its share in
-    brackets) with the threshold where the rule flips when the other inputs sit at
-    their training means. Leaves (linear models) print their prediction at the
-    training mean of the inputs, their noise scale and their three largest slopes.
-    A guide of missing inputs marks the side a missing input of the split's feature
+    """:meth:`VaRTRegressor.export_text <pyro_trees.estimators.VaRTRegressor.export_text>`
+    of a fitted guide and the estimator's scalers (the rules it prints are described
+    there). A guide of missing inputs marks the side a missing input of the split's feature
     mostly takes (``or missing``, with the guide's mean probability of that side).
 
     Unreachable regions are not printed: a split on a single feature (every split in
@@ -168,7 +161,7 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
             lines.append(f"{indent}{name(j)} {op} {t:.{decimals}f}  [{share:.0%}]{note}")
             visit(child, level + 1)
 
-    visit(_most_probable_tree(g, x_scaler), 0)
+    visit(most_probable_tree(g, x_scaler), 0)
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +209,7 @@ def _importance_draws(samples: dict, site, depth: int, Xs: torch.Tensor) -> np.n
 def _node_reach(beta: torch.Tensor, rho, Xs: torch.Tensor) -> torch.Tensor:
     """:math:`P(x \\to i)` of every node ``([K,] N, 2**(D+1) - 1)`` for the splits
     ``beta`` ``([K,] 2**D - 1, L + 1)`` at the standardised rows ``Xs`` ``(N, L)``; rows
-    with missing inputs (NaN) go by :func:`~pyro_trees.models._vart_mixture.route_log_probs`
+    with missing inputs (NaN) go by :func:`~pyro_trees.models.vart_mixture.route_log_probs`
     with ``rho`` ``([K,] 2**D - 1)``."""
     x1, missing = observed(with_bias(Xs))
     if missing is None:

@@ -1,6 +1,9 @@
 """The posterior trees behind every prediction of
-:class:`~pyro_trees.estimators.VaRTRegressor`: drawn once from the guide with a fixed
-seed, stacked and cut to their leaves, and the predictive sites of the model under them.
+:class:`~pyro_trees.estimators.VaRTRegressor` (and its forest), an object the estimator
+holds (:class:`PosteriorTrees`): drawn once from the guides with a fixed seed, stacked
+and cut to their leaves, and what prediction reads from them (the predictive sites of
+the model, the function draws, the exact mixture's spread and quantiles). The
+classifier uses the draws' helpers (:func:`pooled_guide_draws`, :func:`prior_rho_sites`).
 """
 
 from __future__ import annotations
@@ -8,7 +11,6 @@ from __future__ import annotations
 import copy
 import math
 
-import numpy as np
 import pyro
 import torch
 from pyro.infer import Predictive
@@ -23,35 +25,9 @@ from pyro_trees.models import leaf_tree as _leaf_tree
 from pyro_trees.models import row_mixtures as _row_mixtures
 from pyro_trees.models import stack_trees as _stack_trees
 
-
-def clip_to_training_range(est, Xs: torch.Tensor) -> torch.Tensor:
-    """Standardised inputs clipped to the training rows' range (``est.x_min_``,
-    ``est.x_max_``) widened by ``est.clip_margin`` times its width on each side
-    (``clip_margin=None``, or no range yet: unchanged)."""
-    if est.clip_margin is not None and getattr(est, "x_min_", None) is not None:
-        pad = float(est.clip_margin) * (est.x_max_ - est.x_min_)
-        Xs = torch.minimum(torch.maximum(Xs, est.x_min_ - pad), est.x_max_ + pad)
-    return Xs
-
-
 #: seeds the prior draws of ``rho`` (where a missing input goes) for posterior trees of
 #: a fit without missing values, offset from ``seed_``
 MISSING_SEED = 7919
-
-
-def training_range(ranks, Xtr: torch.Tensor):
-    """``(x_min, x_max)`` ``(L,)``: each feature's range over the training rows ``Xtr``
-    (all ranks' rows, :meth:`Ranks.min <pyro_trees.estimators._distributed.Ranks.min>`),
-    missing values (NaN) left out; a feature with no observed value has range
-    ``[0, 0]`` (its standardised mean), so that new values of it are clipped there."""
-    missing = torch.isnan(Xtr)
-    if not bool(missing.any()):
-        return ranks.min(Xtr.min(0).values), ranks.max(Xtr.max(0).values)
-    lo = torch.where(missing, math.inf, Xtr).min(0).values
-    hi = torch.where(missing, -math.inf, Xtr).max(0).values
-    seen = ~missing.all(0)
-    zero = torch.zeros_like(lo)
-    return ranks.min(torch.where(seen, lo, zero)), ranks.max(torch.where(seen, hi, zero))
 
 
 def prior_rho_sites(model, samples: dict, depth: int, seed: int) -> dict:
@@ -130,44 +106,125 @@ def pooled_guide_draws(guides, num_samples: int, like: torch.Tensor, seed: int) 
     return {k: torch.cat([d[k] for d in draws]) for k in draws[0]}
 
 
-class _PosteriorTrees:
-    """Prediction machinery of :class:`~pyro_trees.estimators.VaRTRegressor`: the inputs
-    clipped as new rows, the ``num_samples`` hard posterior trees (cached, redrawn with
-    the same seed after unpickling) and the model's predictive sites under them."""
+def stack_tree(samples: dict, model, depth: int) -> dict:
+    """A single tree's posterior draws by site (``rho`` included), stacked and cut to
+    their leaves (:func:`_leaf_tree`)."""
+    return _leaf_tree(_stack_trees(samples, depth))
 
-    def _prepare(self, X) -> torch.Tensor:
-        return self._clip(self._validate_predict(X))
 
-    def _clip(self, Xs: torch.Tensor) -> torch.Tensor:
-        return clip_to_training_range(self, Xs)
+class PosteriorTrees:
+    """The ``num_samples`` hard posterior trees behind every prediction of a fitted
+    :class:`~pyro_trees.estimators.VaRTRegressor` (or forest), and what prediction reads
+    from them: drawn once from the fits' guides (:func:`pooled_guide_draws`, seeded
+    ``seed + 1``), every leaf's noise scale times ``noise_factor``, stacked and cut to
+    their leaves by ``stack`` (``rho`` drawn from its prior, seeded ``seed +
+    MISSING_SEED``, for a fit without missing values). All inputs and outputs are
+    standardised. The estimator holds one (:meth:`of`), redrawn after unpickling.
 
-    def _posterior_trees(self) -> dict:
-        """``num_samples`` hard trees from the guide, drawn once with a fixed seed."""
-        if getattr(self, "_tree_samples", None) is None:
-            dummy = torch.zeros(1, self.n_features_in_, dtype=self.dtype_, device=self.device_)
-            _check_prediction_memory(
-                self.guide_.depth, int(self.num_samples), self.n_features_in_, dummy.device
-            )
-            samples = pooled_guide_draws(
-                fitted_guides(self), int(self.num_samples), dummy, self._seed() + 1
-            )
-            shift = math.log(getattr(self, "noise_factor_", 1.0))
-            if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor_
-                for key in samples:
-                    if key.startswith("log_sigma"):  # a tree's leaves, or a forest's
-                        samples[key] = samples[key] + shift
-            self._tree_samples = samples
-        return self._tree_samples
+    :param guides: the fits' guides.
+    :param model: the fitted model.
+    :param int depth: the guides' truncation depth.
+    :param int num_samples: posterior draws, shared out among the fits.
+    :param int seed: the fit's ``seed_``.
+    :param like: one dummy input row ``(1, L)`` (its dtype and device).
+    :param float noise_factor: the calibrated factor on the leaves' noise.
+    :param stack: ``stack(samples, model, depth)``: the draws as leaf trees
+        (:func:`stack_tree`, or the forest's).
+    """
 
-    def _predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed_offset: int):
-        samples, model = self._posterior_trees(), self.model_
+    def __init__(
+        self, guides, model, *, depth, num_samples, seed, like, noise_factor=1.0, stack=stack_tree
+    ):
+        self.guides, self.model, self.depth = list(guides), model, int(depth)
+        self.num_samples, self.seed, self.like = int(num_samples), int(seed), like
+        self.noise_factor, self.stack_fn = float(noise_factor), stack
+        self.n_trees = getattr(self.guides[0], "n_trees", 1)
+        _check_prediction_memory(self.depth, self.num_samples, like.shape[-1], like.device)
+        samples = pooled_guide_draws(self.guides, self.num_samples, like, self.seed + 1)
+        shift = math.log(self.noise_factor)
+        if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor
+            for key in samples:
+                if key.startswith("log_sigma"):  # a tree's leaves, or a forest's
+                    samples[key] = samples[key] + shift
+        self.samples = samples
+        self._leaves = None
+
+    @classmethod
+    def of(cls, est) -> PosteriorTrees:
+        """The posterior trees of a fitted estimator (its ``seed_``, ``noise_factor_``
+        and ``_stack_posterior``)."""
+        like = torch.zeros(1, est.n_features_in_, dtype=est.dtype_, device=est.device_)
+        return cls(
+            fitted_guides(est),
+            est.model_,
+            depth=est.guide_.depth,
+            num_samples=int(est.num_samples),
+            seed=est._seed(),
+            like=like,
+            noise_factor=getattr(est, "noise_factor_", 1.0),
+            stack=est._stack_posterior,
+        )
+
+    def prior_rho(self, samples: dict) -> dict:
+        """``rho_d`` sites for the draws ``samples`` of a fit that saw no missing value
+        (:func:`prior_rho_sites`, seeded ``seed + MISSING_SEED``: the same draws at every
+        call and after pickling); empty for one that did."""
+        return prior_rho_sites(self.model, samples, self.depth, self.seed + MISSING_SEED)
+
+    def stack(self, samples: dict) -> dict:
+        """Draws by site, stacked and cut to their leaves (``rho`` from its prior where
+        the fit saw no missing value)."""
+        return self.stack_fn({**samples, **self.prior_rho(samples)}, self.model, self.depth)
+
+    def leaves(self) -> dict:
+        """:meth:`stack` of the posterior draws, cached."""
+        if self._leaves is None:
+            self._leaves = self.stack(self.samples)
+        return self._leaves
+
+    def raw_leaves(self) -> dict:
+        """:meth:`leaves` with factor-1 noise."""
+        tree = self.leaves()
+        shift = math.log(self.noise_factor)
+        return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
+
+    def fit_leaves(self, j: int) -> dict:
+        """Fit ``j``'s own posterior trees (factor-1 noise), which score its held-out
+        fold: :meth:`raw_leaves` when there is one fit, else ``num_samples`` hard trees
+        of guide ``j`` seeded ``seed + 1 + j * MEMBER_SEED``."""
+        if len(self.guides) == 1:
+            return self.raw_leaves()
+        seed = self.seed + 1 + j * MEMBER_SEED
+        return self.stack(hard_guide_draws(self.guides[j], self.num_samples, self.like, seed))
+
+    def all_fit_leaves(self) -> list[dict]:
+        """:meth:`fit_leaves` of every fit."""
+        return [self.fit_leaves(j) for j in range(len(self.guides))]
+
+    @property
+    def row_nodes(self) -> int:
+        """Nodes per posterior draw and row that prediction holds at once (batching)."""
+        return 2 ** (self.depth + 1) * self.n_trees
+
+    def batches(self, *tensors: torch.Tensor, parts: int = 1):
+        """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
+        their ``(S, rows, parts M)`` double mixture tensors fit the prediction budget."""
+        nodes = self.row_nodes * int(parts)
+        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * self.num_samples * nodes))
+        for start in range(0, tensors[0].shape[0], rows):
+            yield tuple(t[start : start + rows] for t in tensors)
+
+    def predictive(self, Xs: torch.Tensor, sites: tuple[str, ...], seed: int) -> dict:
+        """The model's ``sites`` under the posterior draws at rows ``Xs`` ``(N, L)``,
+        each ``(num_samples, N)``, seeded ``seed`` (the global streams left alone)."""
+        samples, model = self.samples, self.model
         if bool(torch.isnan(Xs).any()) and not model.missing:  # rho from its prior
-            samples = {**samples, **self._prior_rho(samples)}
+            samples = {**samples, **self.prior_rho(samples)}
             model = missing_model(model)
-        rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * self._row_nodes()))
+        rows = max(1, PREDICT_BYTES // (8 * 4 * self.num_samples * self.row_nodes))
         out = {s: [] for s in sites}
         with (
-            local_seed(self._seed() + seed_offset, Xs.device),
+            local_seed(seed, Xs.device),
             pyro.settings.context(module_local_params=True),
             pyro.validation_enabled(False),
             torch.no_grad(),
@@ -179,80 +236,28 @@ class _PosteriorTrees:
                 res = pred(Xs[start : start + rows])
                 for s in sites:  # a forest's sites keep its summed trees dim: (S, 1, n)
                     out[s].append(res[s].reshape(res[s].shape[0], -1))
-        return {s: self._outputs(torch.cat(v, dim=-1)) for s, v in out.items()}
-
-    def _raw_leaves(self) -> dict:
-        """The trees of :meth:`_leaf_trees` with factor-1 noise."""
-        tree = self._leaf_trees()
-        shift = math.log(getattr(self, "noise_factor_", 1.0))
-        return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
-
-    def _leaf_trees(self) -> dict:
-        """The posterior trees of ``_posterior_trees`` stacked and cut to their leaves
-        (:func:`_leaf_tree`), cached alongside the draws they come from."""
-        samples = self._posterior_trees()
-        cache = getattr(self, "_leaf_cache", None)
-        if cache is None or cache[0] is not samples:
-            cache = (samples, self._stack(samples))
-            self._leaf_cache = cache
-        return cache[1]
-
-    def _function_draws(self, Xs: torch.Tensor) -> np.ndarray:
-        """:meth:`sample_function` of standardised rows, every posterior tree."""
-        tree = self._leaf_trees()
-        nodes = self._row_nodes()
-        rows = max(1, PREDICT_BYTES // (8 * 4 * int(self.num_samples) * nodes))
-        out = []
-        with torch.no_grad():
-            for start in range(0, Xs.shape[0], rows):
-                logits, means, _ = _leaf_mixtures(tree, Xs[start : start + rows])
-                out.append((logits.softmax(-1) * means).sum(-1))
-        return self._outputs(torch.cat(out, -1))
-
-    def _stack(self, samples: dict) -> dict:
-        """The posterior draws by site, stacked and cut to their leaves (with ``rho``
-        drawn from its prior for a fit without missing values, :meth:`_prior_rho`)."""
-        samples = {**samples, **self._prior_rho(samples)}
-        return _leaf_tree(_stack_trees(samples, self.guide_.depth))
-
-    def _prior_rho(self, samples: dict) -> dict:
-        """``rho_d`` sites for the posterior draws ``samples`` of a fit that saw no
-        missing value (:func:`prior_rho_sites`, seeded ``seed_ + MISSING_SEED``: the same
-        draws at every call and after pickling); empty for one that did."""
-        seed = self._seed() + MISSING_SEED
-        return prior_rho_sites(self.model_, samples, self.guide_.depth, seed)
-
-    def _row_nodes(self) -> int:
-        """Nodes per posterior draw and row that prediction holds at once (batching)."""
-        return 2 ** (self.guide_.depth + 1) * getattr(self.guide_, "n_trees", 1)
-
-    def _take(self, draws: np.ndarray, num_samples) -> np.ndarray:
-        if num_samples is not None:
-            num_samples = int(num_samples)
-            if not 1 <= num_samples <= int(self.num_samples):
-                raise ValueError(
-                    f"num_samples must lie in [1, {self.num_samples}] (the estimator's "
-                    f"num_samples: one function draw per posterior tree), got {num_samples}"
-                )
-            draws = draws[:num_samples]
-        return draws
-
-    def _calibration_batches(self, *tensors: torch.Tensor, parts: int = 1):
-        """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that
-        their ``(S, rows, parts M)`` double mixture tensors fit the prediction budget."""
-        nodes = self._row_nodes() * int(parts)
-        rows = max(1, PREDICT_BYTES // (ROW_BYTES_PER_NODE * int(self.num_samples) * nodes))
-        for start in range(0, tensors[0].shape[0], rows):
-            yield tuple(t[start : start + rows] for t in tensors)
+        return {s: torch.cat(v, dim=-1) for s, v in out.items()}
 
     @torch.no_grad()
-    def _mixture_std(self, Xs: torch.Tensor) -> torch.Tensor:
-        """Standard deviations ``(N,)`` of the posterior predictive at standardised rows
-        ``Xs`` ``(N, L)``: the Gaussian mixture over the ``num_samples`` trees and their
-        leaves, calibrated noise included."""
-        tree = self._leaf_trees()
+    def function_draws(self, Xs: torch.Tensor) -> torch.Tensor:
+        """The regression function under every posterior tree at rows ``Xs``,
+        ``(num_samples, N)``."""
+        tree = self.leaves()
+        rows = max(1, PREDICT_BYTES // (8 * 4 * self.num_samples * self.row_nodes))
+        out = []
+        for start in range(0, Xs.shape[0], rows):
+            logits, means, _ = _leaf_mixtures(tree, Xs[start : start + rows])
+            out.append((logits.softmax(-1) * means).sum(-1))
+        return torch.cat(out, -1)
+
+    @torch.no_grad()
+    def mixture_std(self, Xs: torch.Tensor) -> torch.Tensor:
+        """Standard deviations ``(N,)`` of the posterior predictive at rows ``Xs``
+        ``(N, L)``: the Gaussian mixture over the trees and their leaves, calibrated
+        noise included."""
+        tree = self.leaves()
         var = []
-        for (xb,) in self._calibration_batches(Xs):
+        for (xb,) in self.batches(Xs):
             logits, loc, scale = _row_mixtures(tree, xb)  # (S, n, M)
             weight = logits.exp() / logits.shape[0]
             m = (weight * loc).sum((0, -1))
@@ -261,18 +266,12 @@ class _PosteriorTrees:
         return torch.cat(var).sqrt()
 
     @torch.no_grad()
-    def _mixture_quantiles(self, Xs: torch.Tensor, probs) -> torch.Tensor:
+    def mixture_quantiles(self, Xs: torch.Tensor, probs) -> torch.Tensor:
         """Quantiles ``(len(probs), N)`` of that posterior predictive mixture at ``Xs``."""
-        tree = self._leaf_trees()
+        tree = self.leaves()
         out = []
-        for (xb,) in self._calibration_batches(Xs):
+        for (xb,) in self.batches(Xs):
             logits, loc, scale = _row_mixtures(tree, xb)
             weight = logits.exp() / logits.shape[0]
             out.append(_row_mixture_quantiles(*_compact_rows(weight, loc, scale), probs))
         return torch.cat(out, -1)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_tree_samples"] = None  # redrawn with the same seed after loading
-        state["_leaf_cache"] = None
-        return state

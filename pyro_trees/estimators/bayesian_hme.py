@@ -13,7 +13,16 @@ from tqdm.auto import tqdm
 
 from pyro_trees.distributions.mixture_quantiles import gaussian_mixture_quantiles
 from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._constraints import (
+    SEED_AND_DEVICE,
+    Anything,
+    Integer,
+    OneOf,
+    Real,
+    validate_params,
+)
 from pyro_trees.estimators._rng import local_seed
+from pyro_trees.estimators._template import fit_seed
 from pyro_trees.infer.bayesian_hme_vb import (
     SCHEDULES,
     VBData,
@@ -180,6 +189,23 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
 
     _multi_output = True
     _default_dtype = "float64"  # the closed-form updates need double precision
+    _parameter_constraints = {
+        **SEED_AND_DEVICE,
+        "max_experts": Integer(1, none=True),
+        "min_experts": Integer(1),
+        "topologies": Anything("_candidates (Topology objects, gate sets, nested pairs)"),
+        "n_restarts": Integer(1),
+        "n_iter": Integer(1),
+        "anneal": Anything("_schedules (a bool, a schedule's name or a list of them)"),
+        "tol": Real(0),
+        "prune_after": Integer(0, none=True),
+        "keep": Integer(1),
+        "grow": Integer(0),
+        "routing": OneOf(*_ROUTINGS),
+        "prior_a": Real(0, low_open=True),
+        "prior_b": Real(0, low_open=True),
+        "search_dtype": OneOf("float32", "float64", None),
+    }
 
     # ------------------------------------------------------------------ fitting
     def _max_experts(self, n: int, n_features: int) -> int:
@@ -232,19 +258,9 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         :raises ValueError: for NaN/inf, mismatched lengths, fewer points than experts,
             an invalid topology or invalid settings.
         """
-        self._routing(None)
+        validate_params(self)
         names = self._schedules()
         dtypes = {None: None, "float64": None, "float32": torch.float32}
-        if self.search_dtype not in dtypes:
-            raise ValueError(
-                f"search_dtype must be 'float32', 'float64' or None, got {self.search_dtype!r}"
-            )
-        for name in ("n_restarts", "n_iter", "keep"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.grow, bool) or not isinstance(self.grow, int) or self.grow < 0:
-            raise ValueError(f"grow must be an integer >= 0, got {self.grow!r}")
         if len(names) > self.n_restarts:
             raise ValueError(
                 f"n_restarts ({self.n_restarts}) must be at least the number of annealing "
@@ -265,10 +281,8 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
             if not ranks.sharded:
                 xs, ts = xs[ranks.rank :: ranks.size], ts[ranks.rank :: ranks.size]
             reduce = ranks.all_sum
-        seed = self.random_state
-        if seed is None:
-            seed = ranks.shared(int(torch.randint(0, 2**62, ()).item()))
-        generator = torch.Generator().manual_seed(int(seed))
+        self.seed_ = fit_seed(self.random_state, ranks)
+        generator = torch.Generator().manual_seed(self.seed_)
         sels = []
         stages = tqdm(
             total=len(names) + (self.grow > 0),

@@ -20,15 +20,22 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
-from pyro_trees.estimators._base import TabularEstimator
+from pyro_trees.estimators._constraints import (
+    EARLY_STOPPING,
+    SEED_AND_DEVICE,
+    Checked,
+    Integer,
+    OneOf,
+    Real,
+)
 from pyro_trees.estimators._rng import local_seed
+from pyro_trees.estimators._template import SVIEstimator, run_svi
 from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
 from pyro_trees.infer.collapsed_elbo import CollapsedELBO
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
-from pyro_trees.infer.fit import fit as _fit
 from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
-from pyro_trees.validation import check_level
+from pyro_trees.validation import check_level, resolve_dtype
 
 __all__ = ["HeteroscedasticGPRegressor"]
 
@@ -48,7 +55,7 @@ _PLATEAU_TOL = 1e-3
 _CLIP_MARGIN = 10.0
 
 
-class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
+class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
     """GP regression whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2).
 
     :param int depth: depth of the noise tree (``2**depth`` noise levels).
@@ -152,36 +159,33 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
         self.device = device
         self.progress = progress
 
+    _parameter_constraints = {
+        **SEED_AND_DEVICE,
+        **EARLY_STOPPING,
+        "depth": Integer(1),
+        "num_inducing": Integer(0, none=True),
+        "num_steps": Integer(0),
+        "lr": Real(0, low_open=True),
+        "tree_lr": Real(0, low_open=True),
+        "batch_size": Integer(1, none=True),
+        "init_steps": Integer(0),
+        "hidden_size": Integer(1),
+        "routing": OneOf(*_ROUTINGS),
+        "balance_weight": Real(),
+        "entropy_weight": Real(),
+        "dtype": Checked(resolve_dtype),
+    }
+
     # -- checks ------------------------------------------------------------------------------
-    def _check_options(self) -> None:
-        if self.routing not in _ROUTINGS:
-            raise ValueError(f"routing must be one of {_ROUTINGS}, got {self.routing!r}")
-        if self.num_inducing is not None and (
-            isinstance(self.num_inducing, bool)
-            or not isinstance(self.num_inducing, int)
-            or self.num_inducing < 0
-        ):
-            raise ValueError(
-                f"num_inducing must be an integer >= 0 or None, got {self.num_inducing!r}"
-            )
-        if self.batch_size is not None:
-            if self.num_inducing == 0:
-                raise ValueError("batch_size needs the sparse model: num_inducing=0 is exact")
-            if not isinstance(self.batch_size, int) or self.batch_size < 1:
-                raise ValueError(
-                    f"batch_size must be an integer >= 1 or None, got {self.batch_size!r}"
-                )
-        for name in ("num_steps", "init_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    def _check_params_together(self, sharded: bool) -> None:
+        if self.batch_size is not None and self.num_inducing == 0:
+            raise ValueError("batch_size needs the sparse model: num_inducing=0 is exact")
         self._check_early_stopping_options()
-        if not isinstance(self.eval_every, int) or self.eval_every < 1:
-            raise ValueError(f"eval_every must be an integer >= 1, got {self.eval_every!r}")
-        for name in ("lr", "tree_lr"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be a positive number, got {v!r}")
+        if sharded:
+            raise ValueError(
+                "HeteroscedasticGPRegressor does not train on sharded rows; pass every "
+                "row on every rank (sharded=False) with num_inducing and batch_size set"
+            )
 
     def _num_inducing(self, n: int) -> int:
         """Inducing points for ``n`` training rows (0: the exact GP); see ``num_inducing``."""
@@ -203,51 +207,25 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
                 "e.g. HeteroscedasticGPRegressor(num_inducing=256, batch_size=256)"
             )
 
-    # -- fitting ---------------------------------------------------------------------------------
-    def fit(self, X, y, *, sharded: bool = False):
-        """Fit the GP and its RNN-Tree noise model.
-
-        With an integer ``random_state`` the fit is reproducible and leaves the global
-        random streams (Python, NumPy, torch) as it found them; with ``None`` it draws
-        from them.
-
-        Under ``torchrun`` only the sparse model trained on minibatches is data-parallel
-        (``num_inducing=M`` and ``batch_size``, every rank passing the same rows): each
-        rank trains on its part of every minibatch; the start (the homoscedastic fit,
-        the inducing inputs) is computed on every rank from the same rows. The exact GP
-        and the collapsed bound need every row at every step and raise a
-        ``ValueError`` there.
-
-        :param X: ``(N, L)`` array-like.
-        :param y: ``(N,)`` real targets.
-        :param bool sharded: not supported (each rank passing its own rows): raises
-            ``ValueError``.
-        :returns: ``self``.
-        :raises ValueError: for invalid options or data, ``sharded=True``, or the exact
-            GP or the collapsed bound under ``torchrun``.
-        """
-        self._check_options()
-        if sharded:
-            raise ValueError(
-                "HeteroscedasticGPRegressor does not train on sharded rows; pass every "
-                "row on every rank (sharded=False) with num_inducing and batch_size set"
-            )
-        Xs, ys = self._validate_fit(X, y)
+    # -- the fit template's hooks ---------------------------------------------------------
+    def _before_fits(self, Xs: torch.Tensor, ys: torch.Tensor, split) -> None:
+        """Under ``torchrun`` only the sparse model trained on minibatches is
+        data-parallel (``num_inducing=M`` and ``batch_size``, every rank passing the same
+        rows; the start is computed on every rank from the same rows). Sets the range
+        that new inputs are clipped to (:meth:`_clip`)."""
         self._check_parallel(Xs.shape[0])
-        # the range that new inputs are clipped to (see _clip)
         self.x_min_, self.x_max_ = Xs.min(0).values, Xs.max(0).values
-        with local_seed(self._shared_seed(), self.device_):
-            self._fit_seeded(Xs, ys)
-        return self
 
-    def _fit_seeded(self, Xs: torch.Tensor, ys: torch.Tensor) -> None:
+    def _fit_one(self, j: int, Xs: torch.Tensor, ys: torch.Tensor, split, generator) -> None:
+        """The GP and its RNN-Tree noise model: started from a homoscedastic fit, trained
+        by the collapsed bound (or ``TreeELBO`` on minibatches), early-stopped on the
+        held-out negative log predictive density, else stopped on a plateau."""
         dtype = self.dtype_
         n, n_features = Xs.shape
         depth = trees.check_depth(self.depth, num_points=n, dtype=dtype)
         X_val = y_val = None
-        split = self._held_out_split(n)
-        if split is not None:
-            val, train = (torch.as_tensor(i, device=Xs.device) for i in split)
+        if split.n_val:
+            val, train = split.fold(0)
             if len(train) < 2:
                 raise ValueError(
                     f"validation_fraction={self.validation_fraction} leaves {len(train)} "
@@ -281,15 +259,8 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             return torch.optim.Adam([g for g in groups if g["params"]])
 
         collapsed = z is None or self.batch_size is None
-        if collapsed:
-            loss = CollapsedELBO(
-                balance_weight=self.balance_weight, entropy_weight=self.entropy_weight
-            )
-            kwargs = {}
-        else:
-            loss = TreeELBO(balance_weight=self.balance_weight, entropy_weight=self.entropy_weight)
-            # under torchrun each rank reads its share of the minibatch
-            kwargs = {"subsample_size": max(self.batch_size // self.ranks_.size, 1)}
+        weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
+        loss = CollapsedELBO(**weights) if collapsed else TreeELBO(**weights)
         val_metric = None
         if X_val is not None:
             X_cond, y_cond = (Xs, ys) if z is None else (None, None)
@@ -304,11 +275,13 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
         callback = None
         if X_val is None:
             callback = _plateau(n)
-        self.fit_result_ = _fit(
+        self.fit_result_ = run_svi(
+            self.ranks_,
             model,
             guide,
             Xs,
             ys,
+            batch=None if collapsed else self.batch_size,  # under torchrun: per rank
             loss=loss,
             num_steps=self.num_steps,
             optim=optimizer,
@@ -317,7 +290,6 @@ class HeteroscedasticGPRegressor(RegressorMixin, TabularEstimator):
             else EarlyStopping(val_metric, eval_every=self.eval_every, patience=self.patience),
             progress=self.progress and "HeteroscedasticGP",
             callback=callback,
-            **kwargs,
         )
         if z is not None and collapsed:
             with isolated_params():

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin, RegressorMixin
 
+from pyro_trees.estimators._constraints import Real
 from pyro_trees.estimators._rnn_tree_base import _RNNTreeBase
 
 __all__ = ["RNNTreeClassifier", "RNNTreeRegressor"]
@@ -110,6 +111,10 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
     """
 
     _multi_output = True
+    _parameter_constraints = {
+        **_RNNTreeBase._parameter_constraints,
+        "noise_scale": Real(0, low_open=True, none=True),
+    }
 
     def __init__(
         self,

@@ -7,39 +7,26 @@ References
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-import pyro
 import torch
-from pyro.infer import Trace_ELBO
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from pyro_trees.estimators._base import TabularEstimator
-from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
-from pyro_trees.estimators._missing import MissingInputs
-from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
+from pyro_trees.estimators._constraints import Boolean, Integer, OneOf, Real
+from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_calibration import (
     CALIBRATION_ROWS,
-    _NoiseCalibration,
-    fold_rows,
+    NoiseCalibration,
+    _mixture_scores,
+    _pool_shaped_mixtures,
 )
 from pyro_trees.estimators._vart_export import (
     _export_text,
     _importance_draws,
-    _split_importances,
 )
-from pyro_trees.estimators._vart_posterior import (
-    _PosteriorTrees,
-    check_n_fits,
-    training_range,
-)
-from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
-from pyro_trees.estimators.vart_memory import check_training_memory as _check_training_memory
-from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
-from pyro_trees.infer.fit import EarlyStopping, fit
-from pyro_trees.infer.vart_elbo import VaRTELBO
+from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits, clip_to_training_range
+from pyro_trees.estimators._vart_posterior import PosteriorTrees, stack_tree
+from pyro_trees.models import row_mixtures as _row_mixtures
 from pyro_trees.models import tree_mean
 from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level
@@ -47,9 +34,7 @@ from pyro_trees.validation import check_level
 __all__ = ["VaRTRegressor"]
 
 
-class VaRTRegressor(
-    MissingInputs, _NoiseCalibration, _PosteriorTrees, RegressorMixin, TabularEstimator
-):
+class VaRTRegressor(RegressorMixin, VaRTFits):
     """A variational regression tree (VaRT) with posterior predictive intervals.
 
     Fits :class:`~pyro_trees.models.VaRT` with the truncated guide
@@ -285,241 +270,133 @@ class VaRTRegressor(
         self.device = device
         self.progress = progress
 
+    _parameter_constraints = {
+        **VART_CONSTRAINTS,
+        "lr_decay": Real(0, low_open=True),
+        "calibrate_noise": OneOf("coverage", "likelihood", None, True, False),
+        "calibration_level": Real(0, 1, low_open=True, high_open=True),
+        "min_calibration_rows": Integer(1, none=True),
+        "refit": Boolean(),
+    }
+
     # ------------------------------------------------------------------ fitting
-    def _seed(self) -> int:
-        """The seed of the fit and of prediction sampling: ``seed_`` (set by ``fit``);
-        estimators pickled before ``seed_`` existed used ``random_state``, 0 for
-        ``None``."""
-        seed = getattr(self, "seed_", None)
-        if seed is None:
-            return 0 if self.random_state is None else int(self.random_state)
-        return int(seed)
-
-    def fit(self, X, y, *, sharded: bool = False):
-        """Fit the variational posterior on ``X`` ``(N, L)`` and ``y`` ``(N,)``.
-
-        ``X`` and ``y`` are standardised inside; predictions and intervals are in the
-        units of ``y``. Under ``torchrun`` the fit is data-parallel (see the guide's
-        "Estimators on several processes"): each rank trains on its part of every
-        minibatch and the fitted estimator is the same on every rank.
-
-        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
-        :param y: ``(N,)`` real targets.
-        :param bool sharded: under ``torchrun``, each rank passes only its own rows
-            (default: every rank passes all of them). The scalers, the clipping range,
-            held-out errors and the noise calibration then use every rank's rows
-            (all-reduced; the coverage scores gathered); each rank holds out
-            ``validation_fraction`` of its own rows, and ``init="data"`` picks its
-            split points among rank 0's rows (broadcast).
-        :returns: ``self``.
-        :raises ValueError: naming the cause, for invalid options or data.
-        """
-        if int(self.num_samples) < 1:
-            raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
-        if not 0 <= self.validation_fraction < 1:
-            raise ValueError(
-                f"validation_fraction must lie in [0, 1), got {self.validation_fraction}"
-            )
-        if self.clip_margin is not None and not float(self.clip_margin) >= 0:
-            raise ValueError(f"clip_margin must be >= 0 or None, got {self.clip_margin}")
-        if self.init not in ("data", "random"):
-            raise ValueError(f"init must be 'data' or 'random', got {self.init!r}")
-        if self.elbo not in ("vectorised", "trace"):
-            raise ValueError(f"elbo must be 'vectorised' or 'trace', got {self.elbo!r}")
-        if int(self.eval_every) < 1:
-            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
-        if not float(self.lr_decay) > 0:
-            raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
-        self._n_fits()
-        if not isinstance(self.refit, bool):
-            raise ValueError(f"refit must be True or False, got {self.refit!r}")
-        rule = self._calibration_rule()
-        check_level(self.calibration_level, "calibration_level")
-        if sharded and self.elbo == "trace":
-            raise ValueError("sharded=True needs elbo='vectorised' (the default)")
-        X, y = self._validate_fit(X, y, sharded=sharded)
-        self._note_missing(X)
-        ranks = self.ranks_
-        n = X.shape[0]
-        if self.random_state is None:  # unseeded: a seed from the global torch stream
-            self.seed_ = ranks.shared(int(torch.randint(2**31, ()).item()))
-        else:
-            self.seed_ = int(self.random_state)
-        gen = torch.Generator().manual_seed(self._seed())
-        n_val = 0
-        if self.validation_fraction > 0:  # at least 10 held-out rows where n allows it
-            n_val = max(int(round(self.validation_fraction * n)), min(10, n // 5))
-            if n_val < 4:
-                n_val = 0
-        if ranks.spread and not ranks.min(n_val):  # every shard holds out rows, or none
-            n_val = 0
-        if n_val:
-            perm = torch.randperm(n, generator=gen).to(X.device)
-        else:
-            perm = torch.arange(n, device=X.device)
-        num_folds = int(ranks.min(self._calibration_folds(n, n_val, rule)))
-        held = self._fit_members(X, y, perm, n_val, gen)
+    def _after_fit(self, X, y, split: HeldOut, fits: list) -> None:
+        """The noise calibration on the fits' held-out rows (and, with
+        ``min_calibration_rows``, cross-fitted folds), then the posterior trees drawn
+        once: predicting changes no attribute."""
+        held = self._pool(fits)
+        calibration = NoiseCalibration.of(self)
+        ranks, n, n_val = self.ranks_, X.shape[0], split.n_val
+        num_folds = int(ranks.min(calibration.folds(n, n_val)))
         self.noise_factor_ = 1.0
         self._tree_samples = None
-        if n_val and rule is not None:  # the held-out rows are in random order
+        if n_val and calibration.rule is not None:  # the held-out rows are in random order
             # the fits' own folds are scored; cross-fitting adds the folds after them
             first = int(ranks.min(min(len(held), n // n_val)))
-            fits = self._all_fit_leaves()  # each fit's posterior trees, drawn once
-            extra = [self._fold_scores(X, y, perm, n_val, k, fits) for k in range(first, num_folds)]
+            fits = self._posterior().all_fit_leaves()  # each fit's trees, drawn once
+            extra = [self._fold_scores(X, y, split, k, fits) for k in range(first, num_folds)]
             rows = -(-CALIBRATION_ROWS // ranks.size) if ranks.spread else CALIBRATION_ROWS
             rows = -(-rows // len(held))  # shared among the fits
             held = [(Xva[:rows], yva[:rows]) for Xva, yva in held]
             self.noise_factor_ = self._calibrate_noise(held, extra, fits)
             self._tree_samples = None
-        self._leaf_trees()  # drawn here once: predicting changes no attribute
-        return self
+        self._posterior().leaves()  # drawn here once: predicting changes no attribute
 
-    def _fit_members(self, X, y, perm, n_val: int, gen):
-        """The ``n_fits`` fits of ``fit``. Fit :math:`j` holds out fold
-        :math:`k = j \\bmod \\lfloor N / n_{val} \\rfloor`, the rows
-        ``perm[k n_val : (k + 1) n_val]`` (none when ``n_val`` is 0), for early stopping
-        and calibration, and learns from the other rows: stopped on its fold, then with
-        ``refit`` replaced by a fresh fit of its number of steps. The first is seeded
-        by ``gen`` and ``seed_``, fit :math:`j` by ``seed_ + j * MEMBER_SEED``. Sets
-        ``guides_`` (``guide_`` is the first), ``fit_results_``, ``stopping_results_``
-        (``stopping_result_`` is the first; empty and ``None`` without ``refit``), the
-        averaged ``feature_importances_`` and the clipping range of every fit's training
-        rows; returns each fit's held-out rows, standardised and clipped as it saw them."""
-        n_fits = self._n_fits()
-        num_folds = max(X.shape[0] // n_val, 1) if n_val else 1
-        refit = bool(n_val) and self.refit
-        members, held, stops, ranges = [], [], [], []
-        for j in range(n_fits):
-            val_idx, train_idx = fold_rows(perm, n_val, j % num_folds)
-            seed = self._seed() + j * MEMBER_SEED
-            gen_j = gen if j == 0 else torch.Generator().manual_seed(seed)
-            held.append(self._fit_split(X, y, val_idx, train_idx, gen_j, seed=seed))
-            if refit:
-                stops.append(self.fit_result_)
-                self._refit(X, y, val_idx, train_idx, stops[-1], self._seed(), member=j)
-            members.append((self.guide_, self.fit_result_, self.feature_importances_))
-            ranges.append((self.x_min_, self.x_max_))
-        self.guides_ = [m[0] for m in members]
-        self.fit_results_ = [m[1] for m in members]
-        self.guide_, self.fit_result_ = self.guides_[0], self.fit_results_[0]
-        self.stopping_results_ = stops
-        self.stopping_result_ = stops[0] if stops else None
-        self.feature_importances_ = np.mean([m[2] for m in members], axis=0)
-        self.x_min_ = functools.reduce(torch.minimum, [r[0] for r in ranges])
-        self.x_max_ = functools.reduce(torch.maximum, [r[1] for r in ranges])
-        return held
+    def _calibrate_noise(self, held, extra=(), fits=None) -> float:
+        """The noise factor of ``calibrate_noise`` (:class:`NoiseCalibration`) from each
+        fit's held-out standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``,
+        ``(n_j,)``, one per fit in the order of ``guides_``; ``extra``: cross-fitted
+        folds' scores; ``fits``: the fits' posterior trees (default:
+        :meth:`PosteriorTrees.all_fit_leaves`). Each fit's rows are read under its own
+        posterior trees (factor 1), which never saw them, in the pool's shape
+        (:func:`_pool_shaped_mixtures`); what the rule read is kept in
+        ``noise_calibration_``."""
+        posterior = self._posterior()
+        fits = posterior.all_fit_leaves() if fits is None else fits
+        mixtures = [
+            _pool_shaped_mixtures(fits[j], fits, posterior.batches(Xva, yva, parts=len(fits)))
+            for j, (Xva, yva) in enumerate(held)
+        ]
+        c, self.noise_calibration_ = NoiseCalibration.of(self).factor(
+            mixtures,
+            extra,
+            num_samples=int(self.num_samples),
+            num_fits=len(fits),
+            ranks=self.ranks_,
+        )
+        return c
 
-    def _n_fits(self) -> int:
-        """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
-        return check_n_fits(self.n_fits, self.num_samples)
+    def _fold_scores(self, X, y, split, k: int, fits: list[dict]) -> torch.Tensor:
+        """Coverage scores of fold ``k`` of the held-out ``split`` (a
+        :class:`~pyro_trees.estimators._template.HeldOut`) under one
+        fit that holds them out (for early stopping, as each of the estimator's fits does
+        with its own fold), seeded ``seed_ + k``, in the pool's shape
+        (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
+        estimator's fits, whose posterior trees are ``fits``)."""
+        rows, rest = split.fold(k)
+        params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
+        params.update(progress=False, random_state=self._seed() + k, n_fits=1)
+        other = type(self)(**params)
+        other.seed_ = self._seed() + k
+        self._share_inputs(other)
+        gen = torch.Generator().manual_seed(other.seed_)
+        own = HeldOut(torch.cat([rows, rest]), split.n_val)  # fold k first
+        ((Xva, yva),) = other._pool(other._fit_all(X, y, own, gen))
+        other.noise_factor_, other._tree_samples = 1.0, None
+        batches = self._posterior().batches(
+            Xva[:CALIBRATION_ROWS], yva[:CALIBRATION_ROWS], parts=len(fits)
+        )
+        mixtures = _pool_shaped_mixtures(other._posterior().raw_leaves(), fits, batches)
+        scores = _mixture_scores(mixtures, float(self.calibration_level))
+        return self.ranks_.gather(scores)
 
-    def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None):
-        """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);
-        ``gen`` seeds the guide's initialisation and ``seed`` (default ``seed_``) the
-        training draws. With ``num_steps`` (the refit of ``refit=True``) it trains
-        exactly that many steps of the ``self.num_steps`` temperature schedule, without
-        early stopping. Returns the held-out rows, standardised."""
-        n, num_features = X.shape
-        ranks = self.ranks_
-        n_val = len(val_idx)
-        n_train = ranks.count(n - n_val)  # over every rank's rows
-        batch = min(n_train, 2048) if self.batch_size is None else int(self.batch_size)
-        if batch < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        batch = min(batch, n_train)
-        depth = _check_training_memory(self.depth, batch, num_features, X.device)
-        _check_prediction_memory(depth, int(self.num_samples), num_features, X.device)
-        Xs, ys = X, y  # standardised by _validate_fit
-        Xtr, ytr, yva = Xs[train_idx], ys[train_idx], ys[val_idx]
-        # the range of the rows it learns from
-        self.x_min_, self.x_max_ = training_range(ranks, Xtr)
-        Xva = self._clip(Xs[val_idx])  # held-out rows are scored as new rows would be
-        # inputs are checked above; Pyro's per-site validation only costs time here
-        with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
-            self.model_, self.guide_ = self._model_guide(num_features, depth, Xtr, gen)
-            ranks.broadcast_modules(self.guide_)  # sharded: rank 0's start
-            self.guide_.to(X.device)
-            schedule = TemperatureSchedule(
-                max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
-            )
-            # under torchrun the batch is split across the ranks (subsample_size per rank)
-            per_rank = max(batch // ranks.size, 1)
-            kwargs = {} if batch >= n_train else {"subsample_size": per_rank}
-            val = {}
-            steps = int(self.num_steps) if num_steps is None else int(num_steps)
-            if n_val and num_steps is None:
-                guide = self.guide_
-
-                def val_rmse() -> float:
-                    with torch.no_grad():
-                        pred = self._central_mean(guide, Xva)
-                        sse = float((pred - yva).pow(2).sum())
-                        return ranks.mean_error(sse, yva.shape[0]) ** 0.5
-
-                val = {
-                    "early_stopping": EarlyStopping(
-                        val_rmse, eval_every=int(self.eval_every), patience=self.patience
-                    )
-                }
-            seed = self._seed() if seed is None else int(seed)
-            loss = self._loss(RankRows(ranks, seed) if ranks.size > 1 else None, (Xtr, ytr))
-            with local_seed(seed, X.device), rank_fit(ranks):  # global streams left alone
-                self.fit_result_ = fit(
-                    self.model_,
-                    self.guide_,
-                    *fit_args(ranks, Xtr, ytr),
-                    num_steps=steps,
-                    loss=loss,
-                    optim="clipped_adam",
-                    lr=self.lr,
-                    lr_scheduler=self._lr_scheduler(),
-                    progress=self.progress and (self._label + (" refit" if num_steps else "")),
-                    callback=schedule.callback(self.guide_),
-                    **val,
-                    **kwargs,
-                )
-        self.feature_importances_ = _split_importances(self.guide_, Xtr[:4096], ranks)
-        return Xva, yva
-
-    _label = "VaRT"
-
-    def _lr_scheduler(self):
-        """``lr_decay``'s geometric schedule over ``num_steps`` (``None`` when constant)."""
-        if float(self.lr_decay) == 1.0:
-            return None
-        gamma = float(self.lr_decay) ** (1.0 / max(int(self.num_steps), 1))
-        return functools.partial(torch.optim.lr_scheduler.ExponentialLR, gamma=gamma)
-
-    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
-        """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
+    def _model(self, num_features: int, depth: int):
+        """The model of a fit: :class:`~pyro_trees.models.VaRT` of the prior's parameters."""
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
-        model = VaRT(
+        return VaRT(
             num_features, missing=self._fit_missing(), **{k: getattr(self, k) for k in keys}
         )
-        guide = VaRTGuide(
-            model,
-            depth,
-            temperature=self.temperature_start,
-            init="random",  # the data-driven start follows, from ``gen``
-            init_split_prob=self.init_split_prob,
-            generator=gen,
-        )
-        if self.init == "data":
-            guide.init_splits_from_data(Xtr, generator=gen)
-        return model, guide
+
+    def _held_out_score(self, guide, Xva, yva) -> float:
+        """The held-out RMSE of the guide's central tree (all ranks' rows)."""
+        with torch.no_grad():
+            sse = float((self._central_mean(guide, Xva) - yva).pow(2).sum())
+        return self.ranks_.mean_error(sse, yva.shape[0]) ** 0.5
 
     def _central_mean(self, guide, Xs):
         """The guide's central tree's predictions (early stopping)."""
         return tree_mean(guide.mean_tree(), Xs)
 
-    def _loss(self, rows=None, data=None):
-        """The training objective; with ``rows`` (several processes) it reads this rank's
-        rows of ``data``."""
-        if self.elbo != "vectorised":
-            return Trace_ELBO()
-        return VaRTELBO() if rows is None else RankVaRTELBO(rows, data=data)
-
     # --------------------------------------------------------------- prediction
+    _stack_posterior = staticmethod(stack_tree)
+
+    def _posterior(self) -> PosteriorTrees:
+        """The posterior trees behind every prediction (:class:`PosteriorTrees`), drawn
+        once and kept in ``_tree_samples`` (``None``: drawn again, with the same seed)."""
+        check_is_fitted(self, "guide_")
+        if getattr(self, "_tree_samples", None) is None:
+            self._tree_samples = PosteriorTrees.of(self)
+        return self._tree_samples
+
+    def _all_fit_leaves(self) -> list[dict]:
+        """Each fit's own posterior trees (:meth:`PosteriorTrees.all_fit_leaves`)."""
+        return self._posterior().all_fit_leaves()
+
+    def _prepare(self, X) -> torch.Tensor:
+        """New rows checked, standardised and clipped (``clip_margin``)."""
+        return clip_to_training_range(self, self._validate_predict(X))
+
+    def _take(self, draws: np.ndarray, num_samples) -> np.ndarray:
+        if num_samples is not None:
+            num_samples = int(num_samples)
+            if not 1 <= num_samples <= int(self.num_samples):
+                raise ValueError(
+                    f"num_samples must lie in [1, {self.num_samples}] (the estimator's "
+                    f"num_samples: one function draw per posterior tree), got {num_samples}"
+                )
+            draws = draws[:num_samples]
+        return draws
+
     def predict(self, X, return_std: bool = False):
         """Posterior predictive mean (eq. 32): the average over posterior trees of
         :math:`\\sum_i \\kappa_i P(x \\to i)\\, \\theta_i^\\top x`; shape ``(N,)``.
@@ -529,15 +406,17 @@ class VaRTRegressor(
             leaves, calibrated noise included), ``(N,)``.
         """
         Xs = self._prepare(X)
-        mean = self._function_draws(Xs).mean(0)
+        mean = self._outputs(self._posterior().function_draws(Xs)).mean(0)
         if not return_std:
             return mean
-        return mean, self._output_scale(self._mixture_std(Xs))
+        return mean, self._output_scale(self._posterior().mixture_std(Xs))
 
     def sample_function(self, X, num_samples: int | None = None) -> np.ndarray:
         """Posterior draws of the regression function :math:`E[y \\mid x, T, \\Theta]`,
         one per posterior tree: shape ``(num_samples, N)`` (credible bands for means)."""
-        return self._take(self._function_draws(self._prepare(X)), num_samples)
+        Xs = self._prepare(X)
+        draws = self._outputs(self._posterior().function_draws(Xs))
+        return self._take(draws, num_samples)
 
     def sample(self, X, num_samples: int | None = None) -> np.ndarray:
         """Draws of the posterior predictive :math:`y^*` (eq. 32), ``(num_samples, N)``.
@@ -560,7 +439,8 @@ class VaRTRegressor(
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         # round r draws with seed seed_ + 3 + r, so the first round is the default call's
         rounds = [
-            self._predictive(Xs, ("obs",), 3 + r)["obs"] for r in range(-(-want // per_round))
+            self._outputs(self._posterior().predictive(Xs, ("obs",), self._seed() + 3 + r)["obs"])
+            for r in range(-(-want // per_round))
         ]
         return np.concatenate(rounds)[:want]
 
@@ -586,8 +466,39 @@ class VaRTRegressor(
         if method != "exact":
             raise ValueError(f"method must be 'exact' or 'draws', got {method!r}")
         probs = ((1 - level) / 2, (1 + level) / 2)
-        q = self._outputs(self._mixture_quantiles(self._prepare(X), probs))
+        Xs = self._prepare(X)
+        q = self._outputs(self._posterior().mixture_quantiles(Xs, probs))
         return q[0], q[1]
+
+    @torch.no_grad()
+    def coverage_scores(self, X, y, level: float | None = None) -> np.ndarray:
+        """Each row's coverage score: the least noise factor (relative to the fitted
+        leaf noise, before ``noise_factor_``) from which ``y`` lies inside the central
+        ``level`` interval of the exact posterior predictive (the Gaussian mixture over
+        the ``num_samples`` trees and their leaves) for every larger factor (log grid
+        over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
+
+        A row is inside the ``level`` interval of the calibrated predictive iff its
+        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
+        factor from these scores on the held-out rows
+        (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
+        estimates the same interval from ``num_samples`` draws.
+
+        :param X: ``(N, L)``.
+        :param y: ``(N,)``.
+        :param level: default ``calibration_level``.
+        :returns: ``(N,)`` scores.
+        """
+        level = check_level(self.calibration_level if level is None else level)
+        Xs = self._prepare(X)
+        return self._standardised_scores(Xs, self._scaled_targets(y, Xs.shape[0]), level)
+
+    def _standardised_scores(self, Xs: torch.Tensor, ys: torch.Tensor, level: float):
+        """:meth:`coverage_scores` of standardised (and clipped) rows."""
+        posterior = self._posterior()
+        tree = posterior.raw_leaves()
+        mixtures = ((yb, *_row_mixtures(tree, xb)) for xb, yb in posterior.batches(Xs, ys))
+        return _mixture_scores(mixtures, level).cpu().numpy()
 
     # ------------------------------------------------------------ interpretation
     def sample_importances(self, X) -> np.ndarray:
@@ -607,9 +518,10 @@ class VaRTRegressor(
             rows, or any others).
         """
         Xs = self._prepare(X)[:4096]
-        samples = self._posterior_trees()
+        posterior = self._posterior()
+        samples = posterior.samples
         if bool(torch.isnan(Xs).any()):  # rows with missing inputs: rho of every tree
-            samples = {**samples, **self._prior_rho(samples)}
+            samples = {**samples, **posterior.prior_rho(samples)}
         return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
@@ -629,6 +541,12 @@ class VaRTRegressor(
                 f"feature_names has {len(feature_names)} names for {self.n_features_in_} features"
             )
         return _export_text(self.guide_, self.x_scaler_, self.y_scaler_, feature_names, decimals)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_tree_samples"] = None  # drawn again with the same seed after loading
+        state.pop("_leaf_cache", None)
+        return state
 
     def __setstate__(self, state):
         # parameters added after an estimator was pickled: the behaviour it was fitted with

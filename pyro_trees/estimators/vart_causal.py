@@ -13,6 +13,12 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators._base import guarded_fit
+from pyro_trees.estimators._constraints import (
+    SEED_AND_DEVICE,
+    Anything,
+    Integer,
+    validate_params,
+)
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.estimators.vart_forest import VaRTForestRegressor
 from pyro_trees.validation import check_level
@@ -82,6 +88,12 @@ class VaRTCausal(BaseEstimator):
         self.device = device
         self.progress = progress
 
+    _parameter_constraints = {
+        **SEED_AND_DEVICE,
+        "regressor": Anything("fit (an unfitted VaRTRegressor or VaRTForestRegressor)"),
+        "n_trees": Integer(1, none=True),
+    }
+
     @guarded_fit
     def fit(self, X, A, y, *, sharded: bool = False):
         """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``.
@@ -89,6 +101,7 @@ class VaRTCausal(BaseEstimator):
         :param bool sharded: under ``torchrun``, each rank passes only its own rows
             (:meth:`VaRTRegressor.fit`); :meth:`ate` then needs its ``X``.
         """
+        validate_params(self)
         X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, y_numeric=True)
         A = np.asarray(A)
         if A.ndim != 1 or A.shape[0] != X.shape[0]:

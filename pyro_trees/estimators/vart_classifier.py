@@ -9,42 +9,31 @@ References
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pyro
 import torch
-from pyro.infer import Trace_ELBO
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from pyro_trees.estimators._base import TabularEstimator
-from pyro_trees.estimators._distributed import RankRows, RankVaRTELBO, fit_args, rank_fit
-from pyro_trees.estimators._missing import MissingInputs
-from pyro_trees.estimators._rng import MEMBER_SEED, local_seed
-from pyro_trees.estimators._vart_export import _importance_draws, _split_importances
+from pyro_trees.estimators._constraints import Boolean, OneOf
+from pyro_trees.estimators._temperature import TemperatureScaling
+from pyro_trees.estimators._template import HeldOut
+from pyro_trees.estimators._vart_export import _importance_draws
+from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits, clip_to_training_range
 from pyro_trees.estimators._vart_posterior import (
     MISSING_SEED,
-    check_n_fits,
-    clip_to_training_range,
     fitted_guides,
     pooled_guide_draws,
     prior_rho_sites,
-    training_range,
 )
 from pyro_trees.estimators.vart_memory import PREDICT_BYTES
-from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
-from pyro_trees.estimators.vart_memory import check_training_memory as _check_training_memory
-from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
-from pyro_trees.infer.fit import EarlyStopping, fit
-from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.models import stack_trees as _stack_trees
 from pyro_trees.models.vart_classification import VaRTClassification, base_rate_offset
 
 __all__ = ["VaRTClassifier"]
 
 
-class VaRTClassifier(MissingInputs, ClassifierMixin, TabularEstimator):
+class VaRTClassifier(ClassifierMixin, VaRTFits):
     """A variational tree classifier: VaRT's tree prior with a probit (two classes) or
     softmax (more classes) link on the leaves' values.
 
@@ -218,72 +207,28 @@ class VaRTClassifier(MissingInputs, ClassifierMixin, TabularEstimator):
         self.device = device
         self.progress = progress
 
+    _parameter_constraints = {
+        **VART_CONSTRAINTS,
+        "link": OneOf("probit", "softmax", None),
+        "calibrate": Boolean(),
+        "base_rate": Boolean(),
+    }
+    _label = "VaRT classifier"
+    #: the ``calibrate`` rule
+    _temperature = TemperatureScaling()
+
     # ------------------------------------------------------------------ fitting
-    def _check_options(self) -> None:
-        if int(self.num_samples) < 1:
-            raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
-        if not 0 <= self.validation_fraction < 1:
-            raise ValueError(
-                f"validation_fraction must lie in [0, 1), got {self.validation_fraction}"
-            )
-        if self.clip_margin is not None and not float(self.clip_margin) >= 0:
-            raise ValueError(f"clip_margin must be >= 0 or None, got {self.clip_margin}")
-        if self.init not in ("data", "random"):
-            raise ValueError(f"init must be 'data' or 'random', got {self.init!r}")
-        if self.elbo not in ("vectorised", "trace"):
-            raise ValueError(f"elbo must be 'vectorised' or 'trace', got {self.elbo!r}")
-        if int(self.eval_every) < 1:
-            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
-        self._n_fits()
+    def _member_fold(self, j: int, split: HeldOut) -> int:
+        """Every fit holds out the same rows (fold 0)."""
+        return 0
 
-    def fit(self, X, y, *, sharded: bool = False):
-        """Fit the variational posterior on ``X`` ``(N, L)`` and labels ``y`` ``(N,)``.
-
-        Under ``torchrun`` the fit is data-parallel, as
-        :meth:`VaRTRegressor.fit <pyro_trees.estimators.VaRTRegressor.fit>` is (see the
-        guide's "Estimators on several processes"); the fitted estimator is the same on
-        every rank.
-
-        :param X: ``(N, L)`` array-like or pandas DataFrame of numeric or bool columns.
-        :param y: ``(N,)`` class labels (any hashable values, at least two classes).
-        :param bool sharded: under ``torchrun``, each rank passes only its own rows
-            (default: every rank passes all of them). The scaler, the classes, the
-            clipping range, the held-out log loss and the temperature of ``calibrate``
-            then use every rank's rows (all-reduced); each rank holds out
-            ``validation_fraction`` of its own rows, and ``init="data"`` picks its split
-            points among rank 0's rows (broadcast).
-        :returns: ``self``.
-        :raises ValueError: naming the cause, for invalid options or data.
-        """
-        self._check_options()
-        if sharded and self.elbo == "trace":
-            raise ValueError("sharded=True needs elbo='vectorised' (the default)")
-        X, y = self._validate_fit(X, y, sharded=sharded)
-        self._note_missing(X)
-        ranks = self.ranks_
-        n, num_features = X.shape
-        if self.random_state is None:  # unseeded: rank 0's draw, shared
-            self.seed_ = ranks.shared(int(torch.randint(2**31, ()).item()))
-        else:
-            self.seed_ = int(self.random_state)
-        gen = torch.Generator().manual_seed(self.seed_)
-        n_val = 0
-        if self.validation_fraction > 0:
-            n_val = max(int(round(self.validation_fraction * n)), min(10, n // 5))
-            n_val = 0 if n_val < 4 else n_val
-        if ranks.spread and not ranks.min(n_val):  # every shard holds out rows, or none
-            n_val = 0
-        perm = torch.randperm(n, generator=gen) if n_val else torch.arange(n)
-        perm = perm.to(X.device)
-        Xtr, ytr = X[perm[n_val:]], y[perm[n_val:]]
-        n_train = ranks.count(n - n_val)  # over every rank's rows
-        batch = min(n_train, 2048) if self.batch_size is None else int(self.batch_size)
-        if batch < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        batch = min(batch, n_train)
+    def _before_fits(self, X, y, split: HeldOut) -> None:
+        """The model every fit shares, its leaves' prior mean at the class frequencies
+        of the training rows (``base_rate``; every rank's)."""
+        ytr = y[split.fold(0)[1]]
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
             self.model_ = VaRTClassification(
-                num_features,
+                X.shape[1],
                 self.n_classes_,
                 link=self.link,
                 lam=self.lam,
@@ -293,139 +238,39 @@ class VaRTClassifier(MissingInputs, ClassifierMixin, TabularEstimator):
                 leaf_scale=self.leaf_scale,
                 missing=self._fit_missing(),
             )
-            if self.base_rate:  # the training rows' class frequencies (every rank's)
-                counts = ranks.sum(torch.bincount(ytr, minlength=self.n_classes_).double())
+            if self.base_rate:
+                counts = self.ranks_.sum(torch.bincount(ytr, minlength=self.n_classes_).double())
                 self.model_.offset = base_rate_offset(counts.cpu(), self.model_.link)
-            width = self.model_.leaf_width - 1  # the memory checks count L + 1 weights
-            depth = _check_training_memory(self.depth, batch, width, X.device)
-            _check_prediction_memory(depth, int(self.num_samples), width, X.device)
-            self.x_min_, self.x_max_ = training_range(ranks, Xtr)
-            Xva, yva = self._clip(X[perm[:n_val]]), y[perm[:n_val]]
-        guides, results, importances = [], [], []
-        for j in range(self._n_fits()):
-            seed = self.seed_ + j * MEMBER_SEED
-            gen_j = gen if j == 0 else torch.Generator().manual_seed(seed)
-            guide, result = self._fit_member(
-                depth, Xtr, ytr, Xva, yva, gen_j, seed, batch, n_train, X.device
-            )
-            guides.append(guide)
-            results.append(result)
-            importances.append(_split_importances(guide, Xtr[:4096], ranks))
-        self.guides_, self.fit_results_ = guides, results
-        self.guide_, self.fit_result_ = guides[0], results[0]
-        self.feature_importances_ = np.mean(importances, axis=0)
+
+    def _memory_width(self, num_features: int) -> int:
+        return self.model_.leaf_width - 1  # the memory checks count L + 1 weights
+
+    def _model(self, num_features: int, depth: int):
+        """The model every fit shares (:meth:`_before_fits`)."""
+        return self.model_
+
+    def _held_out_score(self, guide, Xva, yva) -> float:
+        """The held-out log loss of the guide's central tree (all ranks' rows)."""
+        with torch.no_grad():
+            logp = self.model_.class_log_probs(guide.mean_tree(), Xva)
+            total = float(-logp.gather(-1, yva.unsqueeze(-1)).sum())
+        return self.ranks_.mean_error(total, yva.shape[0])
+
+    def _after_fit(self, X, y, split: HeldOut, fits: list) -> None:
+        """The pool of fits, its posterior trees, drawn once, and the temperature of
+        ``calibrate`` on the held-out rows."""
+        held = self._pool(fits)
         self.trees_ = self._draw_trees()
         self.temperature_ = 1.0
-        if n_val and self.calibrate:
-            self.temperature_ = self._fit_temperature(Xva, yva)
-        return self
+        if split.n_val and self.calibrate:
+            self.temperature_ = self._fit_temperature(*held[0])
 
-    def _fit_member(self, depth, Xtr, ytr, Xva, yva, gen, seed, batch, n_train, device):
-        """One fit of ``n_fits``: a guide initialised from ``gen`` and trained on ``Xtr``,
-        ``ytr`` with the draws of ``seed``, early-stopped on the held-out ``Xva``, ``yva``
-        (none held out: all ``num_steps``). Returns the guide and its
-        :class:`~pyro_trees.infer.FitResult`."""
-        ranks, model, n_val = self.ranks_, self.model_, Xva.shape[0]
-        with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
-            guide = VaRTGuide(
-                model,
-                depth,
-                temperature=self.temperature_start,
-                init="random",  # the data-driven start follows, from ``gen``
-                init_split_prob=self.init_split_prob,
-                generator=gen,
-            )
-            if self.init == "data":
-                guide.init_splits_from_data(Xtr, generator=gen)
-            ranks.broadcast_modules(guide)  # sharded: rank 0's start
-            guide.to(device)
-            schedule = TemperatureSchedule(
-                max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
-            )
-            # under torchrun the batch is split across the ranks (subsample_size per rank)
-            per_rank = max(batch // ranks.size, 1)
-            kwargs = {} if batch >= n_train else {"subsample_size": per_rank}
-            if n_val:
-
-                def val_log_loss() -> float:
-                    with torch.no_grad():
-                        logp = model.class_log_probs(guide.mean_tree(), Xva)
-                        total = float(-logp.gather(-1, yva.unsqueeze(-1)).sum())
-                        return ranks.mean_error(total, n_val)
-
-                kwargs["early_stopping"] = EarlyStopping(
-                    val_log_loss, eval_every=int(self.eval_every), patience=self.patience
-                )
-            if self.elbo != "vectorised":
-                loss = Trace_ELBO()
-            elif ranks.size > 1:  # this rank's rows of each batch
-                loss = RankVaRTELBO(RankRows(ranks, seed), data=(Xtr, ytr))
-            else:
-                loss = VaRTELBO()
-            with local_seed(seed, device), rank_fit(ranks):
-                result = fit(
-                    model,
-                    guide,
-                    *fit_args(ranks, Xtr, ytr),
-                    num_steps=int(self.num_steps),
-                    loss=loss,
-                    optim="clipped_adam",
-                    lr=self.lr,
-                    progress=self.progress and "VaRT classifier",
-                    callback=schedule.callback(guide),
-                    **kwargs,
-                )
-        return guide, result
-
-    def _n_fits(self) -> int:
-        """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
-        return check_n_fits(self.n_fits, self.num_samples)
-
-    @torch.no_grad()
     def _fit_temperature(self, Xs: torch.Tensor, y: torch.Tensor) -> float:
-        """The temperature of the held-out rows ``Xs`` ``(n, L)``, ``y`` ``(n,)`` (see
-        ``calibrate``): the least log loss on a log grid over [1/4, 4], kept only when
-        every class has a held-out row and the leave-one-out check beats ``T = 1``;
-        else 1. Sharded, every rank's held-out rows count (the sums all-reduced)."""
-        ranks = self.ranks_
-        counts = ranks.sum(torch.bincount(y, minlength=self.n_classes_).double())
-        if bool((counts == 0).any()):
-            missing = [self.classes_[k] for k in (counts == 0).nonzero().flatten().tolist()]
-            warnings.warn(
-                f"VaRTClassifier: no held-out row of class {', '.join(map(str, missing))} "
-                f"(of {int(counts.sum())} held-out rows); a temperature would move that "
-                "class's probabilities with no row to check them on, so calibration is "
-                "skipped (temperature_ = 1). Hold out more rows (validation_fraction) to "
-                "calibrate.",
-                UserWarning,
-                stacklevel=4,  # the caller of fit (through torch.no_grad)
-            )
-            return 1.0
-        log_p = self._tree_probs_std(Xs).double().mean(0).clamp_min(1e-300).log()
-        grid = torch.logspace(-2, 2, 41, base=2.0, dtype=torch.float64)
-        # per-row log loss at each temperature, (n, 41), and at T = 1, (n,)
-        scaled = (log_p.unsqueeze(-1) / grid).log_softmax(-2)  # (n, K, 41)
-        rows = -scaled.gather(-2, y.view(-1, 1, 1).expand(-1, 1, grid.numel())).squeeze(-2)
-        raw = -log_p.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
-        nll = ranks.sum(rows.sum(0))  # (41,)
-        best = int(torch.argmin(nll))
-        # leave-one-out: each row scored at the temperature fitted without it; the
-        # calibration must beat no calibration on rows that did not choose it
-        loo = (nll - rows).argmin(-1, keepdim=True)  # (n, 1)
-        crossed = ranks.sum(rows.gather(-1, loo).sum())
-        if bool(crossed < ranks.sum(raw.sum())):
-            return float(grid[best])
-        if best in (0, grid.numel() - 1):  # the signature of too few rows of a class
-            warnings.warn(
-                f"VaRTClassifier: the held-out log loss is least at the edge of the "
-                f"temperature grid [1/4, 4] (T = {float(grid[best]):g}), but that "
-                "temperature scores worse than none on held-out rows that did not choose "
-                "it (leave-one-out; a class with few held-out rows); calibration is "
-                "skipped (temperature_ = 1).",
-                UserWarning,
-                stacklevel=4,  # the caller of fit (through torch.no_grad)
-            )
-        return 1.0
+        """The temperature of the held-out rows ``Xs`` ``(n, L)``, ``y`` ``(n,)``
+        (:class:`~pyro_trees.estimators._temperature.TemperatureScaling`)."""
+        with torch.no_grad():
+            probs = self._tree_probs_std(Xs)
+        return self._temperature.fit(probs, y, classes=self.classes_, ranks=self.ranks_)
 
     def _draw_trees(self) -> dict:
         """``num_samples`` hard posterior trees, stacked (batch ``(S,)``), drawn once."""

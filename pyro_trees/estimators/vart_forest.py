@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pyro.infer import Trace_ELBO
 
+from pyro_trees.estimators._constraints import Integer
 from pyro_trees.estimators._distributed import RankVaRTForestELBO
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.guides.vart_forest import VaRTForestGuide
@@ -18,6 +19,20 @@ from pyro_trees.infer.vart_forest_elbo import VaRTForestELBO
 from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_tree
 
 __all__ = ["VaRTForestRegressor"]
+
+
+def stack_forest(samples: dict, model, depth: int) -> dict:
+    """The posterior forests: trees of batch shape ``(S, K)`` and ``log_sigma`` ``(S,)``
+    (the format :func:`~pyro_trees.models.leaf_mixtures` reads), from
+    the draws by site (``rho`` included)."""
+    site = model.site
+    forest = forest_tree(
+        [samples[site(f"split_{d}")] for d in range(depth)],
+        [samples[site(f"beta_{d}")] for d in range(depth)],
+        [samples[site(f"theta_{d}")] for d in range(depth + 1)],
+        [samples[site(f"rho_{d}")] for d in range(depth)],
+    )
+    return {"forest": forest, "log_sigma": samples[site("log_sigma")].reshape(-1)}
 
 
 class VaRTForestRegressor(VaRTRegressor):
@@ -82,6 +97,7 @@ class VaRTForestRegressor(VaRTRegressor):
     """
 
     _label = "VaRT forest"
+    _parameter_constraints = {**VaRTRegressor._parameter_constraints, "n_trees": Integer(1)}
 
     def __init__(
         self,
@@ -148,27 +164,21 @@ class VaRTForestRegressor(VaRTRegressor):
             progress=progress,
         )
 
-    def _model_guide(self, num_features: int, depth: int, Xtr, gen):
-        if isinstance(self.n_trees, bool) or int(self.n_trees) != self.n_trees or self.n_trees < 1:
-            raise ValueError(f"n_trees must be an integer >= 1, got {self.n_trees!r}")
+    _guide_cls = VaRTForestGuide
+    _stack_posterior = staticmethod(stack_forest)
+
+    def _guide_args(self, depth: int) -> tuple:
+        return ()  # the model holds the depth
+
+    def _model(self, num_features: int, depth: int):
         keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
-        model = VaRTForest(
+        return VaRTForest(
             num_features,
             n_trees=int(self.n_trees),
             depth=depth,
             missing=self._fit_missing(),
             **{k: getattr(self, k) for k in keys},
         )
-        guide = VaRTForestGuide(
-            model,
-            temperature=self.temperature_start,
-            init="random",
-            init_split_prob=self.init_split_prob,
-            generator=gen,
-        )
-        if self.init == "data":
-            guide.init_splits_from_data(Xtr, generator=gen)
-        return model, guide
 
     def _central_mean(self, guide, Xs):
         return forest_mean(guide.mean_tree(), Xs)
@@ -177,20 +187,6 @@ class VaRTForestRegressor(VaRTRegressor):
         if self.elbo != "vectorised":
             return Trace_ELBO()
         return VaRTForestELBO() if rows is None else RankVaRTForestELBO(rows, data=data)
-
-    def _stack(self, samples: dict) -> dict:
-        """The posterior forests: trees of batch shape ``(S, K)`` and ``log_sigma``
-        ``(S,)`` (the format :func:`~pyro_trees.models._vart_mixture._leaf_mixtures`
-        reads; ``rho`` from its prior for a fit without missing values)."""
-        depth, site = self.guide_.depth, self.model_.site
-        samples = {**samples, **self._prior_rho(samples)}
-        forest = forest_tree(
-            [samples[site(f"split_{d}")] for d in range(depth)],
-            [samples[site(f"beta_{d}")] for d in range(depth)],
-            [samples[site(f"theta_{d}")] for d in range(depth + 1)],
-            [samples[site(f"rho_{d}")] for d in range(depth)],
-        )
-        return {"forest": forest, "log_sigma": samples[site("log_sigma")].reshape(-1)}
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """Not offered: a forest is not one readable tree (``feature_importances_`` sums

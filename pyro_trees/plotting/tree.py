@@ -199,7 +199,7 @@ def _class_lines(probs, names: list[str]) -> list[str]:
 @torch.no_grad()
 def _vart(guide, est, feature_names, class_names, leaf_labels, level, decimals) -> dict:
     """The boxes of a VaRT guide's most probable tree (an estimator's, with its units)."""
-    from pyro_trees.estimators._vart_export import _most_probable_tree
+    from pyro_trees.estimators import most_probable_tree
     from pyro_trees.models.vart_classification import VaRTClassification, class_logits
 
     model = guide.model
@@ -280,7 +280,7 @@ def _vart(guide, est, feature_names, class_names, leaf_labels, level, decimals) 
         children.sort(key=lambda c: c[0] != "<=")  # the side where the test holds first
         return {"lines": lines, "kind": "split", "children": [c[1] for c in children]}
 
-    return visit(_most_probable_tree(guide, x_scaler))
+    return visit(most_probable_tree(guide, x_scaler))
 
 
 @torch.no_grad()

@@ -190,7 +190,7 @@ def test_a_fit_without_missing_values_routes_them_by_the_prior():
     input goes each way on average."""
     X, _, y = _data()
     est = VaRTRegressor(random_state=0, **NATIVE[VaRTRegressor]).fit(X, y)
-    tree = est._leaf_trees()
+    tree = est._posterior().leaves()
     assert tree["rho"].shape == (8, 3)
-    assert torch.equal(tree["rho"], est._stack(est._posterior_trees())["rho"])
+    assert torch.equal(tree["rho"], est._posterior().stack(est._posterior().samples)["rho"])
     assert 0.0 < float(tree["rho"].min()) and float(tree["rho"].max()) < 1.0

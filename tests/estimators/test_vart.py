@@ -12,6 +12,7 @@ from pyro_trees.distributions import gaussian_mixture_quantiles, mixture_quantil
 from pyro_trees.estimators import (
     VaRTRegressor,
     _vart_calibration,
+    _vart_fit,
     _vart_posterior,
     noise_factor_from_curve,
     noise_factor_from_scores,
@@ -19,6 +20,7 @@ from pyro_trees.estimators import (
 )
 from pyro_trees.estimators._rng import MEMBER_SEED
 from pyro_trees.estimators._vart_calibration import _coverage_scores
+from pyro_trees.estimators._vart_fit import clip_to_training_range
 from pyro_trees.estimators._vart_posterior import hard_guide_draws
 from pyro_trees.models import mixture_params, row_mixtures, stack_trees, with_bias
 
@@ -152,11 +154,11 @@ def test_early_stopping_and_noise_calibration(fitted, data):
     assert cal["rule"] == "coverage" and cal["level"] == 0.9 and cal["scores"].shape == (12,)
     scores = torch.as_tensor(cal["scores"])
     assert fitted.noise_factor_ == min(noise_factor_from_scores(scores, 0.9, None), 256.0)
-    trees_ = fitted._posterior_trees()
+    trees_ = fitted._posterior().samples
     with torch.random.fork_rng():
         fitted.noise_factor_, c = 1.0, fitted.noise_factor_
         fitted._tree_samples = None
-        raw = fitted._posterior_trees()
+        raw = fitted._posterior().samples
         fitted.noise_factor_ = c
         fitted._tree_samples = None
     for key in raw:  # calibration shifts every leaf's log noise scale by log c, nothing else
@@ -190,7 +192,7 @@ def test_early_stopping_and_noise_calibration(fitted, data):
 def _raw_tree(est) -> dict:
     """Every node of the estimator's posterior trees (not only their leaves), with the
     factor-1 noise: the full mixtures the estimator's leaf-node computations must equal."""
-    tree = stack_trees(est._posterior_trees(), est.guide_.depth)
+    tree = stack_trees(est._posterior().samples, est.guide_.depth)
     shift = math.log(est.noise_factor_)
     return dict(tree, log_sigma=tree["log_sigma"] - shift) if shift else tree
 
@@ -652,7 +654,7 @@ def test_refit_trains_a_fresh_guide_for_the_stopping_step_and_calibrates_freely(
     assert ref.num_steps == steps and ref.best_step is None and not ref.val_losses
     assert not np.allclose(est.predict(X), stopped.predict(X))
     perm, Xt, yt, other = _replay(est, X, y, SMALL, 0)
-    seed = _vart_calibration._REFIT_SEED
+    seed = _vart_fit._REFIT_SEED
     other._fit_split(
         Xt,
         yt,
@@ -700,7 +702,7 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     X, _ = data
     Xs = fitted._prepare(X)
     ym, ys = float(fitted.y_scaler_.mean), float(fitted.y_scaler_.scale)
-    tree = stack_trees(fitted._posterior_trees(), fitted.guide_.depth)
+    tree = stack_trees(fitted._posterior().samples, fitted.guide_.depth)
     logits, loc, scale = mixture_params(tree, with_bias(Xs))
     w = logits.double().softmax(-1) / logits.shape[0]
     q = gaussian_mixture_quantiles(w, loc.double(), scale.double(), (0.05, 0.95), dim=(0, -1))
@@ -708,7 +710,8 @@ def test_fast_prediction_matches_the_full_mixture(fitted, data):
     lo, hi = fitted.predict_interval(X, 0.9)
     np.testing.assert_allclose(lo, q[0], rtol=0, atol=1e-7 * float(ys))
     np.testing.assert_allclose(hi, q[1], rtol=0, atol=1e-7 * float(ys))
-    mean = fitted._predictive(Xs, ("mean",), 2)["mean"]
+    mean = fitted._posterior().predictive(Xs, ("mean",), fitted.seed_ + 2)["mean"]
+    mean = fitted._outputs(mean)
     np.testing.assert_allclose(fitted.sample_function(X), mean, rtol=0, atol=1e-5 * float(ys))
 
 
@@ -756,7 +759,7 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
     dummy = torch.zeros(1, 3)
     first = hard_guide_draws(est.guides_[0], 4, dummy, est.seed_ + 1)
     second = hard_guide_draws(est.guides_[1], 3, dummy, est.seed_ + 1 + MEMBER_SEED)
-    draws = est._posterior_trees()
+    draws = est._posterior().samples
     for key, value in draws.items():
         shifted = torch.cat([first[key], second[key]])
         if key.startswith("log_sigma"):
@@ -766,11 +769,11 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
     scores = est.noise_calibration_["scores"]
     assert scores.shape == (24,)
     fits = [
-        est._stack(hard_guide_draws(g, 7, dummy, est.seed_ + 1 + j * MEMBER_SEED))
+        est._posterior().stack(hard_guide_draws(g, 7, dummy, est.seed_ + 1 + j * MEMBER_SEED))
         for j, g in enumerate(est.guides_)
     ]
     for j, rows in enumerate([perm[:12], perm[12:24]]):
-        xj, yj = est._clip(Xt[rows]), yt[rows].double()
+        xj, yj = clip_to_training_range(est, Xt[rows]), yt[rows].double()
         mix = [row_mixtures(f, xj) for f in fits]  # (7, 12, M) each
         means = torch.stack([(lw.exp() * loc).sum(-1).mean(0) for lw, loc, _ in mix])
 
@@ -822,7 +825,7 @@ def test_n_fits_without_held_out_rows_trains_each_fit_fully_and_rejects_bad_valu
     assert est.stopping_result_ is None
     assert [r.num_steps for r in est.fit_results_] == [20, 20, 20]
     assert _same_params(est.guide_, VaRTRegressor(**kw).fit(X, y).guide_)
-    assert est._posterior_trees()["log_sigma_2"].shape[0] == 6
+    assert est._posterior().samples["log_sigma_2"].shape[0] == 6
     assert est.feature_importances_.shape == (3,)
     for bad in (0, 2.5, True, 7):  # 7 > num_samples: a fit without a posterior tree
         with pytest.raises(ValueError, match="n_fits"):

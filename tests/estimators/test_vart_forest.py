@@ -51,7 +51,7 @@ def test_interval_is_the_mixture_quantile_of_the_posterior_forests(fitted, data)
     forest's noise times noise_factor_; the interval is that mixture's quantile."""
     X, _ = data
     Xs = fitted._prepare(X[:6])
-    leaf = fitted._leaf_trees()
+    leaf = fitted._posterior().leaves()
     loc = forest_mean(leaf["forest"], Xs)  # (S, 6)
     scale = leaf["log_sigma"].exp()[:, None].expand_as(loc)
     weight = torch.full_like(loc, 1 / loc.shape[0])
