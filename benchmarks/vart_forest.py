@@ -128,19 +128,19 @@ def main(argv=None):
     p.add_argument("--splits", default="0,1,2")
     p.add_argument("--name", default="vart_forest")
     p.add_argument(
-        "--n-trees", type=int, default=None, help="non-default n_trees (named in the results)"
+        "--n-trees", type=int, default=None, help="non-default num_trees (named in the results)"
     )
     p.add_argument("--depth", type=int, default=None, help="non-default depth (named too)")
-    p.add_argument("--n-fits", type=int, default=None, help="non-default n_fits (named too)")
+    p.add_argument("--n-fits", type=int, default=None, help="non-default num_fits (named too)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     kwargs = {}
-    if args.n_trees is not None:
-        kwargs["n_trees"] = args.n_trees
+    if args.num_trees is not None:
+        kwargs["num_trees"] = args.num_trees
     if args.depth is not None:
         kwargs["depth"] = args.depth
-    if args.n_fits is not None:
-        kwargs["n_fits"] = args.n_fits
+    if args.num_fits is not None:
+        kwargs["num_fits"] = args.num_fits
     splits = [int(s) for s in args.splits.split(",") if s]
     records = []
     for name, split, X, Xtr, ytr, Xte, yte in uci_splits(args.datasets, splits):

@@ -37,7 +37,7 @@ def fold_rows(perm: torch.Tensor, n_val: int, k: int) -> tuple[torch.Tensor, tor
 
 def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
     """The noise factor rule of :class:`~pyro_trees.estimators.VaRTRegressor`
-    (``calibrate_noise="likelihood"``): the maximiser :math:`\\hat c` of the held-out log
+    (``calibrate="likelihood"``): the maximiser :math:`\\hat c` of the held-out log
     density when it is at least one, else :math:`\\min(1, c_+)`, with :math:`c_+` the
     largest grid value with :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (the one-sided
     95 % profile likelihood bound).
@@ -55,7 +55,7 @@ def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> fl
 def noise_factor_from_scores(
     scores: torch.Tensor, level: float, confidence: float | None = 0.95
 ) -> float | None:
-    """The ``calibrate_noise="coverage"`` rule of
+    """The ``calibrate="coverage"`` rule of
     :class:`~pyro_trees.estimators.VaRTRegressor` from the held-out coverage scores
     :math:`s_j` (the least noise factor from which row :math:`j` lies inside the central
     ``level`` interval; see :meth:`~pyro_trees.estimators.VaRTRegressor.coverage_scores`).
@@ -195,7 +195,7 @@ def _pool_shaped_mixtures(own: dict, fits: list[dict], batches):
 
 
 def _held_out_curves(mixtures, level: float, num_samples: int):
-    """What both rules of ``calibrate_noise`` read from held-out standardised rows
+    """What both rules of ``calibrate`` read from held-out standardised rows
     under their predictive mixtures at factor-1 noise, ``mixtures`` of ``(y, logits,
     loc, scale)`` (rows ``(n,)``, the rest ``(S, n, M)``, the logits normalised within
     each of the ``S`` trees; :func:`_pool_shaped_mixtures`):
@@ -235,22 +235,21 @@ def _mixture_scores(mixtures, level: float) -> torch.Tensor:
 
 class _NoiseCalibration:
     """The held-out noise calibration of :class:`~pyro_trees.estimators.VaRTRegressor`
-    (its ``calibrate_noise``, ``calibration_level`` and ``min_calibration_rows``): the
+    (its ``calibrate``, ``calibration_level`` and ``min_calibration_rows``): the
     factor on the leaf noise, the coverage scores behind it and the cross-fitted folds.
     Uses the estimator's posterior trees (``_raw_leaves``) and fits (``_fit_split``,
     ``_refit``)."""
 
     def _calibration_rule(self) -> str | None:
-        """``calibrate_noise`` checked: ``"likelihood"``, ``"coverage"`` or ``None``."""
-        rule = self.calibrate_noise
+        """``calibrate`` checked: ``"likelihood"``, ``"coverage"`` or ``None``."""
+        rule = self.calibrate
         if rule is True:
             return "likelihood"
         if rule is None or rule is False:
             return None
         if rule not in ("likelihood", "coverage"):
             raise ValueError(
-                "calibrate_noise must be 'coverage', 'likelihood', None, True or False, "
-                f"got {rule!r}"
+                f"calibrate must be 'coverage', 'likelihood', None, True or False, got {rule!r}"
             )
         return rule
 
@@ -274,8 +273,8 @@ class _NoiseCalibration:
         (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
         estimator's fits, whose posterior trees are ``fits``: :meth:`_all_fit_leaves`)."""
         rows, rest = fold_rows(perm, n_val, k)
-        params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
-        params.update(progress=False, random_state=self._seed() + k, n_fits=1)
+        params = dict(self.get_params(), calibrate=None, min_calibration_rows=None)
+        params.update(progress=False, random_state=self._seed() + k, num_fits=1)
         other = type(self)(**params)
         other.seed_ = self._seed() + k
         self._share_inputs(other)
@@ -306,7 +305,7 @@ class _NoiseCalibration:
 
     @torch.no_grad()
     def _calibrate_noise(self, held, extra=(), fits=None) -> float:
-        """The noise factor :math:`c` of ``calibrate_noise`` from each fit's held-out
+        """The noise factor :math:`c` of ``calibrate`` from each fit's held-out
         standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``, ``(n_j,)``, one
         per fit in the order of ``guides_``; ``extra``: cross-fitted folds' scores;
         ``fits``: the fits' posterior trees (default: :meth:`_all_fit_leaves`).
@@ -333,7 +332,7 @@ class _NoiseCalibration:
         total, scores = ranks.sum(total), ranks.gather(torch.cat(scores))
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
-        # refit: the rows chose no parameters; a pool: see the n_fits docstring
+        # refit: the rows chose no parameters; a pool: see the num_fits docstring
         confidence = None if self.refit or len(fits) > 1 else 0.95
         c_cov = _coverage_factor(pooled, level, confidence)
         rule = self._calibration_rule()
@@ -359,7 +358,7 @@ class _NoiseCalibration:
         over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
 
         A row is inside the ``level`` interval of the calibrated predictive iff its
-        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
+        score is at most ``noise_factor_``; ``calibrate="coverage"`` chooses the
         factor from these scores on the held-out rows
         (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
         estimates the same interval from ``num_samples`` draws.
@@ -381,7 +380,7 @@ class _NoiseCalibration:
 
     def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
         """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
-        ``member * MEMBER_SEED`` for the further fits of ``n_fits``), trained on
+        ``member * MEMBER_SEED`` for the further fits of ``num_fits``), trained on
         ``train_idx`` for the number of steps early stopping chose (``stopped``, the
         stopped fit's :class:`~pyro_trees.infer.FitResult`: its ``best_step``, at least
         1), replaces the stopped one."""

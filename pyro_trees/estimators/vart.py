@@ -77,15 +77,15 @@ class VaRTRegressor(
     guide page has the details.
 
     :param int depth: truncation depth :math:`D` of the guide.
-    :param float lam: :math:`\\lambda` of eq. 4 (the paper uses ``1e-3``).
+    :param float kl_weight: :math:`\\lambda` of eq. 4 (the paper uses ``1e-3``).
     :param int num_steps: gradient steps.
     :param float lr: ClippedAdam learning rate.
     :param float lr_decay: the learning rate falls geometrically from ``lr`` to
         ``lr * lr_decay`` over ``num_steps`` steps, as the temperature falls (``1``: constant;
         the refit of ``refit=True`` follows the same schedule).
-    :param int n_fits: fits pooled by the predictive, which is their equal mixture: the
-        ``num_samples`` posterior trees are shared out among them (``num_samples // n_fits``
-        each, one more for the first ``num_samples % n_fits``), so prediction costs do not
+    :param int num_fits: fits pooled by the predictive, which is their equal mixture: the
+        ``num_samples`` posterior trees are shared out among them (``num_samples // num_fits``
+        each, one more for the first ``num_samples % num_fits``), so prediction costs do not
         grow with it. With held-out rows each fit holds out its own fold of the
         held-out split's size (fit :math:`j` fold :math:`j`; the folds are disjoint, and
         wrap around past :math:`\\lfloor N / n_{val} \\rfloor` of them), is
@@ -100,7 +100,7 @@ class VaRTRegressor(
         the fits differ only in their seeds. Their guides are kept in ``guides_``
         (``guide_`` is the first) and their results in ``fit_results_`` (the stopped
         fits of ``refit`` in ``stopping_results_``); ``feature_importances_`` is their
-        mean. Training costs about ``n_fits`` times one fit.
+        mean. Training costs about ``num_fits`` times one fit.
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
@@ -122,7 +122,7 @@ class VaRTRegressor(
         training stops; the best parameters are kept. ``None`` trains all ``num_steps`` and keeps
         the best.
     :param int eval_every: steps between held-out evaluations.
-    :param calibrate_noise: how the held-out rows set one factor :math:`c` that
+    :param calibrate: how the held-out rows set one factor :math:`c` that
         multiplies every leaf's noise scale (stored as ``noise_factor_``; ``None`` or
         ``False``: none, :math:`c = 1`). At small :math:`\\lambda` the KL term hardly
         constrains the leaf noise, which then shrinks to the training residuals; the
@@ -135,11 +135,11 @@ class VaRTRegressor(
           (:meth:`coverage_scores`) is the least factor from which it lies inside the
           central ``calibration_level`` interval of the posterior predictive (eq. 32
           over the ``num_samples`` trees, computed exactly from the Gaussian mixture;
-          with several ``n_fits``, in the pool's shape about the row's own fit);
+          with several ``num_fits``, in the pool's shape about the row's own fit);
           :math:`\\hat c` is the score at position :math:`\\mathrm{level}\\,(n+1)` of
           the :math:`n` sorted scores (interpolated), so that a new row is covered
           with probability close to the level whatever the shape of the residuals.
-          With ``refit`` (the default) or several ``n_fits``, :math:`c = \\hat c`.
+          With ``refit`` (the default) or several ``num_fits``, :math:`c = \\hat c`.
           With one fit and ``refit=False``, as with the likelihood rule,
           :math:`c = \\hat c` when :math:`\\hat c \\ge 1`, and below one the noise
           is shrunk only to the one-sided 95 % upper confidence bound of the score
@@ -157,15 +157,15 @@ class VaRTRegressor(
           upper end of the profile likelihood interval
           :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (one-sided 95 %).
     :param float calibration_level: the central interval probability whose held-out
-        coverage ``calibrate_noise="coverage"`` sets, in ``(0, 1)``.
-    :param min_calibration_rows: ``calibrate_noise="coverage"`` only: score at least this
+        coverage ``calibrate="coverage"`` sets, in ``(0, 1)``.
+    :param min_calibration_rows: ``calibrate="coverage"`` only: score at least this
         many held-out rows by cross-fitting (the CV+ idea of Barber et al., 2021; ``None``,
         the default: the held-out split alone). The training rows are cut into disjoint
         folds of the held-out split's size (folds :math:`0, \\dots, F-1` are the
-        ``n_fits`` fits' own); each further fold :math:`k < K` is scored by one extra
+        ``num_fits`` fits' own); each further fold :math:`k < K` is scored by one extra
         fit that holds it out (for early stopping too, like the fits) and is seeded
         ``seed_ + k``, with :math:`K` the least number of folds with that many rows (at
-        most ``N // n_val``, every row once; with several ``n_fits`` in the pool's
+        most ``N // n_val``, every row once; with several ``num_fits`` in the pool's
         shape, as the fits' folds are). The pooled scores set the factor of the
         estimator's fits, which alone predict; training costs :math:`\\max(K - F, 0)`
         fits more. ``noise_calibration_["fold_scores"]`` keeps the extra folds' scores.
@@ -227,12 +227,12 @@ class VaRTRegressor(
     def __init__(
         self,
         depth: int = 5,
-        lam: float = 1e-3,
+        kl_weight: float = 1e-3,
         *,
         num_steps: int = 1000,
         lr: float = 0.03,
         lr_decay: float = 1.0,
-        n_fits: int = 1,
+        num_fits: int = 1,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
@@ -240,7 +240,7 @@ class VaRTRegressor(
         validation_fraction: float = 0.1,
         patience: int | None = 5,
         eval_every: int = 20,
-        calibrate_noise: str | bool | None = "coverage",
+        calibrate: str | bool | None = "coverage",
         calibration_level: float = 0.9,
         min_calibration_rows: int | None = None,
         refit: bool = True,
@@ -257,11 +257,11 @@ class VaRTRegressor(
         progress: bool = False,
     ):
         self.depth = depth
-        self.lam = lam
+        self.kl_weight = kl_weight
         self.num_steps = num_steps
         self.lr = lr
         self.lr_decay = lr_decay
-        self.n_fits = n_fits
+        self.num_fits = num_fits
         self.batch_size = batch_size
         self.temperature_start = temperature_start
         self.temperature_end = temperature_end
@@ -269,7 +269,7 @@ class VaRTRegressor(
         self.validation_fraction = validation_fraction
         self.patience = patience
         self.eval_every = eval_every
-        self.calibrate_noise = calibrate_noise
+        self.calibrate = calibrate
         self.calibration_level = calibration_level
         self.min_calibration_rows = min_calibration_rows
         self.refit = refit
@@ -375,7 +375,7 @@ class VaRTRegressor(
         return self
 
     def _fit_members(self, X, y, perm, n_val: int, gen):
-        """The ``n_fits`` fits of ``fit``. Fit :math:`j` holds out fold
+        """The ``num_fits`` fits of ``fit``. Fit :math:`j` holds out fold
         :math:`k = j \\bmod \\lfloor N / n_{val} \\rfloor`, the rows
         ``perm[k n_val : (k + 1) n_val]`` (none when ``n_val`` is 0), for early stopping
         and calibration, and learns from the other rows: stopped on its fold, then with
@@ -385,11 +385,11 @@ class VaRTRegressor(
         (``stopping_result_`` is the first; empty and ``None`` without ``refit``), the
         averaged ``feature_importances_`` and the clipping range of every fit's training
         rows; returns each fit's held-out rows, standardised and clipped as it saw them."""
-        n_fits = self._n_fits()
+        num_fits = self._n_fits()
         num_folds = max(X.shape[0] // n_val, 1) if n_val else 1
         refit = bool(n_val) and self.refit
         members, held, stops, ranges = [], [], [], []
-        for j in range(n_fits):
+        for j in range(num_fits):
             val_idx, train_idx = fold_rows(perm, n_val, j % num_folds)
             seed = self._seed() + j * MEMBER_SEED
             gen_j = gen if j == 0 else torch.Generator().manual_seed(seed)
@@ -410,8 +410,8 @@ class VaRTRegressor(
         return held
 
     def _n_fits(self) -> int:
-        """``n_fits`` checked (also against ``num_samples``, which the fits share)."""
-        return check_n_fits(self.n_fits, self.num_samples)
+        """``num_fits`` checked (also against ``num_samples``, which the fits share)."""
+        return check_n_fits(self.num_fits, self.num_samples)
 
     def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None):
         """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);
@@ -492,7 +492,7 @@ class VaRTRegressor(
 
     def _model_guide(self, num_features: int, depth: int, Xtr, gen):
         """The model and guide of a fit, initialised from ``gen`` (and ``Xtr``)."""
-        keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
+        keys = ("kl_weight", "split_alpha", "split_beta", "split_scale", "leaf_scale")
         model = VaRT(
             num_features, missing=self._fit_missing(), **{k: getattr(self, k) for k in keys}
         )
@@ -637,7 +637,7 @@ class VaRTRegressor(
             "refit": False,
             "init_split_prob": 0.9,
             "lr_decay": 1.0,
-            "n_fits": 1,
+            "num_fits": 1,
         }
         state = {**old, **state}
         if "guide_" in state and "stopping_results_" not in state:  # fitted with one fit

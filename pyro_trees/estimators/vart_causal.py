@@ -38,14 +38,14 @@ class VaRTCausal(BaseEstimator):
     :param regressor: an unfitted :class:`VaRTRegressor`, or a
         :class:`~pyro_trees.estimators.VaRTForestRegressor` for a forest (each posterior
         forest then gives one draw of both regression functions), cloned by ``fit`` (default:
-        ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
+        ``VaRTRegressor(depth=3, kl_weight=1.0, validation_fraction=0.0, init="random")``,
         the paper's causal :math:`\\lambda`, trained on every row as in the paper).
-    :param n_trees: ``None`` (default) for the single tree above; an integer for a forest
+    :param num_trees: ``None`` (default) for the single tree above; an integer for a forest
         of that many trees as the default outcome model,
-        ``VaRTForestRegressor(n_trees, validation_fraction=0.0, n_fits=1)`` (its other
+        ``VaRTForestRegressor(num_trees, validation_fraction=0.0, num_fits=1)`` (its other
         defaults: depth 3, lambda 1e-3; every row trains, as above; one fit, as the IHDP
         figures of the VaRT guide page were measured: without held-out rows every
-        further fit of ``n_fits`` trains all ``num_steps``). Only without ``regressor``.
+        further fit of ``num_fits`` trains all ``num_steps``). Only without ``regressor``.
     :param random_state: seed of the default regressor (a given regressor keeps its
         own ``random_state``).
     :param device: torch device of the default regressor.
@@ -71,13 +71,13 @@ class VaRTCausal(BaseEstimator):
         self,
         regressor: VaRTRegressor | None = None,
         *,
-        n_trees: int | None = None,
+        num_trees: int | None = None,
         random_state: int | None = None,
         device=None,
         progress: bool = False,
     ):
         self.regressor = regressor
-        self.n_trees = n_trees
+        self.num_trees = num_trees
         self.random_state = random_state
         self.device = device
         self.progress = progress
@@ -100,18 +100,18 @@ class VaRTCausal(BaseEstimator):
             raise ValueError("A must hold treatment indicators 0 or 1")
         if A.min() == A.max() and not sharded:
             raise ValueError("A holds a single treatment arm; both arms are needed")
-        if self.n_trees is not None and self.regressor is not None:
-            raise ValueError("n_trees chooses the default regressor; give one or the other")
+        if self.num_trees is not None and self.regressor is not None:
+            raise ValueError("num_trees chooses the default regressor; give one or the other")
         common = {"random_state": self.random_state, "device": self.device}
         common["progress"] = self.progress
-        if self.n_trees is not None:
+        if self.num_trees is not None:
             self.regressor_ = VaRTForestRegressor(
-                n_trees=self.n_trees, validation_fraction=0.0, n_fits=1, **common
+                num_trees=self.num_trees, validation_fraction=0.0, num_fits=1, **common
             )
         elif self.regressor is None:
             self.regressor_ = VaRTRegressor(
                 depth=3,
-                lam=1.0,
+                kl_weight=1.0,
                 validation_fraction=0.0,
                 init="random",
                 **common,
