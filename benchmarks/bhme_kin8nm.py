@@ -102,7 +102,7 @@ def spare_expert_cost(est, x, y, bias: float = 6.0, iters: int = 1500):
     best = (-np.inf, None)
     for leaf in top.experts:
         child, grown = vb.grow_state(data, one, top, leaf, gate)
-        res = vb.run_vb(vb.VBData.build(x, y, child), grown, num_iters=iters, tol=1e-8)
+        res = vb.run_vb(vb.VBData.build(x, y, child), grown, num_cycles=iters, tol=1e-8)
         if float(res.bound[0]) > best[0]:
             best = (float(res.bound[0]), child)
     return best
@@ -233,8 +233,8 @@ def run_split(args, data: np.ndarray, split_seed: int) -> tuple[dict, str]:
     tops = enumerate_topologies(args.max_experts, args.min_experts)
     est = BayesianHMERegressor(
         topologies=tops,
-        n_restarts=args.restarts,
-        n_iter=args.iters,
+        num_restarts=args.restarts,
+        num_cycles=args.iters,
         anneal=args.anneal.split(","),
         prune_after=args.prune_after,
         search_dtype=args.search_dtype,

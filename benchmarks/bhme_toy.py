@@ -102,7 +102,7 @@ def main(argv=None):
     tops = enumerate_topologies(5, 2)
     gen = torch.Generator().manual_seed(0)
     sel = vb.select_topology(
-        x, t, tops, num_restarts=args.restarts, num_iters=args.iters, generator=gen
+        x, t, tops, num_restarts=args.restarts, num_cycles=args.iters, generator=gen
     )
     rows = []
     for top, b, allb in zip(sel.topologies, sel.bounds, sel.all_bounds, strict=True):
@@ -182,7 +182,7 @@ def main(argv=None):
     ax.set_ylabel("best lower bound")
     ax.set_title("Ockham hill (each point: one topology)")
     est = BayesianHMERegressor(
-        topologies=[best_top], n_restarts=20, tol=1e-6, routing="hard", random_state=0
+        topologies=[best_top], num_restarts=20, tol=1e-6, routing="hard", random_state=0
     )
     est.fit(x_np, t_np)
     grid = np.linspace(x_np.min(), x_np.max(), 300)[:, None]

@@ -116,7 +116,7 @@ def main() -> None:
     cases = {
         "VaRTRegressor": E.VaRTRegressor(depth=2, num_steps=3, num_samples=5, **small),
         "VaRTForestRegressor": E.VaRTForestRegressor(
-            n_trees=2, depth=2, num_steps=3, num_samples=5, **small
+            num_trees=2, depth=2, num_steps=3, num_samples=5, **small
         ),
         "VaRTClassifier": E.VaRTClassifier(depth=2, num_steps=3, num_samples=5, **small),
         "RNNTreeRegressor": E.RNNTreeRegressor(depth=2, num_steps=3, **small),
@@ -125,7 +125,7 @@ def main() -> None:
             depth=1, num_steps=3, init_steps=2, **small
         ),
         "BayesianHMERegressor": E.BayesianHMERegressor(
-            max_experts=2, n_restarts=2, n_iter=3, grow=0, **small
+            max_experts=2, num_restarts=2, num_cycles=3, grow=0, **small
         ),
     }
     print("lines of pyro_trees/estimators/ executed by a tiny fit (total; by module):")

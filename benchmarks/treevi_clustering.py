@@ -105,7 +105,7 @@ def pretrain(x, latent, hidden, epochs, seed):
     from sklearn.mixture import GaussianMixture
 
     torch.manual_seed(seed)
-    enc = GaussianEncoder(x.shape[1], latent, hidden=hidden)
+    enc = GaussianEncoder(x.shape[1], latent, hidden_sizes=hidden)
     dec = nn.Sequential(nn.Linear(latent, hidden[0]), nn.Softplus(), nn.Linear(hidden[0], 784))
     opt = torch.optim.Adam([*enc.parameters(), *dec.parameters()], lr=1e-3)
     for _ in range(epochs):
@@ -253,14 +253,14 @@ def main(argv=None):
             pyro.clear_param_store()
             pyro.set_rng_seed(seed + args.rng_offset)
             model = ConstrainedClusteringVAE(
-                784, 10, latent_dim=latent, hidden=hidden, constraints=pairs, weights=w
+                784, 10, latent_dim=latent, hidden_sizes=hidden, constraints=pairs, weights=w
             )
             model.decoder.load_state_dict(dec_state)
             with torch.no_grad():
                 model.cluster_logits.copy_(torch.as_tensor(np.log(gmm.weights_)))
                 model.cluster_loc.copy_(torch.as_tensor(gmm.means_))
                 model.cluster_log_scale.copy_(0.5 * torch.as_tensor(np.log(gmm.covariances_)))
-            enc = GaussianEncoder(784, latent, hidden=hidden)
+            enc = GaussianEncoder(784, latent, hidden_sizes=hidden)
             enc.load_state_dict(enc_state)
             if name.startswith("mean-field"):
                 guide, elbo = TreeVIGuide(enc, None), Trace_ELBO()
@@ -269,7 +269,7 @@ def main(argv=None):
                     enc,
                     t1,
                     pair_net=PairNet(
-                        pair_in, latent, hidden=(64,), edge_features=2 * int(ef), zero_init=zi
+                        pair_in, latent, hidden_sizes=(64,), edge_features=2 * int(ef), zero_init=zi
                     ),
                     edge_features=e1 if ef else None,
                     pair_inputs=args.pair_inputs,
@@ -280,7 +280,7 @@ def main(argv=None):
                     enc,
                     torch.stack([t1, t2]),
                     pair_net=PairNet(
-                        pair_in, latent, hidden=(64,), edge_features=2 * int(ef), zero_init=zi
+                        pair_in, latent, hidden_sizes=(64,), edge_features=2 * int(ef), zero_init=zi
                     ),
                     edge_features=torch.stack([e1, e2]) if ef else None,
                     pair_inputs=args.pair_inputs,

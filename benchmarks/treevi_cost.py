@@ -127,9 +127,9 @@ def epoch_rows(epochs, smoke):
         pyro.set_rng_seed(0)
         with store.scope() as state:
             model = GraphPriorVAE(
-                te, f, num_nodes=n, strength=strength, latent_dim=16, hidden=(128,)
+                te, f, num_nodes=n, strength=strength, latent_dim=16, hidden_sizes=(128,)
             )
-            enc = GaussianEncoder(f, 16, hidden=(128,))
+            enc = GaussianEncoder(f, 16, hidden_sizes=(128,))
             tree = None if name == "mean-field" else t1
             pair = None if name == "mean-field" else PairNet(f, 16)
             guide = TreeVIGuide(enc, tree, pair_net=pair)

@@ -154,9 +154,9 @@ def run_method(name, x, adj_edges, n, trees, batches, *, epochs, latent, strengt
         num_nodes=n,
         strength=0.0 if name == "VAE" else strength,
         latent_dim=latent,
-        hidden=(128,),
+        hidden_sizes=(128,),
     )
-    enc = GaussianEncoder(f, latent, hidden=(128,))
+    enc = GaussianEncoder(f, latent, hidden_sizes=(128,))
     if name in ("VAE", "MF"):
         guide, elbo = TreeVIGuide(enc, None), Trace_ELBO()
     elif name == "TreeVI":

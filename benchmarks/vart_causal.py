@@ -61,7 +61,7 @@ def _vart(args, seed):
         return VaRTForestRegressor(validation_fraction=0.0, random_state=seed)
     return VaRTRegressor(
         depth=args.depth,
-        lam=args.lam,
+        kl_weight=args.kl_weight,
         num_steps=args.num_steps,
         lr=args.lr,
         validation_fraction=0.0,  # every row trains, for the paper's full-data fits
@@ -185,7 +185,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--depth", type=int, default=3)
-    p.add_argument("--lam", type=float, default=1.0)
+    p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--num-steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=0.03)
     p.add_argument("--toy-n", type=int, default=500)
@@ -199,7 +199,7 @@ def main(argv=None):
         default=None,
         help="outcome model VaRTForestRegressor at its defaults ('default') or with "
         "validation_fraction=0 ('full': every row trains for its 1000 steps, as the "
-        "paper's fits; no early stopping or noise calibration); --depth, --lam, "
+        "paper's fits; no early stopping or noise calibration); --depth, --kl-weight, "
         "--num-steps, --lr are then unused",
     )
     p.add_argument("--name", default="vart_causal")
@@ -213,7 +213,7 @@ def main(argv=None):
         "full": "VaRTForestRegressor(validation_fraction=0) (20 trees of depth 3, lambda "
         "1e-3, every row trains for 1000 steps, as the paper's fits)",
     }.get(args.forest) or (
-        f"VaRT depth {args.depth}, lambda {args.lam}, {args.num_steps} ClippedAdam steps "
+        f"VaRT depth {args.depth}, lambda {args.kl_weight}, {args.num_steps} ClippedAdam steps "
         f"(lr {args.lr})"
     )
     md = (

@@ -3,7 +3,7 @@ of the VaRT benchmark, in one run.
 
 Run from the repository root, e.g. ``python -m benchmarks.vart_forest`` (3 splits of
 each set) or ``python -m benchmarks.vart_forest --splits 0,1,2,3,4,5,6,7,8,9`` (all ten),
-``--datasets kin40k --splits 0`` for Table B's large set; ``--n-fits``, ``--n-trees``
+``--datasets kin40k --splits 0`` for Table B's large set; ``--num-fits``, ``--num-trees``
 and ``--depth`` run a non-default forest, named in the results (the variant
 ``results/variants/vart_forest_5fits``: ``--n-fits 5 --splits 0,...,9 --name
 vart_forest_5fits``).
@@ -128,19 +128,19 @@ def main(argv=None):
     p.add_argument("--splits", default="0,1,2")
     p.add_argument("--name", default="vart_forest")
     p.add_argument(
-        "--n-trees", type=int, default=None, help="non-default n_trees (named in the results)"
+        "--num-trees", type=int, default=None, help="non-default num_trees (named in the results)"
     )
     p.add_argument("--depth", type=int, default=None, help="non-default depth (named too)")
-    p.add_argument("--n-fits", type=int, default=None, help="non-default n_fits (named too)")
+    p.add_argument("--num-fits", type=int, default=None, help="non-default num_fits (named too)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     kwargs = {}
-    if args.n_trees is not None:
-        kwargs["n_trees"] = args.n_trees
+    if args.num_trees is not None:
+        kwargs["num_trees"] = args.num_trees
     if args.depth is not None:
         kwargs["depth"] = args.depth
-    if args.n_fits is not None:
-        kwargs["n_fits"] = args.n_fits
+    if args.num_fits is not None:
+        kwargs["num_fits"] = args.num_fits
     splits = [int(s) for s in args.splits.split(",") if s]
     records = []
     for name, split, X, Xtr, ytr, Xte, yte in uci_splits(args.datasets, splits):

@@ -31,7 +31,7 @@ def _step_fn(kind, k, depth, x, y):
         guide = VaRTGuide(model, depth)
         loss = vart_elbo
     else:
-        model = VaRTForest(x.shape[1], n_trees=k, depth=depth)
+        model = VaRTForest(x.shape[1], num_trees=k, depth=depth)
         guide = VaRTForestGuide(model)
         loss = vart_forest_elbo
     guide(x)

@@ -8,7 +8,7 @@ arguments it sets; the others are the estimator's defaults at the time of the ru
 ``benchmarks/vart_forest.py`` (same splits, targets min-max scaled, one thread).
 
 Committed runs: ``vart_forest_defaults`` (the learning-rate schedule, patience and the
-number of trees; its ``default`` had one fit, before ``n_fits`` existed),
+number of trees; its ``default`` had one fit, before ``num_fits`` existed),
 and, under ``results/variants/``, ``vart_forest_defaults_fits`` (``--configs "default,one
 fit,5 fits" --name vart_forest_defaults_fits``: the number of pooled fits; its ``default``
 has three refits sharing one held-out split) and ``vart_forest_defaults_folds``
@@ -44,7 +44,17 @@ from benchmarks.vart_forest import fit_forest
 from pyro_trees.estimators import VaRTForestRegressor
 
 # the training arguments the candidates vary, at the estimator's shipped values
-VARIED = ("n_trees", "depth", "lam", "num_steps", "lr", "lr_decay", "n_fits", "refit", "patience")
+VARIED = (
+    "num_trees",
+    "depth",
+    "kl_weight",
+    "num_steps",
+    "lr",
+    "lr_decay",
+    "num_fits",
+    "refit",
+    "patience",
+)
 SHIPPED = {k: v for k, v in VaRTForestRegressor().get_params().items() if k in VARIED}
 
 CONFIGS = {
@@ -52,9 +62,9 @@ CONFIGS = {
     "previous: constant lr 0.03; patience 5": {"lr_decay": 1.0, "patience": 5},
     "lr_decay 0.05; patience 5": {"lr_decay": 0.05, "patience": 5},
     "constant lr 0.01; patience 5": {"lr": 0.01, "lr_decay": 1.0, "patience": 5},
-    "50 trees": {"n_trees": 50},
-    "one fit": {"n_fits": 1},
-    "5 fits": {"n_fits": 5},
+    "50 trees": {"num_trees": 50},
+    "one fit": {"num_fits": 1},
+    "5 fits": {"num_fits": 5},
     "refit": {"refit": True},
     "2000 steps": {"num_steps": 2000},
     "lr 0.05": {"lr": 0.05},

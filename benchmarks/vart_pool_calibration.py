@@ -2,14 +2,14 @@
 rule beside the rules it replaced, on the same fitted forests.
 
 Run from the repository root: ``python -m benchmarks.vart_pool_calibration`` (splits
-0-2 of the 18 UCI sets of ``benchmarks/vart_forest.py``, same protocol), ``--n-fits 5``
+0-2 of the 18 UCI sets of ``benchmarks/vart_forest.py``, same protocol), ``--num-fits 5``
 for a pool of five, ``--friedman 5`` for five draws of the VaRT notebook's section 6
 data instead (Friedman's function, noise 1: 500 training rows drawn with
 ``random_state=2 d``, 1,000 test rows with ``2 d + 1``, the forest seeded ``d``; draw 0
 is the notebook's).
 
 Each :class:`~pyro_trees.estimators.VaRTForestRegressor` (default arguments, or
-``n_fits`` as named) is fitted once; fit :math:`j` held out fold :math:`j`. Its held-out
+``num_fits`` as named) is fitted once; fit :math:`j` held out fold :math:`j`. Its held-out
 rows are scored two ways at factor-1 noise:
 
 * ``own``: under fit :math:`j`'s own posterior forests alone (the rule until 2026-11-27);
@@ -53,9 +53,9 @@ class _Recording(VaRTForestRegressor):
         return super()._calibrate_noise(held, extra, fits)
 
 
-def fit_rules(split, Xtr, ytr, Xte, yte, n_fits: int) -> dict:
+def fit_rules(split, Xtr, ytr, Xte, yte, num_fits: int) -> dict:
     """One forest: its test RMSE and the test coverage of each rule's factor."""
-    est = _Recording(random_state=split, n_fits=n_fits).fit(Xtr, ytr)
+    est = _Recording(random_state=split, num_fits=num_fits).fit(Xtr, ytr)
     fits = est._all_fit_leaves()
     scores = {"own": [], "pool": []}
     with torch.no_grad():
@@ -102,7 +102,7 @@ def summarise(args, records) -> None:
         for rule, c in counts.items()
     ]
     md = (
-        f"VaRTForestRegressor (default arguments, n_fits={args.n_fits}), each fitted once "
+        f"VaRTForestRegressor (default arguments, num_fits={args.num_fits}), each fitted once "
         f"per split; splits {args.splits}. Test coverage of the 90 % interval of the pooled "
         "predictive under each rule's noise factor (see the script's docstring): scores "
         "of each fit's held-out fold under its own forests (`own`) or in the pool's "
@@ -117,7 +117,7 @@ def summarise(args, records) -> None:
         args.name,
         {
             "splits": args.splits,
-            "n_fits": args.n_fits,
+            "num_fits": args.num_fits,
             "summary": summary,
             "rows": rows,
             "records": records,
@@ -140,12 +140,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--datasets", default=",".join(UCI_SETS))
     p.add_argument("--splits", default="0,1,2")
-    p.add_argument("--n-fits", type=int, default=3)
+    p.add_argument("--num-fits", type=int, default=3)
     p.add_argument("--friedman", type=int, default=0, help="draws of the notebook's toy")
     p.add_argument("--name", default=None)
     args = p.parse_args(argv)
     if args.name is None:
-        suffix = "" if args.n_fits == 3 else f"_{args.n_fits}fits"
+        suffix = "" if args.num_fits == 3 else f"_{args.num_fits}fits"
         suffix += "_friedman" if args.friedman else ""
         args.name = "vart_pool_calibration" + suffix
     torch.set_num_threads(1)
@@ -158,7 +158,7 @@ def main(argv=None):
     records = []
     for name, split, X, Xtr, ytr, Xte, yte in data:
         rec = {"dataset": name, "split": split, "n": len(X)}
-        rec.update(fit_rules(split, Xtr, ytr, Xte, yte, args.n_fits))
+        rec.update(fit_rules(split, Xtr, ytr, Xte, yte, args.num_fits))
         records.append(rec)
         print(name, split, {k: v for k, v in rec.items() if isinstance(v, dict)}, flush=True)
         if split == splits[-1]:

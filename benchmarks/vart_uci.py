@@ -128,14 +128,14 @@ def fit_vart(args, depth, split, Xtr, ytr, Xte, yte) -> dict:
     t = time.perf_counter()
     est = VaRTRegressor(
         depth=depth,
-        lam=args.lam,
+        kl_weight=args.kl_weight,
         num_steps=args.num_steps,
         lr=args.lr,
         validation_fraction=args.validation_fraction,
         batch_size=args.batch_size,
         init=args.init,
         clip_margin=getattr(args, "clip_margin", 0.5),
-        calibrate_noise=getattr(args, "calibrate_noise", "coverage"),
+        calibrate=getattr(args, "calibrate", "coverage"),
         min_calibration_rows=getattr(args, "min_calibration_rows", None),
         refit=getattr(args, "refit", False),  # False: results JSONs written before the flag
         # the estimator's defaults when the recorded results were written
@@ -247,7 +247,7 @@ def _summarise(args, records, depths, peers, splits):
             r["ratio to xgboost"] = r["mean fit seconds"] / ref
     md = (
         f"Targets min-max scaled to [0, 1]; splits {splits}; depths {depths}; lambda "
-        f"{args.lam}; at most {args.num_steps} ClippedAdam steps (lr {args.lr}); split "
+        f"{args.kl_weight}; at most {args.num_steps} ClippedAdam steps (lr {args.lr}); split "
         f"init {args.init!r}; validation fraction {args.validation_fraction} of the "
         "training rows held out for early stopping (patience 10 evaluations, every 20 "
         f"steps) and the leaf-noise calibration factor; minibatch "
@@ -265,7 +265,7 @@ def _summarise(args, records, depths, peers, splits):
             + "Mean 90 % coverage inside [0.85, 0.95]: "
             + ", ".join(f"{m}: {k} of {len(names)} sets" for m, k in inside.items())
             + " (goal: every set; `vartD cov90` is the run's rule, "
-            + f"{getattr(args, 'calibrate_noise', 'coverage')!r}"
+            + f"{getattr(args, 'calibrate', 'coverage')!r}"
             + (
                 f" with min_calibration_rows={args.min_calibration_rows} (cross-fitted folds)"
                 if getattr(args, "min_calibration_rows", None)
@@ -340,7 +340,7 @@ def main(argv=None):
     p.add_argument("--depths", default="3,5,7,10")
     p.add_argument("--num-steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=0.03)
-    p.add_argument("--lam", type=float, default=1e-3)
+    p.add_argument("--kl-weight", type=float, default=1e-3)
     p.add_argument("--validation-fraction", type=float, default=0.1)
     p.add_argument("--init", default="data", choices=["data", "random"])
     p.add_argument(
@@ -360,7 +360,7 @@ def main(argv=None):
         "--calibrate-noise",
         default="coverage",
         choices=["coverage", "likelihood"],
-        help="VaRTRegressor's calibrate_noise rule (the other rules are reported beside)",
+        help="VaRTRegressor's calibrate rule (the other rules are reported beside)",
     )
     p.add_argument(
         "--min-calibration-rows",

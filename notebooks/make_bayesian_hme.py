@@ -150,7 +150,7 @@ scores the tree. Restarts are a batch dimension:
     code("""
 data = vb.VBData.build(torch.as_tensor(t_in), torch.as_tensor(x_out), Topology([1, 3]))
 res = vb.run_vb(data, vb.init_state(data, (20,), generator=torch.Generator().manual_seed(0)),
-                num_iters=ITERS, tol=None)
+                num_cycles=ITERS, tol=None)
 steps = torch.diff(res.history, dim=0)
 best = int(res.bound.argmax())
 print(f"smallest change of the bound over a cycle: {float(steps.min()):.1e} "
@@ -174,7 +174,7 @@ falls once extra experts only add prior volume. (It standardises $t$ and $x$ fir
 reports the bound in the data's units.)
 """),
     code("""
-est = BayesianHMERegressor(max_experts=3 if SMOKE else 5, n_restarts=RESTARTS, n_iter=ITERS,
+est = BayesianHMERegressor(max_experts=3 if SMOKE else 5, num_restarts=RESTARTS, num_cycles=ITERS,
                            tol=1e-6, routing="hard", random_state=0).fit(t_in, x_out)
 for top, b in zip(est.topologies_, est.bounds_):
     print(f"{top.num_experts} experts {str(top):24s} best bound {b:8.2f}")
@@ -296,7 +296,7 @@ predicted angles forward.
 pos, ang = robot_arm(200 if SMOKE else 1000, seed=0)
 pos_te, ang_te = robot_arm(100 if SMOKE else 1000, seed=1)
 arm = BayesianHMERegressor(topologies=[Topology.balanced(2 if SMOKE else 4)],
-                           n_restarts=3 if SMOKE else 10, n_iter=ITERS, tol=1e-6,
+                           num_restarts=3 if SMOKE else 10, num_cycles=ITERS, tol=1e-6,
                            routing="hard", random_state=0).fit(pos, ang)
 err = np.linalg.norm(robot_arm_forward(arm.predict(pos_te)) - pos_te, axis=-1)
 w = np.linalg.lstsq(np.c_[pos, np.ones(len(pos))], ang, rcond=None)[0]

@@ -120,7 +120,7 @@ $T_2 = \{(1,2),(1,4),(2,3)\}$ (parent arrays, 0-based, $-1$ at the root):
 """),
     code(r"""
 T1, T2 = [-1, 0, 0, 1], [-1, 0, 1, 0]
-tiny = SyntheticGraphVAE(latent_dim=1, obs_dim=1)
+tiny = SyntheticGraphVAE(latent_dim=1, in_features=1)
 x_tiny = tiny.generate(64, torch.Generator().manual_seed(1))[..., 0]  # (G, 4)
 prior = dist.MultivariateNormal(torch.zeros(4), scale_tril=tiny.prior_tril)
 

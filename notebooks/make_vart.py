@@ -244,7 +244,7 @@ y_mean, y_std = y_train.mean(), y_train.std()
 xs_train, ys_train = (x_train - x_mean) / x_std, (y_train - y_mean) / y_std
 
 pyro.clear_param_store()
-model = VaRT(1)  # lam=1e-3
+model = VaRT(1)  # kl_weight=1e-3
 guide = VaRTGuide(model, depth=3)
 svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.03}), Trace_ELBO())
 losses = [svi.step(xs_train, ys_train) for _ in range(STEPS)]
@@ -458,7 +458,7 @@ defaults ($\lambda = 1$: here the objective *is* the ELBO, up to the relaxation)
     code(r"""
 toy = make_vart_causal_toy(80 if SMOKE else 300, "partial", random_state=0)
 X, A, y = toy["X"], toy["A"], toy["y"]
-causal = VaRTCausal(VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random",
+causal = VaRTCausal(VaRTRegressor(depth=3, kl_weight=1.0, validation_fraction=0.0, init="random",
                                   random_state=0, **smoke_steps)).fit(X, A, y)
 true_ate = np.mean(toy["mu1"] - toy["mu0"])
 ate = causal.ate(level=0.9)
@@ -529,7 +529,7 @@ that the arms share nothing, and compare.
     code(r"""
 f_arm = {}
 for a in (0, 1):
-    reg = VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random", random_state=0,
+    reg = VaRTRegressor(depth=3, kl_weight=1.0, validation_fraction=0.0, init="random", random_state=0,
                         **smoke_steps).fit(X[A == a], y[A == a])
     f_arm[a] = reg.sample_function(X)  # (trees, N)
 t_draws = f_arm[1] - f_arm[0]
@@ -548,14 +548,14 @@ read a 90 % variational interval as a 90 % guarantee.
 
 ## 8. Things to try
 
-1. Re-run the step-function fit with `VaRT(1, lam=1.0)` (the true ELBO). How do the
+1. Re-run the step-function fit with `VaRT(1, kl_weight=1.0)` (the true ELBO). How do the
    interval widths change, and does the guide still split at every jump?
 2. Anneal the temperature (`TemperatureSchedule` from `pyro_trees.guides`, set
    `guide.temperature = schedule(step)` inside the loop) and compare the relaxed and hard
    predictive means of Section 5.
 3. Draw the causal toy with `setting="overlap"` (the arms cover the same range of $x$).
    Which of the two errors of Section 7 goes away, and does the interval cover the truth?
-   Then refit the partial toy with `lam=1e-3`: the ATE moves towards the truth because
+   Then refit the partial toy with `kl_weight=1e-3`: the ATE moves towards the truth because
    each leaf's linear extrapolation is trusted more. Is the interval more honest, or only
    narrower?
 4. Give the hand-written stump a split indicator: a relaxed Bernoulli $s$ in the guide and
@@ -563,9 +563,9 @@ read a 90 % variational interval as a 90 % guarantee.
    posterior prefer no split?
 5. Increase the guide's `depth` to 5 on the step data. How many nodes does the guide keep
    (Section 4's bar chart), and what does that say about the truncation?
-6. Refit Section 6's forest with `n_trees=1` and with `n_trees=50`. How do the test RMSE,
+6. Refit Section 6's forest with `num_trees=1` and with `num_trees=50`. How do the test RMSE,
    the interval width and the fit time change, and why does the sum's prior not widen
-   with more trees? Then with `n_fits=1` (one fit instead of three pooled, each of
+   with more trees? Then with `num_fits=1` (one fit instead of three pooled, each of
    which held out its own rows): how much of the spread of `forest.sample_function(Xn)`
    was the disagreement between the fits, and how much wider are the intervals?
 

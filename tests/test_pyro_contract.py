@@ -273,7 +273,7 @@ def _vart_forest_build(name=None, dtype=torch.float64):
     from pyro_trees.guides import VaRTForestGuide
     from pyro_trees.models import VaRTForest
 
-    model = VaRTForest(1, n_trees=10, depth=2, lam=1e-3, name=name)
+    model = VaRTForest(1, num_trees=10, depth=2, kl_weight=1e-3, name=name)
     return model, VaRTForestGuide(model, name=name)
 
 
@@ -563,9 +563,9 @@ def _treevi_build_graph(name=None, dtype=torch.float64):
     adjacency = torch.block_diag(*[SYNTHETIC_AFFINITY] * 50)
     tree = maximum_spanning_tree(adjacency.masked_fill(adjacency == 0, -math.inf))
     model = GraphPriorVAE(
-        adjacency, 4, latent_dim=4, hidden=(), likelihood="normal", name=name or ""
+        adjacency, 4, latent_dim=4, hidden_sizes=(), likelihood="normal", name=name or ""
     )
-    guide = TreeVIGuide(GaussianEncoder(4, 4, hidden=()), tree, name=name or "")
+    guide = TreeVIGuide(GaussianEncoder(4, 4, hidden_sizes=()), tree, name=name or "")
     return model, guide
 
 
@@ -602,7 +602,7 @@ def _treevi_build_clustering(name=None, dtype=torch.float64):
     must = pairs[w > 0]
     forest = maximum_spanning_tree(torch.ones(len(must)), edges=must, num_nodes=120)
     model = ConstrainedClusteringVAE(
-        12, 3, latent_dim=2, hidden=(32,), constraints=pairs, weights=w, name=name or ""
+        12, 3, latent_dim=2, hidden_sizes=(32,), constraints=pairs, weights=w, name=name or ""
     )
     return model, TreeVIGuide(GaussianEncoder(12, 2, (32,)), forest, name=name or "")
 

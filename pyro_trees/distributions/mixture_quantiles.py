@@ -19,14 +19,14 @@ def gaussian_mixture_quantiles(
     scale: torch.Tensor,
     probs: Sequence[float],
     dim: int | tuple[int, ...] = -1,
-    iters: int = 60,
+    max_steps: int = 60,
 ) -> torch.Tensor:
     r"""Quantiles :math:`q` of Gaussian mixtures: :math:`\sum w\, \Phi((q - \mu) / \sigma)
     = p`, the sum running over the component dims ``dim``.
 
     Newton steps on the mixture's CDF, kept inside a bracket that bisection shrinks
     (starting at the used components' :math:`\mu \pm 40 \sigma`, within the dtype's
-    finite range), until every CDF is within 1e-13 of its target or ``iters`` steps have
+    finite range), until every CDF is within 1e-13 of its target or ``max_steps`` steps have
     run. The quantiles are finite for finite ``loc`` and ``scale`` of any magnitude.
 
     :param weight: component weights, broadcastable with ``loc``, summing to one over
@@ -48,7 +48,7 @@ def gaussian_mixture_quantiles(
     for p in probs:
         a, b = low.clone(), high.clone()
         q = a / 2 + b / 2  # (a + b) / 2 without overflow (the same bits otherwise)
-        for _ in range(iters):
+        for _ in range(max_steps):
             z = (q - loc) / scale
             cdf = (weight * torch.special.ndtr(z)).sum(dims, keepdim=True)
             pdf = (weight * torch.exp(-0.5 * z * z) / scale).sum(dims, keepdim=True)
@@ -97,7 +97,7 @@ def _ndtr(z: torch.Tensor) -> torch.Tensor:
     return 0.5 * torch.special.erfc(z * -_SQRT_HALF)
 
 
-def _newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p: float, tol: float, iters: int):
+def _newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p: float, tol: float, max_steps: int):
     """Safeguarded Newton steps for the ``p``-quantiles of the row mixtures of
     :func:`row_mixture_quantiles` (``inv`` the reciprocal scales, ``w_pdf`` the
     weights over ``sqrt(2 pi)`` times ``inv``), from ``q`` ``(n,)`` inside brackets
@@ -110,7 +110,7 @@ def _newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p: float, tol: float, it
     # |z| beyond 8 (single) or 30 (double) changes a CDF by under 1e-15 or 1e-197 of
     # its weight; clamping keeps subnormal numbers (slow on CPUs) out of the sums
     bound = 8.0 if q.dtype == torch.float32 else 30.0
-    for _ in range(iters):
+    for _ in range(max_steps):
         z = (q.unsqueeze(-1) - loc).mul_(inv).clamp_(-bound, bound)
         cdf = torch.linalg.vecdot(weight, _ndtr(z))
         pdf = torch.linalg.vecdot(w_pdf, z.square_().mul_(-0.5).exp_())
@@ -135,7 +135,7 @@ def row_mixture_quantiles(
     scale: torch.Tensor,
     probs,
     tol: float = 1e-12,
-    iters: int = 100,
+    max_steps: int = 100,
 ) -> torch.Tensor:
     """Quantiles of one Gaussian mixture per row: the ``q`` with
     :math:`\\sum_k w_{jk} \\Phi((q - \\mu_{jk}) / \\sigma_{jk}) = p`.
@@ -154,7 +154,7 @@ def row_mixture_quantiles(
     :param scale: ``(n, C)`` standard deviations (positive).
     :param probs: probabilities in ``(0, 1)``.
     :param float tol: the largest error of the CDF at the quantiles.
-    :param int iters: the most Newton steps per precision.
+    :param int max_steps: the most Newton steps per precision.
     :returns: ``(len(probs), n)``.
     """
     used = weight > 0
@@ -174,7 +174,7 @@ def row_mixture_quantiles(
         b = torch.where(used, comp, -math.inf).amax(-1)
         q = torch.minimum(torch.maximum(mean + sd * zp, a), b)
         if coarse:
-            q32 = _newton_quantiles(*single, q.float(), a.float(), b.float(), p, 1e-5, iters)
+            q32 = _newton_quantiles(*single, q.float(), a.float(), b.float(), p, 1e-5, max_steps)
             q = torch.minimum(torch.maximum(q32.to(q.dtype), a), b)
-        out.append(_newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p, tol, iters))
+        out.append(_newton_quantiles(weight, w_pdf, loc, inv, q, a, b, p, tol, max_steps))
     return torch.stack(out)

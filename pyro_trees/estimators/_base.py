@@ -147,6 +147,24 @@ class Standardizer:
         return np.asarray(values, dtype=np.float64) * self.scale
 
 
+#: parameters renamed in version 0.2.0 (one name per idea: the vocabulary of
+#: ``docs/guide/estimators.rst``), by their names in version 0.1.0
+RENAMED_IN_0_2 = {
+    "n_fits": "num_fits",
+    "n_trees": "num_trees",
+    "n_restarts": "num_restarts",
+    "n_iter": "num_cycles",
+    "calibrate_noise": "calibrate",
+    "lam": "kl_weight",
+}
+
+
+def renamed_state(state: dict) -> dict:
+    """The pickled ``state`` of an estimator of version 0.1.0 under today's parameter
+    names (:data:`RENAMED_IN_0_2`); today's state is returned as it is."""
+    return {RENAMED_IN_0_2.get(k, k): v for k, v in state.items()}
+
+
 class TabularEstimator(BaseEstimator):
     """Base of every pyro_trees estimator: validation, scaling and conversion to torch.
 
@@ -164,6 +182,9 @@ class TabularEstimator(BaseEstimator):
         super().__init_subclass__(**kwargs)
         if "fit" in cls.__dict__:  # every family's fit finishes or leaves it unfitted
             cls.fit = guarded_fit(cls.__dict__["fit"])
+
+    def __setstate__(self, state):
+        super().__setstate__(renamed_state(state))
 
     #: the computation dtype of an estimator without a ``dtype`` parameter
     _default_dtype = "float32"

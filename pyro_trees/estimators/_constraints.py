@@ -4,7 +4,7 @@ parameter may be (``_parameter_constraints``, in the spirit of scikit-learn's), 
 of constraint, ``"<name> must be <what>, got <value>"``.
 
 Checks that tie several parameters together (``patience`` needs a validation split,
-``n_fits`` at most ``num_samples``...) stay with the estimator that has them
+``num_fits`` at most ``num_samples``...) stay with the estimator that has them
 (``_check_params_together``): they are few, and each says why.
 
 .. rubric:: Examples

@@ -19,7 +19,7 @@ from pyro_trees.infer import exclusive
 
 __all__ = ["local_seed"]
 
-MEMBER_SEED = 7919  # VaRT ``n_fits``: offset between the seeds of successive fits
+MEMBER_SEED = 7919  # VaRT ``num_fits``: offset between the seeds of successive fits
 
 
 def _cuda_index(device) -> int | None:

@@ -32,7 +32,7 @@ CALIBRATION_ROWS = 512  # held-out rows used for the noise factor (cost ~ rows x
 
 def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> float:
     """The noise factor rule of :class:`~pyro_trees.estimators.VaRTRegressor`
-    (``calibrate_noise="likelihood"``): the maximiser :math:`\\hat c` of the held-out log
+    (``calibrate="likelihood"``): the maximiser :math:`\\hat c` of the held-out log
     density when it is at least one, else :math:`\\min(1, c_+)`, with :math:`c_+` the
     largest grid value with :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (the one-sided
     95 % profile likelihood bound).
@@ -50,7 +50,7 @@ def noise_factor_from_curve(grid: torch.Tensor, log_density: torch.Tensor) -> fl
 def noise_factor_from_scores(
     scores: torch.Tensor, level: float, confidence: float | None = 0.95
 ) -> float | None:
-    """The ``calibrate_noise="coverage"`` rule of
+    """The ``calibrate="coverage"`` rule of
     :class:`~pyro_trees.estimators.VaRTRegressor` from the held-out coverage scores
     :math:`s_j` (the least noise factor from which row :math:`j` lies inside the central
     ``level`` interval; see :meth:`~pyro_trees.estimators.VaRTRegressor.coverage_scores`).
@@ -109,7 +109,7 @@ SCORE_GRID = (-6.0, 8.0, 29)
 def coverage_factor(
     scores: torch.Tensor, level: float, confidence: float | None = 0.95
 ) -> float | None:
-    """The noise factor of ``calibrate_noise="coverage"``:
+    """The noise factor of ``calibrate="coverage"``:
     :func:`noise_factor_from_scores` capped at the score grid's largest factor,
     ``2 ** SCORE_GRID[1]`` (a row no factor on the grid covers scores ``inf``).
 
@@ -201,7 +201,7 @@ def _pool_shaped_mixtures(own: dict, fits: list[dict], batches):
 
 
 def _held_out_curves(mixtures, level: float, num_samples: int):
-    """What both rules of ``calibrate_noise`` read from held-out standardised rows
+    """What both rules of ``calibrate`` read from held-out standardised rows
     under their predictive mixtures at factor-1 noise, ``mixtures`` of ``(y, logits,
     loc, scale)`` (rows ``(n,)``, the rest ``(S, n, M)``, the logits normalised within
     each of the ``S`` trees; :func:`_pool_shaped_mixtures`):
@@ -242,7 +242,7 @@ def _mixture_scores(mixtures, level: float) -> torch.Tensor:
 @dataclass(frozen=True)
 class NoiseCalibration:
     """The held-out noise calibration rule of :class:`~pyro_trees.estimators.VaRTRegressor`
-    (its ``calibrate_noise``, ``calibration_level``, ``min_calibration_rows`` and
+    (its ``calibrate``, ``calibration_level``, ``min_calibration_rows`` and
     ``refit``): how many folds score rows, and the factor on the leaf noise those
     scores and the held-out log densities give. It reads predictive mixtures and
     scores; the estimator supplies them (its posterior trees, its cross-fitted folds).
@@ -261,9 +261,9 @@ class NoiseCalibration:
 
     @classmethod
     def of(cls, est) -> NoiseCalibration:
-        """The rule of an estimator's parameters (``calibrate_noise=True`` is
+        """The rule of an estimator's parameters (``calibrate=True`` is
         ``"likelihood"``, ``False`` is ``None``)."""
-        rule = est.calibrate_noise
+        rule = est.calibrate
         rule = "likelihood" if rule is True else None if rule is None or rule is False else rule
         return cls(rule, float(est.calibration_level), est.min_calibration_rows, bool(est.refit))
 
@@ -300,7 +300,7 @@ class NoiseCalibration:
         total, scores = ranks.sum(total), ranks.gather(torch.cat(scores))  # every rank's rows
         pooled = torch.cat([scores.cpu(), *[e.cpu() for e in extra]])
         c_lik = noise_factor_from_curve(grid, total)
-        # refit: the rows chose no parameters; a pool: see VaRTRegressor's n_fits
+        # refit: the rows chose no parameters; a pool: see VaRTRegressor's num_fits
         confidence = None if self.refit or num_fits > 1 else 0.95
         c_cov = coverage_factor(pooled, self.level, confidence)
         rule = self.rule

@@ -2,7 +2,7 @@
 forest and :class:`~pyro_trees.estimators.VaRTClassifier`): the hooks of the
 :class:`~pyro_trees.estimators._template.SVIEstimator` template that they share.
 
-Fit :math:`j` of ``n_fits`` holds out fold ``_member_fold(j)`` of the held-out split,
+Fit :math:`j` of ``num_fits`` holds out fold ``_member_fold(j)`` of the held-out split,
 starts its guide from a generator seeded ``seed_ + j * MEMBER_SEED`` (the first from the
 generator that drew the split), trains with :func:`~pyro_trees.estimators._template.run_svi`
 under the annealed Gumbel-softmax temperature, early-stopped on the family's held-out
@@ -47,10 +47,10 @@ VART_CONSTRAINTS = {
     **SEED_AND_DEVICE,
     **EARLY_STOPPING,
     "depth": Integer(1),
-    "lam": Real(0, low_open=True),
+    "kl_weight": Real(0, low_open=True),
     "num_steps": Integer(0),
     "lr": Real(0, low_open=True),
-    "n_fits": Integer(1),
+    "num_fits": Integer(1),
     "batch_size": Integer(1, none=True),
     "temperature_start": Real(0, low_open=True),
     "temperature_end": Real(0, low_open=True),
@@ -110,16 +110,16 @@ class VaRTFits(MissingInputs, SVIEstimator):
         return int(seed)
 
     def _check_params_together(self, sharded: bool) -> None:
-        if int(self.n_fits) > int(self.num_samples):
+        if int(self.num_fits) > int(self.num_samples):
             raise ValueError(
-                f"n_fits ({self.n_fits}) must not exceed num_samples ({self.num_samples}): "
+                f"num_fits ({self.num_fits}) must not exceed num_samples ({self.num_samples}): "
                 "every fit gives at least one posterior draw"
             )
         if sharded and self.elbo == "trace":
             raise ValueError("sharded=True needs elbo='vectorised' (the default)")
 
     def _num_fits(self, split: HeldOut) -> int:
-        return int(self.n_fits)
+        return int(self.num_fits)
 
     def _member_fold(self, j: int, split: HeldOut) -> int:
         """The fold fit ``j`` holds out: its own (wrapping around past the last)."""
@@ -221,7 +221,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
 
     def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
         """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
-        ``member * MEMBER_SEED`` for the further fits of ``n_fits``), trained on
+        ``member * MEMBER_SEED`` for the further fits of ``num_fits``), trained on
         ``train_idx`` for the number of steps early stopping chose (``stopped``, the
         stopped fit's :class:`~pyro_trees.infer.FitResult`: its ``best_step``, at least
         1), replaces the stopped one."""

@@ -72,27 +72,27 @@ def hard_guide_draws(guide, num_samples: int, like: torch.Tensor, seed: int) -> 
         return Predictive(guide, num_samples=num_samples, parallel=True)(like)
 
 
-def check_n_fits(n_fits, num_samples) -> int:
-    """``n_fits`` checked: an integer from 1 to ``num_samples`` (every fit gives at least
+def check_n_fits(num_fits, num_samples) -> int:
+    """``num_fits`` checked: an integer from 1 to ``num_samples`` (every fit gives at least
     one of the ``num_samples`` pooled posterior draws)."""
-    if isinstance(n_fits, bool) or int(n_fits) != n_fits or n_fits < 1:
-        raise ValueError(f"n_fits must be an integer >= 1, got {n_fits!r}")
-    if int(n_fits) > int(num_samples):
+    if isinstance(num_fits, bool) or int(num_fits) != num_fits or num_fits < 1:
+        raise ValueError(f"num_fits must be an integer >= 1, got {num_fits!r}")
+    if int(num_fits) > int(num_samples):
         raise ValueError(
-            f"n_fits ({n_fits}) must not exceed num_samples ({num_samples}): every fit "
+            f"num_fits ({num_fits}) must not exceed num_samples ({num_samples}): every fit "
             "gives at least one posterior draw"
         )
-    return int(n_fits)
+    return int(num_fits)
 
 
 def fitted_guides(est) -> list:
     """The fitted guides of a VaRT estimator whose posterior draws are pooled:
-    ``est.guides_`` (estimators pickled before ``n_fits`` existed have ``guide_`` alone)."""
+    ``est.guides_`` (estimators pickled before ``num_fits`` existed have ``guide_`` alone)."""
     return list(getattr(est, "guides_", None) or [est.guide_])
 
 
 def pooled_guide_draws(guides, num_samples: int, like: torch.Tensor, seed: int) -> dict:
-    """:func:`hard_guide_draws` pooled over the fits ``guides`` of ``n_fits``: fit ``j``
+    """:func:`hard_guide_draws` pooled over the fits ``guides`` of ``num_fits``: fit ``j``
     gives ``num_samples // F`` draws (one more for the first ``num_samples % F``),
     seeded ``seed + j * MEMBER_SEED``, concatenated along the draws; one fit's draws
     are ``hard_guide_draws(guides[0], num_samples, like, seed)``."""
@@ -138,7 +138,7 @@ class PosteriorTrees:
         self.guides, self.model, self.depth = list(guides), model, int(depth)
         self.num_samples, self.seed, self.like = int(num_samples), int(seed), like
         self.noise_factor, self.stack_fn = float(noise_factor), stack
-        self.n_trees = getattr(self.guides[0], "n_trees", 1)
+        self.num_trees = getattr(self.guides[0], "num_trees", 1)
         _check_prediction_memory(self.depth, self.num_samples, like.shape[-1], like.device)
         samples = pooled_guide_draws(self.guides, self.num_samples, like, self.seed + 1)
         shift = math.log(self.noise_factor)
@@ -204,7 +204,7 @@ class PosteriorTrees:
     @property
     def row_nodes(self) -> int:
         """Nodes per posterior draw and row that prediction holds at once (batching)."""
-        return 2 ** (self.depth + 1) * self.n_trees
+        return 2 ** (self.depth + 1) * self.num_trees
 
     def batches(self, *tensors: torch.Tensor, parts: int = 1):
         """Matching row slices of ``tensors`` (each ``(N, ...)``), small enough that

@@ -86,15 +86,15 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     :param int min_experts: see ``max_experts``.
     :param topologies: a :class:`~pyro_trees.topology.Topology`, a list of them (gate
         sets or nested pairs are converted), or ``None`` for the search above.
-    :param int n_restarts: random starts per topology.
-    :param int n_iter: coordinate-ascent cycles per start (at most).
+    :param int num_restarts: random starts per topology.
+    :param int num_cycles: coordinate-ascent cycles per start (at most).
     :param anneal: deterministic annealing of the likelihood temperature: ``False`` (none),
         ``True`` (``"excess"``), a name of
         :data:`~pyro_trees.infer.bayesian_hme_vb.SCHEDULES` (the readings of the paper's
         schedule, see :func:`~pyro_trees.infer.bayesian_hme_vb.temperature_schedule`),
         or a list of names: the restarts are then split evenly between the schedules
         (and ``keep`` between them, rounded up) and the best bound per topology is kept.
-        Annealing runs over the first ``n_iter // 4`` cycles (the paper's 200 of 800).
+        Annealing runs over the first ``num_cycles // 4`` cycles (the paper's 200 of 800).
     :param float tol: a restart stops once its bound moves by at most ``tol * N`` in a
         cycle at temperature 1.
     :param prune_after: keep only the best ``keep`` starts per topology after this many
@@ -103,7 +103,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     :param int grow: after the random restarts, search every topology again from
         ``grow`` starts per way of growing it out of the best solution of a topology
         with one expert fewer (split one leaf into a gate and two copies of its expert,
-        then ``n_iter // 2`` cycles at temperature 1; smallest sizes first, see
+        then ``num_cycles // 2`` cycles at temperature 1; smallest sizes first, see
         :func:`~pyro_trees.infer.grow_selection`); a topology keeps the
         higher bound. ``0`` turns this off.
     :param str routing: what :meth:`predict` returns: ``"posterior"`` (default: the
@@ -140,7 +140,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
     >>> from pyro_trees.estimators import BayesianHMERegressor
     >>> X = np.linspace(-1, 1, 40)[:, None]
     >>> y = np.abs(X[:, 0])
-    >>> reg = BayesianHMERegressor(max_experts=2, n_restarts=2, n_iter=5, grow=0,
+    >>> reg = BayesianHMERegressor(max_experts=2, num_restarts=2, num_cycles=5, grow=0,
     ...                            random_state=0).fit(X, y)
     >>> reg.predict(X[:3]).shape
     (3,)
@@ -154,8 +154,8 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         max_experts: int | None = None,
         min_experts: int = 1,
         topologies=None,
-        n_restarts: int = 20,
-        n_iter: int = 200,
+        num_restarts: int = 20,
+        num_cycles: int = 200,
         anneal: bool = False,
         tol: float = 1e-4,
         prune_after: int | None = None,
@@ -172,8 +172,8 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         self.max_experts = max_experts
         self.min_experts = min_experts
         self.topologies = topologies
-        self.n_restarts = n_restarts
-        self.n_iter = n_iter
+        self.num_restarts = num_restarts
+        self.num_cycles = num_cycles
         self.anneal = anneal
         self.tol = tol
         self.prune_after = prune_after
@@ -194,8 +194,8 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         "max_experts": Integer(1, none=True),
         "min_experts": Integer(1),
         "topologies": Anything("_candidates (Topology objects, gate sets, nested pairs)"),
-        "n_restarts": Integer(1),
-        "n_iter": Integer(1),
+        "num_restarts": Integer(1),
+        "num_cycles": Integer(1),
         "anneal": Anything("_schedules (a bool, a schedule's name or a list of them)"),
         "tol": Real(0),
         "prune_after": Integer(0, none=True),
@@ -261,9 +261,9 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         validate_params(self)
         names = self._schedules()
         dtypes = {None: None, "float64": None, "float32": torch.float32}
-        if len(names) > self.n_restarts:
+        if len(names) > self.num_restarts:
             raise ValueError(
-                f"n_restarts ({self.n_restarts}) must be at least the number of annealing "
+                f"num_restarts ({self.num_restarts}) must be at least the number of annealing "
                 f"schedules ({len(names)})"
             )
         xs, ys = self._validate_fit(X, y, sharded=sharded)
@@ -291,14 +291,14 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
             leave=False,
         )
         for i, name in enumerate(names):
-            share = self.n_restarts // len(names) + (i < self.n_restarts % len(names))
+            share = self.num_restarts // len(names) + (i < self.num_restarts % len(names))
             sels.append(
                 select_topology(
                     xs,
                     ts,
                     tops,
                     num_restarts=share,
-                    temperatures=schedule_by_name(name, self.n_iter),
+                    temperatures=schedule_by_name(name, self.num_cycles),
                     tol=self.tol,
                     prior_a=self.prior_a,
                     prior_b=self.prior_b,
@@ -318,7 +318,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
                 ts,
                 sel,
                 starts_per_split=self.grow,
-                num_iters=max(1, self.n_iter // 2),
+                num_cycles=max(1, self.num_cycles // 2),
                 tol=self.tol,
                 prior_a=self.prior_a,
                 prior_b=self.prior_b,

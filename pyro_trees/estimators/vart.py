@@ -12,6 +12,7 @@ import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from pyro_trees.estimators._base import renamed_state
 from pyro_trees.estimators._constraints import Boolean, Integer, OneOf, Real
 from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_calibration import (
@@ -62,15 +63,15 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
     guide page has the details.
 
     :param int depth: truncation depth :math:`D` of the guide.
-    :param float lam: :math:`\\lambda` of eq. 4 (the paper uses ``1e-3``).
+    :param float kl_weight: :math:`\\lambda` of eq. 4 (the paper uses ``1e-3``).
     :param int num_steps: gradient steps.
     :param float lr: ClippedAdam learning rate.
     :param float lr_decay: the learning rate falls geometrically from ``lr`` to
         ``lr * lr_decay`` over ``num_steps`` steps, as the temperature falls (``1``: constant;
         the refit of ``refit=True`` follows the same schedule).
-    :param int n_fits: fits pooled by the predictive, which is their equal mixture: the
-        ``num_samples`` posterior trees are shared out among them (``num_samples // n_fits``
-        each, one more for the first ``num_samples % n_fits``), so prediction costs do not
+    :param int num_fits: fits pooled by the predictive, which is their equal mixture: the
+        ``num_samples`` posterior trees are shared out among them (``num_samples // num_fits``
+        each, one more for the first ``num_samples % num_fits``), so prediction costs do not
         grow with it. With held-out rows each fit holds out its own fold of the
         held-out split's size (fit :math:`j` fold :math:`j`; the folds are disjoint, and
         wrap around past :math:`\\lfloor N / n_{val} \\rfloor` of them), is
@@ -85,7 +86,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         the fits differ only in their seeds. Their guides are kept in ``guides_``
         (``guide_`` is the first) and their results in ``fit_results_`` (the stopped
         fits of ``refit`` in ``stopping_results_``); ``feature_importances_`` is their
-        mean. Training costs about ``n_fits`` times one fit.
+        mean. Training costs about ``num_fits`` times one fit.
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.
@@ -107,7 +108,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         training stops; the best parameters are kept. ``None`` trains all ``num_steps`` and keeps
         the best.
     :param int eval_every: steps between held-out evaluations.
-    :param calibrate_noise: how the held-out rows set one factor :math:`c` that
+    :param calibrate: how the held-out rows set one factor :math:`c` that
         multiplies every leaf's noise scale (stored as ``noise_factor_``; ``None`` or
         ``False``: none, :math:`c = 1`). At small :math:`\\lambda` the KL term hardly
         constrains the leaf noise, which then shrinks to the training residuals; the
@@ -120,11 +121,11 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
           (:meth:`coverage_scores`) is the least factor from which it lies inside the
           central ``calibration_level`` interval of the posterior predictive (eq. 32
           over the ``num_samples`` trees, computed exactly from the Gaussian mixture;
-          with several ``n_fits``, in the pool's shape about the row's own fit);
+          with several ``num_fits``, in the pool's shape about the row's own fit);
           :math:`\\hat c` is the score at position :math:`\\mathrm{level}\\,(n+1)` of
           the :math:`n` sorted scores (interpolated), so that a new row is covered
           with probability close to the level whatever the shape of the residuals.
-          With ``refit`` (the default) or several ``n_fits``, :math:`c = \\hat c`.
+          With ``refit`` (the default) or several ``num_fits``, :math:`c = \\hat c`.
           With one fit and ``refit=False``, as with the likelihood rule,
           :math:`c = \\hat c` when :math:`\\hat c \\ge 1`, and below one the noise
           is shrunk only to the one-sided 95 % upper confidence bound of the score
@@ -142,15 +143,15 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
           upper end of the profile likelihood interval
           :math:`2(\\ell(\\hat c) - \\ell(c)) \\le 2.71` (one-sided 95 %).
     :param float calibration_level: the central interval probability whose held-out
-        coverage ``calibrate_noise="coverage"`` sets, in ``(0, 1)``.
-    :param min_calibration_rows: ``calibrate_noise="coverage"`` only: score at least this
+        coverage ``calibrate="coverage"`` sets, in ``(0, 1)``.
+    :param min_calibration_rows: ``calibrate="coverage"`` only: score at least this
         many held-out rows by cross-fitting (the CV+ idea of Barber et al., 2021; ``None``,
         the default: the held-out split alone). The training rows are cut into disjoint
         folds of the held-out split's size (folds :math:`0, \\dots, F-1` are the
-        ``n_fits`` fits' own); each further fold :math:`k < K` is scored by one extra
+        ``num_fits`` fits' own); each further fold :math:`k < K` is scored by one extra
         fit that holds it out (for early stopping too, like the fits) and is seeded
         ``seed_ + k``, with :math:`K` the least number of folds with that many rows (at
-        most ``N // n_val``, every row once; with several ``n_fits`` in the pool's
+        most ``N // n_val``, every row once; with several ``num_fits`` in the pool's
         shape, as the fits' folds are). The pooled scores set the factor of the
         estimator's fits, which alone predict; training costs :math:`\\max(K - F, 0)`
         fits more. ``noise_calibration_["fold_scores"]`` keeps the extra folds' scores.
@@ -212,12 +213,12 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
     def __init__(
         self,
         depth: int = 5,
-        lam: float = 1e-3,
+        kl_weight: float = 1e-3,
         *,
         num_steps: int = 1000,
         lr: float = 0.03,
         lr_decay: float = 1.0,
-        n_fits: int = 1,
+        num_fits: int = 1,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
@@ -225,7 +226,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         validation_fraction: float = 0.1,
         patience: int | None = 5,
         eval_every: int = 20,
-        calibrate_noise: str | bool | None = "coverage",
+        calibrate: str | bool | None = "coverage",
         calibration_level: float = 0.9,
         min_calibration_rows: int | None = None,
         refit: bool = True,
@@ -242,11 +243,11 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         progress: bool = False,
     ):
         self.depth = depth
-        self.lam = lam
+        self.kl_weight = kl_weight
         self.num_steps = num_steps
         self.lr = lr
         self.lr_decay = lr_decay
-        self.n_fits = n_fits
+        self.num_fits = num_fits
         self.batch_size = batch_size
         self.temperature_start = temperature_start
         self.temperature_end = temperature_end
@@ -254,7 +255,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         self.validation_fraction = validation_fraction
         self.patience = patience
         self.eval_every = eval_every
-        self.calibrate_noise = calibrate_noise
+        self.calibrate = calibrate
         self.calibration_level = calibration_level
         self.min_calibration_rows = min_calibration_rows
         self.refit = refit
@@ -273,7 +274,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
     _parameter_constraints = {
         **VART_CONSTRAINTS,
         "lr_decay": Real(0, low_open=True),
-        "calibrate_noise": OneOf("coverage", "likelihood", None, True, False),
+        "calibrate": OneOf("coverage", "likelihood", None, True, False),
         "calibration_level": Real(0, 1, low_open=True, high_open=True),
         "min_calibration_rows": Integer(1, none=True),
         "refit": Boolean(),
@@ -303,7 +304,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         self._posterior().leaves()  # drawn here once: predicting changes no attribute
 
     def _calibrate_noise(self, held, extra=(), fits=None) -> float:
-        """The noise factor of ``calibrate_noise`` (:class:`NoiseCalibration`) from each
+        """The noise factor of ``calibrate`` (:class:`NoiseCalibration`) from each
         fit's held-out standardised rows, ``held`` a list of ``(Xva, yva)`` ``(n_j, L)``,
         ``(n_j,)``, one per fit in the order of ``guides_``; ``extra``: cross-fitted
         folds' scores; ``fits``: the fits' posterior trees (default:
@@ -334,8 +335,8 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         (:func:`_pool_shaped_mixtures` about that fit, with the offsets of the
         estimator's fits, whose posterior trees are ``fits``)."""
         rows, rest = split.fold(k)
-        params = dict(self.get_params(), calibrate_noise=None, min_calibration_rows=None)
-        params.update(progress=False, random_state=self._seed() + k, n_fits=1)
+        params = dict(self.get_params(), calibrate=None, min_calibration_rows=None)
+        params.update(progress=False, random_state=self._seed() + k, num_fits=1)
         other = type(self)(**params)
         other.seed_ = self._seed() + k
         self._share_inputs(other)
@@ -352,7 +353,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
 
     def _model(self, num_features: int, depth: int):
         """The model of a fit: :class:`~pyro_trees.models.VaRT` of the prior's parameters."""
-        keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
+        keys = ("kl_weight", "split_alpha", "split_beta", "split_scale", "leaf_scale")
         return VaRT(
             num_features, missing=self._fit_missing(), **{k: getattr(self, k) for k in keys}
         )
@@ -479,7 +480,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         over :math:`[2^{-6}, 2^8]`, refined by bisection; ``inf`` beyond it).
 
         A row is inside the ``level`` interval of the calibrated predictive iff its
-        score is at most ``noise_factor_``; ``calibrate_noise="coverage"`` chooses the
+        score is at most ``noise_factor_``; ``calibrate="coverage"`` chooses the
         factor from these scores on the held-out rows
         (:func:`~pyro_trees.estimators.noise_factor_from_scores`). ``predict_interval``
         estimates the same interval from ``num_samples`` draws.
@@ -555,9 +556,9 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
             "refit": False,
             "init_split_prob": 0.9,
             "lr_decay": 1.0,
-            "n_fits": 1,
+            "num_fits": 1,
         }
-        state = {**old, **state}
+        state = {**old, **renamed_state(state)}
         if "guide_" in state and "stopping_results_" not in state:  # fitted with one fit
             stop = state.get("stopping_result_")
             state["stopping_results_"] = [] if stop is None else [stop]

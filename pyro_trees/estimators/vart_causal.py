@@ -12,7 +12,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pyro_trees.estimators._base import guarded_fit
+from pyro_trees.estimators._base import guarded_fit, renamed_state
 from pyro_trees.estimators._constraints import (
     SEED_AND_DEVICE,
     Anything,
@@ -44,14 +44,14 @@ class VaRTCausal(BaseEstimator):
     :param regressor: an unfitted :class:`VaRTRegressor`, or a
         :class:`~pyro_trees.estimators.VaRTForestRegressor` for a forest (each posterior
         forest then gives one draw of both regression functions), cloned by ``fit`` (default:
-        ``VaRTRegressor(depth=3, lam=1.0, validation_fraction=0.0, init="random")``,
+        ``VaRTRegressor(depth=3, kl_weight=1.0, validation_fraction=0.0, init="random")``,
         the paper's causal :math:`\\lambda`, trained on every row as in the paper).
-    :param n_trees: ``None`` (default) for the single tree above; an integer for a forest
+    :param num_trees: ``None`` (default) for the single tree above; an integer for a forest
         of that many trees as the default outcome model,
-        ``VaRTForestRegressor(n_trees, validation_fraction=0.0, n_fits=1)`` (its other
+        ``VaRTForestRegressor(num_trees, validation_fraction=0.0, num_fits=1)`` (its other
         defaults: depth 3, lambda 1e-3; every row trains, as above; one fit, as the IHDP
         figures of the VaRT guide page were measured: without held-out rows every
-        further fit of ``n_fits`` trains all ``num_steps``). Only without ``regressor``.
+        further fit of ``num_fits`` trains all ``num_steps``). Only without ``regressor``.
     :param random_state: seed of the default regressor (a given regressor keeps its
         own ``random_state``).
     :param device: torch device of the default regressor.
@@ -77,13 +77,13 @@ class VaRTCausal(BaseEstimator):
         self,
         regressor: VaRTRegressor | None = None,
         *,
-        n_trees: int | None = None,
+        num_trees: int | None = None,
         random_state: int | None = None,
         device=None,
         progress: bool = False,
     ):
         self.regressor = regressor
-        self.n_trees = n_trees
+        self.num_trees = num_trees
         self.random_state = random_state
         self.device = device
         self.progress = progress
@@ -91,7 +91,7 @@ class VaRTCausal(BaseEstimator):
     _parameter_constraints = {
         **SEED_AND_DEVICE,
         "regressor": Anything("fit (an unfitted VaRTRegressor or VaRTForestRegressor)"),
-        "n_trees": Integer(1, none=True),
+        "num_trees": Integer(1, none=True),
     }
 
     @guarded_fit
@@ -113,18 +113,18 @@ class VaRTCausal(BaseEstimator):
             raise ValueError("A must hold treatment indicators 0 or 1")
         if A.min() == A.max() and not sharded:
             raise ValueError("A holds a single treatment arm; both arms are needed")
-        if self.n_trees is not None and self.regressor is not None:
-            raise ValueError("n_trees chooses the default regressor; give one or the other")
+        if self.num_trees is not None and self.regressor is not None:
+            raise ValueError("num_trees chooses the default regressor; give one or the other")
         common = {"random_state": self.random_state, "device": self.device}
         common["progress"] = self.progress
-        if self.n_trees is not None:
+        if self.num_trees is not None:
             self.regressor_ = VaRTForestRegressor(
-                n_trees=self.n_trees, validation_fraction=0.0, n_fits=1, **common
+                num_trees=self.num_trees, validation_fraction=0.0, num_fits=1, **common
             )
         elif self.regressor is None:
             self.regressor_ = VaRTRegressor(
                 depth=3,
-                lam=1.0,
+                kl_weight=1.0,
                 validation_fraction=0.0,
                 init="random",
                 **common,
@@ -140,6 +140,9 @@ class VaRTCausal(BaseEstimator):
         self.sharded_ = sharded and self.regressor_.ranks_.size > 1
         self.X_train_ = X
         return self
+
+    def __setstate__(self, state):
+        super().__setstate__(renamed_state(state))
 
     def _arms(self, X) -> tuple[np.ndarray, np.ndarray]:
         check_is_fitted(self, "regressor_")

@@ -15,6 +15,7 @@ import torch
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
+from pyro_trees.estimators._base import renamed_state
 from pyro_trees.estimators._constraints import Boolean, OneOf
 from pyro_trees.estimators._temperature import TemperatureScaling
 from pyro_trees.estimators._template import HeldOut
@@ -60,7 +61,7 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
     of training rows missing each feature.
 
     :param int depth: truncation depth :math:`D` of the guide.
-    :param float lam: :math:`\\lambda` of eq. 4. The default 1 is the plain ELBO (the
+    :param float kl_weight: :math:`\\lambda` of eq. 4. The default 1 is the plain ELBO (the
         regressor's 1e-3 relies on its held-out noise calibration, which a classifier
         has no analogue of): at 1e-3 the linear probit or softmax leaves of a depth-5
         tree separate their training rows and the held-out log loss rises within a
@@ -73,13 +74,13 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
     :param float temperature_start: initial Gumbel-softmax temperature.
     :param float temperature_end: final temperature.
     :param int num_samples: posterior trees averaged by ``predict_proba``.
-    :param int n_fits: fits pooled by ``predict_proba``: each trains like the first (its
+    :param int num_fits: fits pooled by ``predict_proba``: each trains like the first (its
         own seed, early-stopped on the same held-out rows) and gives its share of the
-        ``num_samples`` posterior trees (``num_samples // n_fits``, one more for the
-        first ``num_samples % n_fits``), so prediction costs do not grow with it; the
+        ``num_samples`` posterior trees (``num_samples // num_fits``, one more for the
+        first ``num_samples % num_fits``), so prediction costs do not grow with it; the
         temperature of ``calibrate`` is fitted on the pooled trees. Guides in ``guides_``
         (``guide_`` is the first), results in ``fit_results_``; ``feature_importances_``
-        is their mean. Training costs ``n_fits`` fits. The default 3: on the seven sets
+        is their mean. Training costs ``num_fits`` fits. The default 3: on the seven sets
         of ``benchmarks/vart_classification.py`` the pool of three has a lower Brier
         score than one fit on all seven and a lower ECE on six, and its error is nowhere
         higher (VaRT guide page).
@@ -153,7 +154,7 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
     def __init__(
         self,
         depth: int = 5,
-        lam: float = 1.0,
+        kl_weight: float = 1.0,
         *,
         num_steps: int = 1000,
         lr: float = 0.03,
@@ -161,7 +162,7 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
         num_samples: int = 50,
-        n_fits: int = 3,
+        num_fits: int = 3,
         validation_fraction: float = 0.1,
         patience: int | None = 20,
         eval_every: int = 20,
@@ -181,14 +182,14 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         progress: bool = False,
     ):
         self.depth = depth
-        self.lam = lam
+        self.kl_weight = kl_weight
         self.num_steps = num_steps
         self.lr = lr
         self.batch_size = batch_size
         self.temperature_start = temperature_start
         self.temperature_end = temperature_end
         self.num_samples = num_samples
-        self.n_fits = n_fits
+        self.num_fits = num_fits
         self.validation_fraction = validation_fraction
         self.patience = patience
         self.eval_every = eval_every
@@ -231,7 +232,7 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
                 X.shape[1],
                 self.n_classes_,
                 link=self.link,
-                lam=self.lam,
+                kl_weight=self.kl_weight,
                 split_alpha=self.split_alpha,
                 split_beta=self.split_beta,
                 split_scale=self.split_scale,
@@ -364,4 +365,4 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
 
     def __setstate__(self, state):
         # a parameter added after an estimator was pickled: the behaviour it was fitted with
-        self.__dict__.update({"n_fits": 1, "base_rate": False, **state})
+        self.__dict__.update({"num_fits": 1, "base_rate": False, **renamed_state(state)})

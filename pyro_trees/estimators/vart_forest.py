@@ -36,11 +36,11 @@ def stack_forest(samples: dict, model, depth: int) -> dict:
 
 
 class VaRTForestRegressor(VaRTRegressor):
-    """A forest of ``n_trees`` VaRT trees under one prior, with Bayesian intervals.
+    """A forest of ``num_trees`` VaRT trees under one prior, with Bayesian intervals.
 
     Fits :class:`~pyro_trees.models.VaRTForest` (the sum of the trees' soft regression
     functions plus one Gaussian noise; each tree's leaf scale shrunk by
-    :math:`1/\\sqrt K` so that the sum's prior variance does not grow with ``n_trees``)
+    :math:`1/\\sqrt K` so that the sum's prior variance does not grow with ``num_trees``)
     with :class:`~pyro_trees.guides.VaRTForestGuide` (the truncated VaRT family per tree,
     all trees in one batched computation) by :class:`~pyro_trees.infer.VaRTForestELBO`.
     Everything else is :class:`~pyro_trees.estimators.VaRTRegressor`'s: standardised
@@ -52,19 +52,19 @@ class VaRTForestRegressor(VaRTRegressor):
     values (NaN) in ``X``, each split of each tree learning where they go
     (:class:`~pyro_trees.models.VaRTForest` with ``missing=True``).
 
-    A separate class rather than ``VaRTRegressor(n_trees=...)``: the forest's
+    A separate class rather than ``VaRTRegressor(num_trees=...)``: the forest's
     likelihood is one Gaussian around the sum of the trees, not the single tree's
-    mixture of leaves with their own noise, so ``n_trees=1`` would not give
+    mixture of leaves with their own noise, so ``num_trees=1`` would not give
     ``VaRTRegressor``; and its defaults differ (below).
 
-    :param int n_trees: :math:`K`, trees in the sum.
+    :param int num_trees: :math:`K`, trees in the sum.
     :param int depth: the depth of every tree.
-    :param float lam: weight of the KL term (1: the ELBO; the default ``1e-3``, as the
+    :param float kl_weight: weight of the KL term (1: the ELBO; the default ``1e-3``, as the
         single tree's: at 1 the mean-field guide of a sum stalls, see the VaRT guide page).
     :param float lr_decay: the learning rate falls geometrically to ``lr * lr_decay``
         over ``num_steps`` (default 0.05; a constant rate leaves the held-out error of the
         central forest jumping from one evaluation to the next).
-    :param int n_fits: fits pooled by the predictive, each holding out its own fold of
+    :param int num_fits: fits pooled by the predictive, each holding out its own fold of
         rows for early stopping and calibration (default 3: on the 18 UCI sets of
         ``benchmarks/vart_forest.py``, ten splits, three such fits have a lower RMSE
         than three refits sharing one held-out split on 16 sets, 3.4 % lower on the
@@ -73,12 +73,12 @@ class VaRTForestRegressor(VaRTRegressor):
         than three for 1.74 times the training; prediction costs what one fit's does,
         as the ``num_samples`` posterior forests are shared out among the fits).
     :param bool refit: default ``False`` (``VaRTRegressor``'s is ``True``): with
-        ``n_fits`` fits on their own folds a refit of each costs twice the training
+        ``num_fits`` fits on their own folds a refit of each costs twice the training
         for the same accuracy.
     :param int patience: evaluations without improvement before early stopping (default
         10: the held-out error of a forest keeps improving slowly for hundreds of steps).
     :param float leaf_scale: prior scale of the sum's leaf weights (each tree's is
-        ``leaf_scale / sqrt(n_trees)``).
+        ``leaf_scale / sqrt(num_trees)``).
 
     The other parameters are :class:`~pyro_trees.estimators.VaRTRegressor`'s (its
     ``elbo="vectorised"`` is :class:`~pyro_trees.infer.VaRTForestELBO`); ``export_text``
@@ -90,25 +90,25 @@ class VaRTForestRegressor(VaRTRegressor):
     >>> import numpy as np
     >>> from pyro_trees.estimators import VaRTForestRegressor
     >>> X = np.random.default_rng(0).normal(size=(40, 2))
-    >>> est = VaRTForestRegressor(n_trees=5, num_steps=3, num_samples=5, random_state=0)
+    >>> est = VaRTForestRegressor(num_trees=5, num_steps=3, num_samples=5, random_state=0)
     >>> lower, upper = est.fit(X, X[:, 0]).predict_interval(X[:3], level=0.9)
     >>> est.predict(X[:3]).shape, bool((lower <= upper).all())
     ((3,), True)
     """
 
     _label = "VaRT forest"
-    _parameter_constraints = {**VaRTRegressor._parameter_constraints, "n_trees": Integer(1)}
+    _parameter_constraints = {**VaRTRegressor._parameter_constraints, "num_trees": Integer(1)}
 
     def __init__(
         self,
-        n_trees: int = 20,
+        num_trees: int = 20,
         depth: int = 3,
-        lam: float = 1e-3,
+        kl_weight: float = 1e-3,
         *,
         num_steps: int = 1000,
         lr: float = 0.03,
         lr_decay: float = 0.05,
-        n_fits: int = 3,
+        num_fits: int = 3,
         batch_size: int | None = None,
         temperature_start: float = 1.0,
         temperature_end: float = 0.1,
@@ -116,7 +116,7 @@ class VaRTForestRegressor(VaRTRegressor):
         validation_fraction: float = 0.1,
         patience: int | None = 10,
         eval_every: int = 20,
-        calibrate_noise: str | bool | None = "coverage",
+        calibrate: str | bool | None = "coverage",
         calibration_level: float = 0.9,
         min_calibration_rows: int | None = None,
         refit: bool = False,
@@ -132,14 +132,14 @@ class VaRTForestRegressor(VaRTRegressor):
         device=None,
         progress: bool = False,
     ):
-        self.n_trees = n_trees
+        self.num_trees = num_trees
         super().__init__(
             depth,
-            lam,
+            kl_weight,
             num_steps=num_steps,
             lr=lr,
             lr_decay=lr_decay,
-            n_fits=n_fits,
+            num_fits=num_fits,
             batch_size=batch_size,
             temperature_start=temperature_start,
             temperature_end=temperature_end,
@@ -147,7 +147,7 @@ class VaRTForestRegressor(VaRTRegressor):
             validation_fraction=validation_fraction,
             patience=patience,
             eval_every=eval_every,
-            calibrate_noise=calibrate_noise,
+            calibrate=calibrate,
             calibration_level=calibration_level,
             min_calibration_rows=min_calibration_rows,
             refit=refit,
@@ -171,10 +171,10 @@ class VaRTForestRegressor(VaRTRegressor):
         return ()  # the model holds the depth
 
     def _model(self, num_features: int, depth: int):
-        keys = ("lam", "split_alpha", "split_beta", "split_scale", "leaf_scale")
+        keys = ("kl_weight", "split_alpha", "split_beta", "split_scale", "leaf_scale")
         return VaRTForest(
             num_features,
-            n_trees=int(self.n_trees),
+            num_trees=int(self.num_trees),
             depth=depth,
             missing=self._fit_missing(),
             **{k: getattr(self, k) for k in keys},

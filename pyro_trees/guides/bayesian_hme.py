@@ -29,7 +29,7 @@ concentration.
 The posterior is multimodal (experts can swap roles or share a branch), so the guide
 initialises itself at its first call on data, like Pyro's autoguides: by default
 (``init="vb"``) it runs the closed-form coordinate ascent from ``init_restarts`` random
-starts for at most ``init_iters`` cycles and starts from the best bound. Parameters that
+starts for at most ``init_cycles`` cycles and starts from the best bound. Parameters that
 the parameter store already holds (e.g. after ``pyro.get_param_store().load(...)``) are
 never overwritten. :meth:`BayesianHMEGuide.init_from_data` (one data-driven random start)
 and :meth:`BayesianHMEGuide.load_vb_state` set the parameters explicitly instead.
@@ -129,13 +129,13 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
     :param str init: how the first call on data ``(x, y)`` initialises ``q``: ``"vb"``
         (default) runs the closed-form variational Bayes of
         :mod:`~pyro_trees.infer.bayesian_hme_vb` from ``init_restarts`` random starts
-        for at most ``init_iters`` cycles and takes the best bound (per copy of ``q``);
+        for at most ``init_cycles`` cycles and takes the best bound (per copy of ``q``);
         ``"data"`` is one data-driven random start (:meth:`init_from_data`);
         ``"random"`` draws the gate and expert means from ``N(0, init_scale**2)``. A call
         without ``y`` (e.g. ``Predictive`` before training) uses ``"random"`` values
         until the first call with ``y``.
     :param int init_restarts: random starts of ``init="vb"``.
-    :param int init_iters: most coordinate-ascent cycles of ``init="vb"``.
+    :param int init_cycles: most coordinate-ascent cycles of ``init="vb"``.
     :param float init_scale: with ``init="random"``, the standard deviation of the
         Gaussian factors and of the initial means.
     :param float init_precision: with ``init="random"``, the initial mean of every Gamma
@@ -157,7 +157,7 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
     >>> from pyro_trees.models import BayesianHME
     >>> x, y = torch.randn(20, 1), torch.randn(20)
     >>> model = BayesianHME(1)
-    >>> guide = BayesianHMEGuide(model, init_restarts=2, init_iters=5)
+    >>> guide = BayesianHMEGuide(model, init_restarts=2, init_cycles=5)
     >>> svi = SVI(model, guide, Adam({"lr": 0.01}), Trace_ELBO())
     >>> loss = svi.step(x, y)
     >>> guide.median()["W"].shape
@@ -196,7 +196,7 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         *,
         init: str = "vb",
         init_restarts: int = 20,
-        init_iters: int = 100,
+        init_cycles: int = 100,
         init_scale: float = 0.1,
         init_precision: float = 1.0,
         num_restarts: int | None = None,
@@ -211,7 +211,7 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         if not init_scale > 0 or not init_precision > 0:
             raise ValueError("init_scale and init_precision must be positive")
         _check_count("init_restarts", init_restarts)
-        _check_count("init_iters", init_iters)
+        _check_count("init_cycles", init_cycles)
         _check_count("num_restarts", num_restarts, allow_none=True)
         self.num_gates, self.num_experts = model.num_gates, model.num_experts
         self.in_features, self.out_features = model.in_features, model.out_features
@@ -220,7 +220,7 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         self.num_restarts = num_restarts
         self.init = init
         self.init_restarts = init_restarts
-        self.init_iters = init_iters
+        self.init_cycles = init_cycles
         self.init_scale = float(init_scale)
         self.init_precision = float(init_precision)
         self._awaiting_data = False
@@ -332,7 +332,7 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         r = self._batch()
         k = self.init_restarts
         state = init_state(data, r + (k,))
-        res = run_vb(data, state, num_iters=self.init_iters)
+        res = run_vb(data, state, num_cycles=self.init_cycles)
         best = res.bound.nan_to_num(-float("inf")).argmax(-1)
         pick = (torch.arange(r[0], device=best.device), best) if r else int(best)
         self._set(self._from_state(res.state.index(pick), like=x))

@@ -187,10 +187,10 @@ class TreeVIGuide(TreeGuide, PyroModule):
     >>> from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
     >>> from pyro_trees.models import GraphPriorVAE
     >>> adjacency = torch.tensor([[0, 1], [1, 2], [2, 3]])  # a path over 4 instances
-    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden=(8,),
+    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden_sizes=(8,),
     ...                       likelihood="normal")
-    >>> guide = TreeVIGuide(GaussianEncoder(3, 2, hidden=(8,)), [-1, 0, 1, 2],
-    ...                     pair_net=PairNet(3, 2, hidden=(8,)))
+    >>> guide = TreeVIGuide(GaussianEncoder(3, 2, hidden_sizes=(8,)), [-1, 0, 1, 2],
+    ...                     pair_net=PairNet(3, 2, hidden_sizes=(8,)))
     >>> x = torch.randn(4, 3)
     >>> guide(x)["z"].shape
     torch.Size([4, 2])

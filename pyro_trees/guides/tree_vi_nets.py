@@ -22,21 +22,21 @@ class GaussianEncoder(nn.Module):
 
     :param int in_features: ``F``.
     :param int latent_dim: ``D``.
-    :param hidden: sizes of the hidden layers (``()`` for an affine encoder).
+    :param hidden_sizes: sizes of the hidden layers (``()`` for an affine encoder).
 
     .. rubric:: Examples
 
     >>> import torch
     >>> from pyro_trees.guides import GaussianEncoder
-    >>> enc = GaussianEncoder(5, 2, hidden=(8,))
+    >>> enc = GaussianEncoder(5, 2, hidden_sizes=(8,))
     >>> loc, scale = enc(torch.randn(10, 5))
     >>> loc.shape, bool((scale > 0).all())
     (torch.Size([10, 2]), True)
     """
 
-    def __init__(self, in_features: int, latent_dim: int, hidden=(64,)):
+    def __init__(self, in_features: int, latent_dim: int, hidden_sizes=(64,)):
         super().__init__()
-        self.net = _mlp([in_features, *hidden, 2 * latent_dim])
+        self.net = _mlp([in_features, *hidden_sizes, 2 * latent_dim])
         self.latent_dim = latent_dim
 
     def forward(self, x):
@@ -125,7 +125,7 @@ class PairNet(nn.Module):
 
     >>> import torch
     >>> from pyro_trees.guides import PairNet
-    >>> net = PairNet(3, 2, hidden=(8,))
+    >>> net = PairNet(3, 2, hidden_sizes=(8,))
     >>> x = torch.randn(5, 3)
     >>> rho = net(x[:, None], x[None, :])  # every ordered pair
     >>> rho.shape, bool((rho.abs() < 1).all())
@@ -138,7 +138,7 @@ class PairNet(nn.Module):
         self,
         in_features: int,
         latent_dim: int,
-        hidden=(64,),
+        hidden_sizes=(64,),
         max_rho: float = 0.999,
         num_nodes: int | None = None,
         edge_features: int = 0,
@@ -156,7 +156,7 @@ class PairNet(nn.Module):
             raise ValueError("offsets='pair' needs num_nodes (the size of the offset table)")
         if edge_features < 0:
             raise ValueError(f"edge_features must be >= 0, got {edge_features}")
-        self.net = _mlp([2 * in_features + edge_features, *hidden, latent_dim])
+        self.net = _mlp([2 * in_features + edge_features, *hidden_sizes, latent_dim])
         if zero_init:
             nn.init.zeros_(self.net[-1].weight)
             nn.init.zeros_(self.net[-1].bias)

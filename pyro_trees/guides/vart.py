@@ -137,7 +137,7 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     covariances). Nodes at depth :math:`D` are leaves with probability one (their
     ``split_D`` site is a ``Delta`` at zero): this is the truncation. The log-density
     terms are weighted as in eqs. 25-26 (:math:`A_i` on ``split``, :math:`\psi_i` on
-    ``beta``, :math:`\kappa_i` on the leaf parameters) and scaled by the model's ``lam``,
+    ``beta``, :math:`\kappa_i` on the leaf parameters) and scaled by the model's ``kl_weight``,
     mirroring :meth:`~pyro_trees.models.VaRT.sample_tree`, so plain ``SVI(model, guide,
     optim, Trace_ELBO())`` maximises the :math:`\lambda`-weighted ELBO of eq. 4. The
     sites are the model's (:meth:`~pyro_trees.models.VaRT.site`), so the guide serves any
@@ -166,7 +166,7 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     (:meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.temperature_set_to` sets it for a
     block).
 
-    :param model: the :class:`~pyro_trees.models.VaRT` model (its ``lam``, input size
+    :param model: the :class:`~pyro_trees.models.VaRT` model (its ``kl_weight``, input size
         and site names are read from it; it is not registered as a submodule).
     :param int depth: truncation depth :math:`D \ge 1` (default 3).
     :param float temperature: initial :math:`\tau` (default 0.5).
@@ -293,7 +293,7 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         rho_a = rho_b = None
         if getattr(self, "missing", False):
             rho_a, rho_b = rho_concentrations(self.rho_logits, self.rho_concentration, opts)
-        with poutine.scale(scale=model.lam):
+        with poutine.scale(scale=model.kl_weight):
             exist = torch.ones(1, **opts)
             for d in range(self.depth + 1):
                 n = 1 << d

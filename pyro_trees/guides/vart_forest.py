@@ -44,7 +44,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     ``(K, 2**D - 1, L + 1)``, ``theta_loc`` ``(K, 2**(D+1) - 1, L + 1)``, ...) and every
     level is one batched sample site in the plates ``trees`` and ``nodes_d``: the cost
     of a step grows with the number of nodes, not with a Python loop over trees. Sites
-    are weighted as the model's (eqs. 25-26) and scaled by its ``lam``.
+    are weighted as the model's (eqs. 25-26) and scaled by its ``kl_weight``.
 
     The parameter ``theta_loc`` holds :math:`K` times the leaves' locations
     :math:`\tilde\zeta_{ki}` (:meth:`params` returns them): Adam moves every parameter
@@ -73,7 +73,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     >>> import torch
     >>> from pyro_trees.guides import VaRTForestGuide
     >>> from pyro_trees.models import VaRTForest
-    >>> guide = VaRTForestGuide(VaRTForest(2, n_trees=4, depth=2))
+    >>> guide = VaRTForestGuide(VaRTForest(2, num_trees=4, depth=2))
     >>> draw = guide(torch.randn(5, 2))
     >>> draw["split_1"].shape, draw["theta_2"].shape  # (K, 2**d), (K, 2**d, L + 1)
     (torch.Size([4, 2]), torch.Size([4, 4, 3]))
@@ -114,11 +114,11 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         if not init_scale > 0 or not init_noise > 0:
             raise ValueError("init_scale and init_noise must be > 0")
         self.depth = model.depth
-        self.n_trees = model.n_trees
+        self.num_trees = model.num_trees
         self.temperature = float(temperature)
         self.init = init
         self._started = False
-        k, width = model.n_trees, model.in_features + 1
+        k, width = model.num_trees, model.in_features + 1
         n_int, n_all = trees.num_internal(self.depth), trees.num_internal(self.depth + 1)
         logit = math.log(init_split_prob) - math.log1p(-init_split_prob)
         self.split_logits = PyroParam(torch.full((k, n_int), logit))
@@ -148,7 +148,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
                 q["rho_a"], q["rho_b"] = rho_concentrations(
                     self.rho_logits, self.rho_concentration, opts
                 )
-        q["theta_loc"] = q["theta_loc"] / self.n_trees
+        q["theta_loc"] = q["theta_loc"] / self.num_trees
         return q
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
@@ -163,8 +163,8 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         plates = self._create_plates(x, y, subsample_size)
         out = {}
         exist = torch.ones(1, dtype=x.dtype, device=x.device)
-        tree_plate = _plate(plates, model.site("trees"), model.n_trees, -2)
-        with poutine.scale(scale=model.lam):
+        tree_plate = _plate(plates, model.site("trees"), model.num_trees, -2)
+        with poutine.scale(scale=model.kl_weight):
             with tree_plate:
                 for d in range(self.depth + 1):
                     n = 1 << d
@@ -236,7 +236,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         return forest_tree(
             [hard[:, a:b] for a, b in bounds[:-1]],
             [self.beta_loc.detach()[:, a:b] for a, b in bounds[:-1]],
-            [self.theta_loc.detach()[:, a:b] / self.n_trees for a, b in bounds],
+            [self.theta_loc.detach()[:, a:b] / self.num_trees for a, b in bounds],
             rho,
         )
 
@@ -262,7 +262,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
     def extra_repr(self) -> str:
         """Trees, depth, input size and temperature, for ``repr``."""
         return (
-            f"n_trees={self.n_trees}, depth={self.depth}, "
+            f"num_trees={self.num_trees}, depth={self.depth}, "
             f"in_features={self.model.in_features}, temperature={self.temperature:.4g}"
         )
 

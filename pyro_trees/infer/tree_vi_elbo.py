@@ -124,10 +124,10 @@ class PairwiseELBO(DifferentiableLossELBO):
     >>> from pyro_trees.guides import GaussianEncoder, PairNet, TreeVIGuide
     >>> from pyro_trees.infer import PairwiseELBO
     >>> from pyro_trees.models import ConstrainedClusteringVAE
-    >>> model = ConstrainedClusteringVAE(3, 2, latent_dim=2, hidden=(8,),
+    >>> model = ConstrainedClusteringVAE(3, 2, latent_dim=2, hidden_sizes=(8,),
     ...                                  constraints=[[0, 1], [2, 3]], weights=[1.0, -1.0])
-    >>> guide = TreeVIGuide(GaussianEncoder(3, 2, hidden=(8,)), [-1, 0, 1, 2],
-    ...                     pair_net=PairNet(3, 2, hidden=(8,)))
+    >>> guide = TreeVIGuide(GaussianEncoder(3, 2, hidden_sizes=(8,)), [-1, 0, 1, 2],
+    ...                     pair_net=PairNet(3, 2, hidden_sizes=(8,)))
     >>> x = torch.rand(4, 3).round()  # binary data (Bernoulli likelihood)
     >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), PairwiseELBO(2))
     >>> isinstance(svi.step(x), float)

@@ -136,7 +136,7 @@ def learn_guide_tree(
     *args,
     subsample_size: int | None = None,
     num_particles: int = 2,
-    restarts: int = 1,
+    num_restarts: int = 1,
     init_parents=None,
     init_strength: float = 2.0,
     temperature: float = 0.3,
@@ -164,7 +164,7 @@ def learn_guide_tree(
     becomes the guide's ``parents`` (cached batch plans are dropped) and the guide
     keeps the jointly learnt parameters, so plain ``SVI`` continues from there on the
     learned tree. The model's own parameters are held
-    fixed. With ``restarts > 1`` each restart starts from the guide's parameters as
+    fixed. With ``num_restarts > 1`` each restart starts from the guide's parameters as
     they were and from fresh random logits; its hard tree's parameters are refined
     (``refine_steps``) and the hard tree with the best Monte Carlo ELBO
     (``eval_particles`` draws over every group) wins, with its parameters.
@@ -191,7 +191,7 @@ def learn_guide_tree(
     per tree and latent dimension, :math:`O(B D N^3)`: meant for trees of up to a few
     hundred nodes (a memory check raises before an oversized problem starts). The
     oriented relaxation has local optima (see
-    :func:`~pyro_trees.infer.learn_tree_structure`): use a few ``restarts``.
+    :func:`~pyro_trees.infer.learn_tree_structure`): use a few ``num_restarts``.
 
     :param TreeVIGuide guide: the guide whose tree is learnt (not a mixture guide).
     :param model: the Pyro model; its only latent site must be the guide's ``site``,
@@ -201,7 +201,7 @@ def learn_guide_tree(
         ``model(x, *args, **kwargs)``, like ``SVI`` calls it).
     :param int subsample_size: groups per inner step (group plate only).
     :param int num_particles: draws of the relaxed guide per inner step.
-    :param int restarts: independent runs; the best hard tree is kept.
+    :param int num_restarts: independent runs; the best hard tree is kept.
     :param init_parents: parent array ``(N,)`` to start from (default: near-uniform
         logits); ``init_strength``, ``temperature``, ``max_outer``, ``inner_steps``,
         ``lr`` (logits) and ``param_lr`` (guide parameters) are passed to
@@ -235,7 +235,7 @@ def learn_guide_tree(
             "learn_guide_tree learns the tree over all N instances; idx minibatches are not "
             "supported (the tree of a minibatch is not the tree of the data)"
         )
-    for name, v in (("num_particles", num_particles), ("restarts", restarts)):
+    for name, v in (("num_particles", num_particles), ("num_restarts", num_restarts)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if not isinstance(eval_particles, int) or eval_particles < 1:
@@ -346,7 +346,7 @@ def learn_guide_tree(
     params = [q for q in guide.parameters() if q.requires_grad]
     start = [q.detach().clone() for q in params]
     best, best_state = None, None
-    for _ in range(restarts):
+    for _ in range(num_restarts):
         with torch.no_grad():
             for q, q0 in zip(params, start, strict=True):
                 q.copy_(q0)

@@ -5,7 +5,7 @@
 of the model and the guide at every step; on small data sets that bookkeeping, not the
 arithmetic, is most of the cost of a step. :class:`VaRTELBO` computes the *same*
 single-sample Monte Carlo estimator with plain tensor operations over all nodes at once:
-the same sites, the same weights (eqs. 23-29) and the same ``lam`` and minibatch
+the same sites, the same weights (eqs. 23-29) and the same ``kl_weight`` and minibatch
 scaling, so its value equals ``Trace_ELBO``'s on the same draws (tested), and its
 gradients are those of the same surrogate. Only the order in which random numbers are
 drawn differs.
@@ -131,7 +131,7 @@ def vart_elbo(
     if values is None:
         values = sample_guide(guide, x, q)
     opts = {"dtype": x.dtype, "device": x.device}
-    lam = model.lam
+    kl_weight = model.kl_weight
     split = torch.cat([values[f"split_{d}"] for d in range(depth + 1)])  # (M,)
     beta = torch.cat([values[f"beta_{d}"] for d in range(depth)], dim=-2)  # (M_int, L+1)
     theta = torch.cat([values[f"theta_{d}"] for d in range(depth + 1)], dim=-2)  # (M, L+1)
@@ -180,7 +180,7 @@ def vart_elbo(
         lp_theta = gaussian(prior["leaf_loc"], prior["leaf_scale"]).log_prob(theta)
     gamma = clamp_probs(gamma)
     lp_split = split * gamma.log() + (1 - split) * (-gamma).log1p()
-    lp_ls = _normal_lp(log_sigma, model.noise_loc, model.noise_scale)
+    lp_ls = _normal_lp(log_sigma, model.noise_prior_loc, model.noise_prior_scale)
     log_p = (exist * lp_split).sum() + (psi * lp_beta).sum() + (kappa * (lp_theta + lp_ls)).sum()
     if rho is not None:
         log_p = log_p + (psi * model.rho_prior(rho.shape, **opts).log_prob(rho)).sum()
@@ -210,7 +210,7 @@ def vart_elbo(
     log_kappa = log_exist + torch.log1p(-split)
     mix_logits = log_kappa + log_reach
     obs_ll = model._obs_log_lik(mix_logits, x1, theta, log_sigma, yb)
-    return scale * obs_ll + lam * (log_p - log_q)
+    return scale * obs_ll + kl_weight * (log_p - log_q)
 
 
 class VaRTELBO(DifferentiableLossELBO):

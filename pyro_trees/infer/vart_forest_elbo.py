@@ -122,7 +122,7 @@ def vart_forest_elbo(
     lp_split = split * gamma.log() + (1 - split) * (-gamma).log1p()
     lp_beta = _normal_lp(beta, 0.0, model.split_scale).sum(-1)
     lp_theta = _normal_lp(theta, 0.0, model.tree_leaf_scale).sum(-1)
-    lp_ls = _normal_lp(log_sigma, model.noise_loc, model.noise_scale)
+    lp_ls = _normal_lp(log_sigma, model.noise_prior_loc, model.noise_prior_scale)
     log_p = (
         (exist[:, :n_int] * lp_split).sum()
         + (psi * lp_beta).sum()
@@ -143,7 +143,7 @@ def vart_forest_elbo(
         xb, yb, scale = x, y, 1.0
     f = forest_mean(forest, xb)
     obs_ll = _normal_lp(yb, f, log_sigma.exp()).sum()
-    return scale * obs_ll + model.lam * (log_p - log_q)
+    return scale * obs_ll + model.kl_weight * (log_p - log_q)
 
 
 class VaRTForestELBO(DifferentiableLossELBO):
@@ -159,7 +159,7 @@ class VaRTForestELBO(DifferentiableLossELBO):
     >>> from pyro_trees.infer import VaRTForestELBO
     >>> from pyro_trees.models import VaRTForest
     >>> x, y = torch.randn(5, 2), torch.randn(5)
-    >>> model = VaRTForest(2, n_trees=3, depth=2)
+    >>> model = VaRTForest(2, num_trees=3, depth=2)
     >>> loss = VaRTForestELBO().differentiable_loss(model, VaRTForestGuide(model), x, y)
     >>> bool(torch.isfinite(loss))
     True

@@ -10,13 +10,13 @@ from pyro_trees.validation import as_tensor, check_finite, check_index
 __all__ = ["csr_rows", "find", "instance_rows", "sorted_batch"]
 
 
-def instance_rows(x, idx, num_nodes: int, obs_dim: int):
+def instance_rows(x, idx, num_nodes: int, in_features: int):
     """Checked ``(x_B, idx)`` of an instance-level model: ``x`` of shape ``(N, F)``,
     ``idx`` in ``[0, N)``, the batch's rows finite (only they are scanned, ``O(|B| F)``)."""
     x = as_tensor(x, "x")
-    if x.dim() != 2 or x.shape[0] != num_nodes or x.shape[1] != obs_dim:
+    if x.dim() != 2 or x.shape[0] != num_nodes or x.shape[1] != in_features:
         raise ValueError(
-            f"x must have shape (N, F) = ({num_nodes}, {obs_dim}) (one row per instance of "
+            f"x must have shape (N, F) = ({num_nodes}, {in_features}) (one row per instance of "
             f"the model), got {tuple(x.shape)}"
         )
     if idx is not None:

@@ -195,16 +195,16 @@ def init_state(
 
 
 def temperature_schedule(
-    num_iters: int = 800,
+    num_cycles: int = 800,
     *,
     initial: float = 5.85,
     factor: float = 0.97,
-    anneal_iters: int = 200,
+    anneal_cycles: int = 200,
     floor: bool = False,
     inverse: bool = False,
 ) -> list[float]:
     """Deterministic annealing of the likelihood temperature:
-    ``1 + (initial - 1) * factor**k`` for the first ``anneal_iters`` cycles, then 1
+    ``1 + (initial - 1) * factor**k`` for the first ``anneal_cycles`` cycles, then 1
     (with ``floor=True``: ``max(1, initial * factor**k)``). With ``inverse=True`` these
     values are inverse temperatures (the likelihood is *sharpened* at the start, which
     weakens the priors' pull towards switching experts off) and their reciprocals are
@@ -219,15 +219,16 @@ def temperature_schedule(
     that "scales the conditional probability of the data", which gives the
     ``inverse=True`` readings.
     """
-    if num_iters < 1:
-        raise ValueError(f"num_iters must be >= 1, got {num_iters}")
+    if num_cycles < 1:
+        raise ValueError(f"num_cycles must be >= 1, got {num_cycles}")
     if floor:
         values = [
-            max(1.0, initial * factor**k) if k < anneal_iters else 1.0 for k in range(num_iters)
+            max(1.0, initial * factor**k) if k < anneal_cycles else 1.0 for k in range(num_cycles)
         ]
     else:
         values = [
-            1.0 + (initial - 1.0) * factor**k if k < anneal_iters else 1.0 for k in range(num_iters)
+            1.0 + (initial - 1.0) * factor**k if k < anneal_cycles else 1.0
+            for k in range(num_cycles)
         ]
     return [1.0 / v for v in values] if inverse else values
 
@@ -242,20 +243,22 @@ SCHEDULES = {
 }
 
 
-def schedule_by_name(name: str, num_iters: int = 800) -> list[float]:
-    """The temperatures of one of :data:`SCHEDULES` over ``num_iters`` cycles, annealing
-    over the first quarter (the paper's 200 of 800); ``"none"`` is ``num_iters`` ones."""
+def schedule_by_name(name: str, num_cycles: int = 800) -> list[float]:
+    """The temperatures of one of :data:`SCHEDULES` over ``num_cycles`` cycles, annealing
+    over the first quarter (the paper's 200 of 800); ``"none"`` is ``num_cycles`` ones."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown annealing schedule {name!r}: use one of {sorted(SCHEDULES)}")
     if SCHEDULES[name] is None:
-        return [1.0] * num_iters
-    return temperature_schedule(num_iters, anneal_iters=max(1, num_iters // 4), **SCHEDULES[name])
+        return [1.0] * num_cycles
+    return temperature_schedule(
+        num_cycles, anneal_cycles=max(1, num_cycles // 4), **SCHEDULES[name]
+    )
 
 
 @dataclass
 class VBResult:
     """Output of :func:`run_vb`: the final state, its bound (``batch_shape``) and the bound
-    after every cycle (``(num_iters,) + batch_shape``, tempered while annealing).
+    after every cycle (``(num_cycles,) + batch_shape``, tempered while annealing).
 
     .. rubric:: Examples
 
@@ -264,7 +267,7 @@ class VBResult:
     >>> from pyro_trees.topology import Topology
     >>> data = VBData.build(torch.randn(30, 1), torch.randn(30), Topology.balanced(1))
     >>> state = vb.init_state(data, (3,), generator=torch.Generator().manual_seed(0))
-    >>> res = vb.run_vb(data, state, num_iters=5, tol=None)
+    >>> res = vb.run_vb(data, state, num_cycles=5, tol=None)
     >>> res.bound.shape, res.history.shape, res.iterations
     (torch.Size([3]), torch.Size([5, 3]), 5)
     >>> bool((res.history[-1] >= res.history[0]).all())
@@ -282,17 +285,17 @@ def run_vb(
     state: VBState,
     *,
     temperatures: Sequence[float] | None = None,
-    num_iters: int = 200,
+    num_cycles: int = 200,
     tol: float | None = 1e-6,
 ) -> VBResult:
     """Cycle the coordinate updates.
 
-    :param temperatures: one likelihood temperature per cycle (overrides ``num_iters``);
-        default: ``num_iters`` cycles at 1.
+    :param temperatures: one likelihood temperature per cycle (overrides ``num_cycles``);
+        default: ``num_cycles`` cycles at 1.
     :param tol: stop early, once at temperature 1, when no batch element's bound moved
         by more than ``tol * N`` in a cycle (``None``: never).
     """
-    temps = list(temperatures) if temperatures is not None else [1.0] * num_iters
+    temps = list(temperatures) if temperatures is not None else [1.0] * num_cycles
     if not temps:
         raise ValueError("run_vb needs at least one iteration")
     history = []

@@ -40,7 +40,7 @@ class ConstrainedClusteringVAE(PyroModule):
     leaving it are dropped); they are found in ``O(|B| log |B| + c_B log |B|)``, with
     ``c_B`` the constraints whose first instance is in the batch, not ``O(#constraints)``.
 
-    :param int obs_dim: ``F``.
+    :param int in_features: ``F``.
     :param int num_clusters: ``K``.
     :param int latent_dim: ``D``.
     :param constraints: ``(C, 2)`` integer pairs.
@@ -58,7 +58,7 @@ class ConstrainedClusteringVAE(PyroModule):
 
     >>> import pyro, torch
     >>> from pyro_trees.models import ConstrainedClusteringVAE
-    >>> model = ConstrainedClusteringVAE(3, 2, latent_dim=2, hidden=(8,),
+    >>> model = ConstrainedClusteringVAE(3, 2, latent_dim=2, hidden_sizes=(8,),
     ...                                  constraints=[[0, 1], [2, 3]], weights=[1.0, -1.0])
     >>> x = torch.rand(4, 3).round()
     >>> trace = pyro.poutine.trace(model).get_trace(x)
@@ -71,11 +71,11 @@ class ConstrainedClusteringVAE(PyroModule):
 
     def __init__(
         self,
-        obs_dim: int,
+        in_features: int,
         num_clusters: int,
         *,
         latent_dim: int = 10,
-        hidden=(256,),
+        hidden_sizes=(256,),
         constraints=None,
         weights=None,
         num_nodes: int | None = None,
@@ -114,11 +114,11 @@ class ConstrainedClusteringVAE(PyroModule):
         ptr[k + 1] = ptr[k]
         self.register_buffer("_by_first_ptr", ptr)
         self.register_buffer("_by_first", torch.argsort(pairs[:, 0], stable=True))
-        self.num_clusters, self.latent_dim, self.obs_dim = num_clusters, latent_dim, obs_dim
+        self.num_clusters, self.latent_dim, self.in_features = num_clusters, latent_dim, in_features
         self.cluster_logits = nn.Parameter(torch.zeros(num_clusters))
         self.cluster_loc = nn.Parameter(torch.randn(num_clusters, latent_dim))
         self.cluster_log_scale = nn.Parameter(torch.zeros(num_clusters, latent_dim))
-        layers, sizes = [], [latent_dim, *hidden, obs_dim]
+        layers, sizes = [], [latent_dim, *hidden_sizes, in_features]
         for a, b in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(a, b), nn.Softplus()]
         self.decoder = nn.Sequential(*layers[:-1])
@@ -201,7 +201,7 @@ class ConstrainedClusteringVAE(PyroModule):
         """
         x = as_tensor(x, "x")
         n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
-        xb, idx = instance_rows(x, idx, n_all, self.obs_dim)
+        xb, idx = instance_rows(x, idx, n_all, self.in_features)
         self._check_constraints(n_all, "x")
         prepare(self, xb)
         n = xb.shape[-2]

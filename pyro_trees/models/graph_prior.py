@@ -83,8 +83,8 @@ class GraphPriorVAE(PyroModule):
         ``num_nodes`` (duplicates and self-loops are ignored).
     :param float strength: :math:`\\lambda`; ``I + \\lambda A`` must be positive definite.
     :param int latent_dim: ``D``.
-    :param int obs_dim: ``F``.
-    :param hidden: hidden sizes of the decoder MLP.
+    :param int in_features: ``F``.
+    :param hidden_sizes: hidden sizes of the decoder MLP.
     :param str likelihood: ``"bernoulli"`` (bag-of-words) or ``"normal"``.
     :param str name: prefix of its names in Pyro's parameter store
         (``"<name>.decoder$$$0.weight"``, ...).
@@ -97,7 +97,7 @@ class GraphPriorVAE(PyroModule):
     >>> import pyro, torch
     >>> from pyro_trees.models import GraphPriorVAE
     >>> adjacency = torch.tensor([[0, 1], [1, 2], [2, 3]])  # edge list over 4 instances
-    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden=(8,))
+    >>> model = GraphPriorVAE(adjacency, 3, num_nodes=4, latent_dim=2, hidden_sizes=(8,))
     >>> model.prior(idx=torch.tensor([1, 2])).event_shape  # exact marginal of the batch
     torch.Size([2, 2])
     >>> x = torch.rand(4, 3).round()
@@ -109,12 +109,12 @@ class GraphPriorVAE(PyroModule):
     def __init__(
         self,
         adjacency,
-        obs_dim: int,
+        in_features: int,
         *,
         num_nodes: int | None = None,
         strength: float = 0.5,
         latent_dim: int = 16,
-        hidden=(128,),
+        hidden_sizes=(128,),
         likelihood: str = "bernoulli",
         name: str = "",
     ):
@@ -167,9 +167,9 @@ class GraphPriorVAE(PyroModule):
         self.register_buffer("adj_cols", cols.long())
         self.register_buffer("adj_vals", vals.float())
         self.strength = float(strength)
-        self.latent_dim, self.obs_dim = latent_dim, obs_dim
+        self.latent_dim, self.in_features = latent_dim, in_features
         self.likelihood = likelihood
-        layers, sizes = [], [latent_dim, *hidden, obs_dim]
+        layers, sizes = [], [latent_dim, *hidden_sizes, in_features]
         for a, b in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(a, b), nn.Softplus()]
         self.decoder = nn.Sequential(*layers[:-1])
@@ -222,7 +222,7 @@ class GraphPriorVAE(PyroModule):
         :raises ValueError: if ``x`` is not ``(N, F)``, ``idx`` is out of range, or a row
             of the batch is not finite (only the batch's rows are scanned).
         """
-        xb, idx = instance_rows(x, idx, self.num_nodes, self.obs_dim)
+        xb, idx = instance_rows(x, idx, self.num_nodes, self.in_features)
         prepare(self, xb)
         z = pyro.sample("z", self.prior(idx))
         out = self.decoder(z)

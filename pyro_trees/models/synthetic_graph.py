@@ -48,7 +48,7 @@ class SyntheticGraphVAE(PyroModule):
     :param torch.Tensor adjacency: ``(N, N)`` symmetric affinity (default eq. 18).
     :param float strength: :math:`\\lambda` (0.5 in the paper).
     :param int latent_dim: ``D``.
-    :param int obs_dim: ``F`` (4 and 4 in the paper).
+    :param int in_features: ``F`` (4 and 4 in the paper).
     :param float noise_var: :math:`\\sigma^2` (0.5 in the paper).
     :param bool learn_decoder: learn ``W, b`` (parameters ``"<name>.weight"``,
         ``"<name>.bias"``).
@@ -78,7 +78,7 @@ class SyntheticGraphVAE(PyroModule):
         adjacency: torch.Tensor | None = None,
         strength: float = 0.5,
         latent_dim: int = 4,
-        obs_dim: int = 4,
+        in_features: int = 4,
         noise_var: float = 0.5,
         learn_decoder: bool = False,
         *,
@@ -91,8 +91,8 @@ class SyntheticGraphVAE(PyroModule):
         if noise_var <= 0:
             raise ValueError(f"noise_var must be positive, got {noise_var}")
         self.noise_var = float(noise_var)
-        self.latent_dim, self.obs_dim = latent_dim, obs_dim
-        weight, bias = torch.eye(obs_dim, latent_dim), torch.zeros(obs_dim)
+        self.latent_dim, self.in_features = latent_dim, in_features
+        weight, bias = torch.eye(in_features, latent_dim), torch.zeros(in_features)
         if learn_decoder:
             self.weight, self.bias = nn.Parameter(weight), nn.Parameter(bias)
         else:
@@ -130,7 +130,7 @@ class SyntheticGraphVAE(PyroModule):
             raise ValueError("give the data x (G, N, F) or num_groups to generate")
         if x is not None:
             x = as_tensor(x, "x")
-            shape = (self.num_instances, self.obs_dim)
+            shape = (self.num_instances, self.in_features)
             if x.dim() != 3 or tuple(x.shape[1:]) != shape:
                 raise ValueError(
                     f"x must have shape (G, N, F) = (G, {shape[0]}, {shape[1]}), "
@@ -160,7 +160,7 @@ class SyntheticGraphVAE(PyroModule):
         tril = self.prior_tril.double().cpu()
         c = tril @ tril.T
         cov = torch.kron(c, w @ w.T) + self.noise_var * torch.eye(
-            c.shape[0] * self.obs_dim, dtype=torch.float64
+            c.shape[0] * self.in_features, dtype=torch.float64
         )
         loc = self.bias.double().cpu().repeat(c.shape[0])
         return torch.distributions.MultivariateNormal(loc, cov)
@@ -176,5 +176,5 @@ class SyntheticGraphVAE(PyroModule):
         m = self.marginal()
         eps = torch.randn(num_groups, m.loc.numel(), generator=generator, dtype=torch.float64)
         x = m.loc + eps @ m.scale_tril.T
-        shape = (num_groups, self.num_instances, self.obs_dim)
+        shape = (num_groups, self.num_instances, self.in_features)
         return x.reshape(shape).to(self.weight.dtype).to(self.weight.device)

@@ -116,11 +116,11 @@ class VaRT(PyroModule):
 
     **Weighting** (eqs. 4, 23-24). Each node's prior terms are weighted by its indicator
     (:math:`A_i` for ``split``, :math:`\psi_i` for ``beta``, :math:`\kappa_i` for the leaf
-    parameters, see :func:`weighted`) and every tree site by ``lam``: both happen inside
+    parameters, see :func:`weighted`) and every tree site by ``kl_weight``: both happen inside
     :meth:`sample_tree`, the piece to compose into one's own model, so plain
     :class:`pyro.infer.Trace_ELBO` estimates the :math:`\lambda`-weighted ELBO
     :math:`E_q \log p(Y|X,T,\Theta) - \lambda\, KL(q\|p)` of any model that draws its
-    tree with :meth:`sample_tree` (the guide scales its sites by the same ``lam``).
+    tree with :meth:`sample_tree` (the guide scales its sites by the same ``kl_weight``).
 
     Observations live in the plate ``data`` (``dim=-1``, ``subsample_size`` for
     minibatches, rescaled by Pyro); the site ``obs`` follows
@@ -130,14 +130,14 @@ class VaRT(PyroModule):
     site and plate is prefixed ``"<name>."``.
 
     :param int in_features: number of inputs :math:`L`.
-    :param float lam: :math:`\lambda` of eq. 4 (``1e-3`` in the paper's regression runs).
+    :param float kl_weight: :math:`\lambda` of eq. 4 (``1e-3`` in the paper's regression runs).
     :param float split_alpha: :math:`\alpha`, the base of Chipman et al.'s split
         probabilities :math:`\alpha (1 + d)^{-\beta}` at depth ``d`` (default 0.95).
     :param float split_beta: :math:`\beta`, their depth decay (default 2).
     :param float split_scale: :math:`s_\beta`.
     :param float leaf_scale: :math:`s_\theta`.
-    :param float noise_loc: :math:`m_\sigma`.
-    :param float noise_scale: :math:`v_\sigma`.
+    :param float noise_prior_loc: :math:`m_\sigma`.
+    :param float noise_prior_scale: :math:`v_\sigma`.
     :param int site_depth: the deepest level recorded as sample sites (default 0;
         :class:`~pyro_trees.guides.VaRTGuide` raises it to its depth).
     :param bool missing: inputs may be missing (NaN): the ``rho`` sites above (default
@@ -180,13 +180,13 @@ class VaRT(PyroModule):
         self,
         in_features: int,
         *,
-        lam: float = 1e-3,
+        kl_weight: float = 1e-3,
         split_alpha: float = 0.95,
         split_beta: float = 2.0,
         split_scale: float = 1.0,
         leaf_scale: float = 1.0,
-        noise_loc: float = -1.0,
-        noise_scale: float = 1.0,
+        noise_prior_loc: float = -1.0,
+        noise_prior_scale: float = 1.0,
         node_split_prob: torch.Tensor | None = None,
         node_split_loc: torch.Tensor | None = None,
         node_split_scale: torch.Tensor | None = None,
@@ -200,8 +200,8 @@ class VaRT(PyroModule):
         super().__init__(name="" if name is None else str(name))
         if int(in_features) < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
-        if not lam > 0:
-            raise ValueError(f"lam must be > 0, got {lam}")
+        if not kl_weight > 0:
+            raise ValueError(f"kl_weight must be > 0, got {kl_weight}")
         if not 0 < split_alpha < 1:
             raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
         if split_beta < 0:
@@ -209,10 +209,10 @@ class VaRT(PyroModule):
         for name, v in (("split_scale", split_scale), ("leaf_scale", leaf_scale)):
             if not v > 0:
                 raise ValueError(f"{name} must be > 0, got {v}")
-        if not noise_scale > 0:
-            raise ValueError(f"noise_scale must be > 0, got {noise_scale}")
+        if not noise_prior_scale > 0:
+            raise ValueError(f"noise_prior_scale must be > 0, got {noise_prior_scale}")
         self.in_features = int(in_features)
-        self.lam = float(lam)
+        self.kl_weight = float(kl_weight)
         if not isinstance(missing, bool):
             raise ValueError(f"missing must be True or False, got {missing!r}")
         if not missing_concentration > 0:
@@ -226,8 +226,8 @@ class VaRT(PyroModule):
         self.split_beta = float(split_beta)
         self.split_scale = float(split_scale)
         self.leaf_scale = float(leaf_scale)
-        self.noise_loc = float(noise_loc)
-        self.noise_scale = float(noise_scale)
+        self.noise_prior_loc = float(noise_prior_loc)
+        self.noise_prior_scale = float(noise_prior_scale)
         width = self.in_features + 1
         self.node_split_prob = _check_node_tensor("node_split_prob", node_split_prob, ())
         if (
@@ -322,7 +322,7 @@ class VaRT(PyroModule):
 
     def sample_tree(self, num_points: int = 1, like: torch.Tensor | None = None) -> dict:
         r"""Draw a tree from the prior (or, under a guide, replay the guide's), with its
-        ELBO weighting: every site is scaled by ``lam`` and each node's terms by its
+        ELBO weighting: every site is scaled by ``kl_weight`` and each node's terms by its
         indicator (see the class docstring). This is the piece to use VaRT as a part of
         one's own model, e.g. as a mean function::
 
@@ -346,7 +346,7 @@ class VaRT(PyroModule):
         log_exist = torch.zeros(1, **opts)
         out = {"split": [], "log_exist": [], "beta": [], "theta": [], "log_sigma": [], "rho": []}
         depth = 0
-        with poutine.scale(scale=self.lam):
+        with poutine.scale(scale=self.kl_weight):
             while True:
                 if depth > 0:
                     trees.check_depth(depth, num_points, dtype=like.dtype, device=like.device)
@@ -395,7 +395,9 @@ class VaRT(PyroModule):
             gamma = prior["split_prob"]
             beta = gaussian(prior["split_loc"], prior["split_scale"])
             theta = gaussian(prior["leaf_loc"], prior["leaf_scale"])
-        log_sigma = dist.Normal(torch.full((n,), self.noise_loc, **opts), self.noise_scale)
+        log_sigma = dist.Normal(
+            torch.full((n,), self.noise_prior_loc, **opts), self.noise_prior_scale
+        )
         return gamma, beta, theta, log_sigma
 
     def _level(self, depth: int, exist: torch.Tensor, opts: dict):

@@ -110,7 +110,7 @@ class VaRTClassification(VaRT):
         scale).
     :param offset: :math:`b`, ``(K',)`` values added to the tree's values before the
         link (e.g. :func:`base_rate_offset`); ``None`` for zeros.
-    :param kwargs: ``lam``, ``split_alpha``, ``split_beta``, ``split_scale``,
+    :param kwargs: ``kl_weight``, ``split_alpha``, ``split_beta``, ``split_scale``,
         ``site_depth``, ``name``, ``node_split_prob``, ``node_split_loc``,
         ``node_split_scale``, as in :class:`~pyro_trees.models.VaRT`.
 
@@ -135,7 +135,7 @@ class VaRTClassification(VaRT):
         offset: torch.Tensor | None = None,
         **kwargs,
     ):
-        for bad in ("node_leaf_loc", "node_leaf_scale", "noise_loc", "noise_scale"):
+        for bad in ("node_leaf_loc", "node_leaf_scale", "noise_prior_loc", "noise_prior_scale"):
             if bad in kwargs:
                 raise ValueError(f"VaRTClassification does not take {bad}")
         super().__init__(in_features, leaf_scale=leaf_scale, **kwargs)

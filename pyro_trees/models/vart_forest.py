@@ -55,7 +55,7 @@ def forest_tree(split: list, beta: list, theta: list, rho: list | None = None) -
 
 
 class VaRTForest(PyroModule):
-    r"""A sum of ``n_trees`` VaRT trees under one prior: Bayesian additive VaRT.
+    r"""A sum of ``num_trees`` VaRT trees under one prior: Bayesian additive VaRT.
 
     Each tree :math:`k` is a :class:`~pyro_trees.models.VaRT` tree truncated at depth
     ``depth`` (its nodes at that depth are leaves; with the default split decay the
@@ -78,8 +78,8 @@ class VaRTForest(PyroModule):
 
     **Sites.** In the plate ``trees`` (size ``K``, ``dim=-2``) and the plates ``nodes_d``
     (``2**d``, ``dim=-1``): ``split_d`` and ``beta_d`` for :math:`d < D`, ``theta_d`` for
-    :math:`d \le D`, weighted by :math:`A`, :math:`\psi` and :math:`\kappa` and by ``lam``
-    as in :meth:`~pyro_trees.models.VaRT.sample_tree`; ``log_sigma`` (scaled by ``lam``)
+    :math:`d \le D`, weighted by :math:`A`, :math:`\psi` and :math:`\kappa` and by ``kl_weight``
+    as in :meth:`~pyro_trees.models.VaRT.sample_tree`; ``log_sigma`` (scaled by ``kl_weight``)
     outside them; ``mean`` and ``obs`` in the plate ``data`` (``dim=-1``), of shape
     ``(1, N)`` (the summed trees dimension is kept so that outer plates such as
     ``Predictive(parallel=True)``'s line up). With ``missing=True`` every internal node of
@@ -90,15 +90,15 @@ class VaRTForest(PyroModule):
     :class:`~pyro_trees.infer.VaRTForestELBO` its vectorised ELBO.
 
     :param int in_features: number of inputs :math:`L`.
-    :param int n_trees: :math:`K` (default 50).
+    :param int num_trees: :math:`K` (default 50).
     :param int depth: :math:`D \\ge 1`, the depth of every tree (default 3).
-    :param float lam: :math:`\lambda`, the weight of the KL term (default 1: the ELBO).
+    :param float kl_weight: :math:`\lambda`, the weight of the KL term (default 1: the ELBO).
     :param float split_alpha: :math:`\alpha` (default 0.95).
     :param float split_beta: :math:`\beta` (default 2).
     :param float split_scale: :math:`s_\beta` (default 1).
     :param float leaf_scale: :math:`s_\theta`, the prior scale of the *sum* (default 1).
-    :param float noise_loc: :math:`m_\sigma` (default -1).
-    :param float noise_scale: :math:`v_\sigma` (default 1).
+    :param float noise_prior_loc: :math:`m_\sigma` (default -1).
+    :param float noise_prior_scale: :math:`v_\sigma` (default 1).
     :param bool missing: inputs may be missing (NaN): the ``rho`` sites (default ``False``).
     :param float missing_concentration: :math:`c` of their prior (default 1).
     :param str name: prefix of the sample sites (default none).
@@ -107,7 +107,7 @@ class VaRTForest(PyroModule):
 
     >>> import torch
     >>> from pyro_trees.models import VaRTForest
-    >>> model = VaRTForest(2, n_trees=10, depth=2)
+    >>> model = VaRTForest(2, num_trees=10, depth=2)
     >>> model.sample_forest()["theta"].shape  # (K, nodes, L + 1)
     torch.Size([10, 7, 3])
     >>> model(torch.randn(5, 2)).shape
@@ -121,15 +121,15 @@ class VaRTForest(PyroModule):
         self,
         in_features: int,
         *,
-        n_trees: int = 50,
+        num_trees: int = 50,
         depth: int = 3,
-        lam: float = 1.0,
+        kl_weight: float = 1.0,
         split_alpha: float = 0.95,
         split_beta: float = 2.0,
         split_scale: float = 1.0,
         leaf_scale: float = 1.0,
-        noise_loc: float = -1.0,
-        noise_scale: float = 1.0,
+        noise_prior_loc: float = -1.0,
+        noise_prior_scale: float = 1.0,
         missing: bool = False,
         missing_concentration: float = 1.0,
         name: str | None = None,
@@ -137,12 +137,12 @@ class VaRTForest(PyroModule):
         super().__init__(name="" if name is None else str(name))
         if int(in_features) < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
-        if isinstance(n_trees, bool) or int(n_trees) != n_trees or n_trees < 1:
-            raise ValueError(f"n_trees must be an integer >= 1, got {n_trees!r}")
+        if isinstance(num_trees, bool) or int(num_trees) != num_trees or num_trees < 1:
+            raise ValueError(f"num_trees must be an integer >= 1, got {num_trees!r}")
         if isinstance(depth, bool) or int(depth) != depth or depth < 1:
             raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
-        if not lam > 0:
-            raise ValueError(f"lam must be > 0, got {lam}")
+        if not kl_weight > 0:
+            raise ValueError(f"kl_weight must be > 0, got {kl_weight}")
         if not 0 < split_alpha < 1:
             raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
         if split_beta < 0:
@@ -150,20 +150,20 @@ class VaRTForest(PyroModule):
         for key, v in (
             ("split_scale", split_scale),
             ("leaf_scale", leaf_scale),
-            ("noise_scale", noise_scale),
+            ("noise_prior_scale", noise_prior_scale),
         ):
             if not v > 0:
                 raise ValueError(f"{key} must be > 0, got {v}")
         self.in_features = int(in_features)
-        self.n_trees = int(n_trees)
+        self.num_trees = int(num_trees)
         self.depth = trees.check_depth(int(depth))
-        self.lam = float(lam)
+        self.kl_weight = float(kl_weight)
         self.split_alpha = float(split_alpha)
         self.split_beta = float(split_beta)
         self.split_scale = float(split_scale)
         self.leaf_scale = float(leaf_scale)
-        self.noise_loc = float(noise_loc)
-        self.noise_scale = float(noise_scale)
+        self.noise_prior_loc = float(noise_prior_loc)
+        self.noise_prior_scale = float(noise_prior_scale)
         if not isinstance(missing, bool):
             raise ValueError(f"missing must be True or False, got {missing!r}")
         if not missing_concentration > 0:
@@ -176,7 +176,7 @@ class VaRTForest(PyroModule):
     @property
     def tree_leaf_scale(self) -> float:
         """The prior scale of one tree's leaf weights, :math:`s_\\theta / \\sqrt K`."""
-        return self.leaf_scale / math.sqrt(self.n_trees)
+        return self.leaf_scale / math.sqrt(self.num_trees)
 
     def split_prob(self, depth: int) -> float:
         """Prior split probability :math:`\\gamma_d = \\alpha (1 + d)^{-\\beta}` (``d < D``)."""
@@ -211,8 +211,8 @@ class VaRTForest(PyroModule):
         split, beta, theta, rho = [], [], [], []
         exist = torch.ones(1, **opts)
         with (
-            poutine.scale(scale=self.lam),
-            pyro.plate(self.site("trees"), self.n_trees, dim=-2),
+            poutine.scale(scale=self.kl_weight),
+            pyro.plate(self.site("trees"), self.num_trees, dim=-2),
         ):
             for d in range(self.depth + 1):
                 n = 1 << d
@@ -258,9 +258,11 @@ class VaRTForest(PyroModule):
         """
         self._check_x(x, y)
         forest = self.sample_forest(like=x)
-        loc = torch.tensor(self.noise_loc, dtype=x.dtype, device=x.device)
-        with poutine.scale(scale=self.lam):
-            log_sigma = pyro.sample(self.site("log_sigma"), dist.Normal(loc, self.noise_scale))
+        loc = torch.tensor(self.noise_prior_loc, dtype=x.dtype, device=x.device)
+        with poutine.scale(scale=self.kl_weight):
+            log_sigma = pyro.sample(
+                self.site("log_sigma"), dist.Normal(loc, self.noise_prior_scale)
+            )
         with pyro.plate(
             self.site("data"), x.shape[0], subsample_size=subsample_size, dim=-1
         ) as idx:

@@ -49,7 +49,7 @@ def plot_importances(
     >>> from pyro_trees.estimators import VaRTForestRegressor
     >>> from pyro_trees.plotting import plot_importances
     >>> X = np.random.default_rng(0).normal(size=(40, 3))
-    >>> est = VaRTForestRegressor(n_trees=3, num_steps=3, num_samples=6, random_state=0)
+    >>> est = VaRTForestRegressor(num_trees=3, num_steps=3, num_samples=6, random_state=0)
     >>> ax = plot_importances(est.fit(X, X[:, 0]), X)
     >>> len(ax.patches)  # one bar per input
     3

@@ -80,7 +80,7 @@ def plot_tree(
         :class:`~pyro_trees.guides.VaRTGuide` (thresholds and leaves in the units it was
         trained in, leaves at inputs zero), :class:`~pyro_trees.guides.RNNTreeGuide` or
         :class:`~pyro_trees.guides.RNNTree` (leaves named ``leaf k`` unless
-        ``leaf_labels`` names them). An estimator with ``n_fits > 1`` shows its first
+        ``leaf_labels`` names them). An estimator with ``num_fits > 1`` shows its first
         fit (``guide_``), as ``export_text`` does. A forest is not one tree: see
         :func:`~pyro_trees.plotting.plot_importances`.
     :param max_depth: the deepest level drawn (the root is level 0); deeper subtrees
@@ -124,7 +124,7 @@ def _structure(tree, feature_names, class_names, leaf_labels, level, decimals) -
     from pyro_trees.guides import RNNTree, RNNTreeGuide, VaRTForestGuide, VaRTGuide
 
     kind = type(tree).__name__
-    if isinstance(tree, VaRTForestGuide) or hasattr(tree, "n_trees"):
+    if isinstance(tree, VaRTForestGuide) or hasattr(tree, "num_trees"):
         raise ValueError(
             f"{kind} is a sum of trees, not one tree: plot_importances shows what it learnt"
         )

@@ -43,7 +43,7 @@ def cases():
     )
 
     small = {"depth": 2, "num_samples": 8, "random_state": 0}
-    forest = {"n_trees": 3, **small}
+    forest = {"num_trees": 3, **small}
     return {
         # full batch, no held-out rows: the same global batch as one process
         "vart_full": (lambda: VaRTRegressor(num_steps=40, validation_fraction=0, **small), "reg"),
@@ -54,9 +54,9 @@ def cases():
         # one fit: the pool of three is under-confident on these rows and its temperature
         # sits at the grid's edge, where matching it would not show the ranks read the
         # same held-out rows (three pooled fits across ranks: "vart_forest")
-        "vart_clf": (lambda: VaRTClassifier(num_steps=40, n_fits=1, **small), "clf"),
+        "vart_clf": (lambda: VaRTClassifier(num_steps=40, num_fits=1, **small), "clf"),
         "vart_clf_sharded": (
-            lambda: VaRTClassifier(num_steps=40, n_fits=1, batch_size=64, **small),
+            lambda: VaRTClassifier(num_steps=40, num_fits=1, batch_size=64, **small),
             "clf",
         ),
         "vart_forest": (
@@ -79,13 +79,13 @@ def cases():
         ),
         "hme": (
             lambda: BayesianHMERegressor(
-                max_experts=3, n_restarts=2, n_iter=15, grow=1, random_state=0
+                max_experts=3, num_restarts=2, num_cycles=15, grow=1, random_state=0
             ),
             "reg",
         ),
         "hme_sharded": (
             lambda: BayesianHMERegressor(
-                max_experts=3, n_restarts=2, n_iter=15, grow=1, random_state=0
+                max_experts=3, num_restarts=2, num_cycles=15, grow=1, random_state=0
             ),
             "reg",
         ),

@@ -2,8 +2,17 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_trees.estimators._base import Standardizer
+from pyro_trees.estimators import (
+    BayesianHMERegressor,
+    VaRTCausal,
+    VaRTClassifier,
+    VaRTForestRegressor,
+    VaRTRegressor,
+)
+from pyro_trees.estimators._base import RENAMED_IN_0_2, Standardizer
 from pyro_trees.validation import resolve_device, resolve_dtype
+
+RETIRED = {new: old for old, new in RENAMED_IN_0_2.items()}
 
 
 def test_standardizer_round_trip_and_unit_spread():
@@ -51,3 +60,24 @@ def test_resolve_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: VaRTRegressor(num_fits=3, kl_weight=0.5, calibrate="likelihood"),
+        lambda: VaRTForestRegressor(num_trees=4, num_fits=2),
+        lambda: VaRTClassifier(num_fits=2, calibrate=False),
+        lambda: BayesianHMERegressor(num_restarts=3, num_cycles=7),
+        lambda: VaRTCausal(num_trees=5),
+    ],
+)
+def test_a_pickle_of_version_0_1_loads_under_the_new_names(make):
+    """Version 0.1.0 stored n_fits, n_trees, n_restarts, n_iter, calibrate_noise and lam;
+    such a state loads with today's names and values (not the defaults)."""
+    est = make()
+    old = {RETIRED.get(k, k): v for k, v in est.__dict__.items()}
+    assert old != est.__dict__
+    loaded = type(est).__new__(type(est))
+    loaded.__setstate__(old)
+    assert loaded.get_params(deep=False) == est.get_params(deep=False)

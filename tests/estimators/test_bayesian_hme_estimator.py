@@ -19,7 +19,7 @@ def toy(n=200, seed=0):
 @pytest.fixture(scope="module")
 def fitted():
     X, y = toy()
-    est = BayesianHMERegressor(max_experts=3, n_restarts=12, n_iter=120, random_state=0)
+    est = BayesianHMERegressor(max_experts=3, num_restarts=12, num_cycles=120, random_state=0)
     return est.fit(X, y), X, y
 
 
@@ -94,7 +94,7 @@ def test_pickle_is_exact(fitted):
 def test_random_state_reproducible_and_multi_output():
     X, y = toy(n=60)
     Y = np.stack([y, y**2], -1)
-    kw = dict(topologies=[Topology([1])], n_restarts=3, n_iter=30)
+    kw = dict(topologies=[Topology([1])], num_restarts=3, num_cycles=30)
     a = BayesianHMERegressor(random_state=3, **kw).fit(X, Y)
     b = BayesianHMERegressor(random_state=3, **kw).fit(X, Y)
     assert a.elbo_ == b.elbo_
@@ -106,13 +106,13 @@ def test_random_state_reproducible_and_multi_output():
 
 def test_bound_is_reported_on_the_scale_of_y():
     X, y = toy(n=60)
-    kw = dict(topologies=[Topology([1])], n_restarts=2, n_iter=20, random_state=0)
+    kw = dict(topologies=[Topology([1])], num_restarts=2, num_cycles=20, random_state=0)
     a = BayesianHMERegressor(**kw, search_dtype="float32").fit(X, y)
     b = BayesianHMERegressor(**kw, search_dtype="float32").fit(X, 10 * y)
     # a change of units shifts the log evidence by exactly -N log 10
     assert math.isclose(b.elbo_, a.elbo_ - 60 * math.log(10), rel_tol=1e-9)
     # the float32 search runs the same starts, then polishes the best in float64: its
-    # bound is at least that of the float64 search of n_iter cycles
+    # bound is at least that of the float64 search of num_cycles cycles
     c = BayesianHMERegressor(**kw, search_dtype="float64").fit(X, y)
     assert a.state_.v_mean.dtype == c.state_.v_mean.dtype == torch.float64
     assert a.elbo_ >= c.elbo_ - 1e-6 * abs(c.elbo_), (a.elbo_, c.elbo_)
@@ -127,17 +127,17 @@ def test_bound_is_reported_on_the_scale_of_y():
         ([[0.0], [1.0]], [1.0, 2.0], {"max_experts": 3}, "fewer data points"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"topologies": [{2, 3}]}, "invalid topology"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"topologies": "abc"}, "invalid topology"),
-        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"n_restarts": 0}, "n_restarts"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"num_restarts": 0}, "num_restarts"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"routing": "x"}, "routing"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"search_dtype": "half"}, "search_dtype"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": "warm"}, "anneal"),
         ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"grow": -1}, "grow"),
-        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": ["none", "floor"]}, "n_restarts"),
+        ([[0.0], [1.0], [2.0]], [1.0, 2.0, 3.0], {"anneal": ["none", "floor"]}, "num_restarts"),
     ],
 )
 def test_bad_input(X, y, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        kwargs = {"n_iter": 2, "n_restarts": 1, **kwargs}
+        kwargs = {"num_cycles": 2, "num_restarts": 1, **kwargs}
         BayesianHMERegressor(**kwargs).fit(np.array(X), np.array(y))
 
 
@@ -153,15 +153,15 @@ def test_not_fitted_and_wrong_width(fitted):
 
 def test_restarts_split_between_annealing_schedules():
     X, y = toy(n=80)
-    kw = dict(topologies=[Topology([1]), Topology([1, 3])], n_iter=40, random_state=0)
-    est = BayesianHMERegressor(n_restarts=5, anneal=["none", "floor"], **kw).fit(X, y)
+    kw = dict(topologies=[Topology([1]), Topology([1, 3])], num_cycles=40, random_state=0)
+    est = BayesianHMERegressor(num_restarts=5, anneal=["none", "floor"], **kw).fit(X, y)
     assert est.search_cycles_ > 0 and np.isfinite(est.bounds_).all()
     assert est.predict(X).shape == (80,)
 
 
 def test_grow_off_reports_the_random_search():
     X, y = toy(n=80)
-    kw = dict(max_experts=2, n_restarts=3, n_iter=30, random_state=0)
+    kw = dict(max_experts=2, num_restarts=3, num_cycles=30, random_state=0)
     off = BayesianHMERegressor(grow=0, **kw).fit(X, y)
     on = BayesianHMERegressor(**kw).fit(X, y)
     np.testing.assert_array_equal(off.bounds_, off.random_bounds_)
@@ -174,10 +174,10 @@ def test_max_experts_auto_scales_with_the_data():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((40, 3))
     y = X[:, 0] + 0.1 * rng.standard_normal(40)
-    est = BayesianHMERegressor(n_restarts=2, n_iter=10, random_state=0).fit(X, y)
+    est = BayesianHMERegressor(num_restarts=2, num_cycles=10, random_state=0).fit(X, y)
     # 40 // (5 * 4) = 2 experts at most
     assert max(t.num_experts for t in est.topologies_) == 2
-    est = BayesianHMERegressor(min_experts=3, n_restarts=2, n_iter=10, random_state=0)
+    est = BayesianHMERegressor(min_experts=3, num_restarts=2, num_cycles=10, random_state=0)
     assert min(t.num_experts for t in est.fit(X, y).topologies_) == 3
 
 
@@ -187,9 +187,9 @@ def test_far_inputs_give_finite_intervals_that_scale_with_them():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 2))
     y = np.abs(X[:, 0]) + 0.1 * rng.normal(size=60)
-    reg = BayesianHMERegressor(max_experts=2, n_restarts=4, n_iter=30, grow=0, random_state=0).fit(
-        X, y
-    )
+    reg = BayesianHMERegressor(
+        max_experts=2, num_restarts=4, num_cycles=30, grow=0, random_state=0
+    ).fit(X, y)
     assert reg.topology_.num_experts == 2
     direction = np.array([[1.0, 0.0], [0.3, -1.0]])
     ref = 1e100  # far out already: the predictions grow linearly with the input

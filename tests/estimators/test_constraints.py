@@ -93,13 +93,13 @@ def test_an_undeclared_parameter_is_the_estimators_error():
     ("cls", "params", "match"),
     [
         (VaRTRegressor, {"num_samples": 0}, "num_samples must be an integer >= 1, got 0"),
-        (VaRTRegressor, {"calibrate_noise": "x"}, "calibrate_noise must be one of"),
-        (VaRTForestRegressor, {"n_trees": 0}, "n_trees must be an integer >= 1, got 0"),
+        (VaRTRegressor, {"calibrate": "x"}, "calibrate must be one of"),
+        (VaRTForestRegressor, {"num_trees": 0}, "num_trees must be an integer >= 1, got 0"),
         (VaRTClassifier, {"link": "logit"}, "link must be one of 'probit', 'softmax', None"),
         (RNNTreeRegressor, {"feedback": "x"}, "feedback must be one of 'hard', 'soft'"),
         (HeteroscedasticGPRegressor, {"tree_lr": -1.0}, "tree_lr must be a number > 0"),
         (BayesianHMERegressor, {"grow": -1}, "grow must be an integer >= 0, got -1"),
-        (VaRTCausal, {"n_trees": 0}, "n_trees must be an integer >= 1 or None, got 0"),
+        (VaRTCausal, {"num_trees": 0}, "num_trees must be an integer >= 1 or None, got 0"),
     ],
 )
 def test_fit_refuses_a_bad_option_before_reading_the_data(cls, params, match):

@@ -47,10 +47,10 @@ EXPECTED_FAILED_CHECKS: dict[str, dict[str, str]] = {}
 # VaRTClassifier (three fits of up to 1,000 steps, patience 20) and VaRTForestRegressor
 # (20 trees, a stopped fit and three refits) make that minutes each, a third of the
 # suite, so their checks run one fit of 100 steps; their default fits, the pooling of
-# n_fits (pickling included) and its draws are checked on their own
+# num_fits (pickling included) and its draws are checked on their own
 # (tests/estimators/test_vart.py, test_vart_classifier.py, test_vart_forest.py) and
 # measured by benchmarks/vart_classification and vart_forest.
-_QUICK = {"num_steps": 100, "n_fits": 1}
+_QUICK = {"num_steps": 100, "num_fits": 1}
 CHECK_ARGS = {VaRTClassifier: _QUICK, VaRTForestRegressor: _QUICK}
 
 
@@ -91,10 +91,10 @@ def _small(est_cls, **kwargs):
     small = {
         RNNTreeClassifier: {"depth": 2, "num_steps": 30},
         RNNTreeRegressor: {"depth": 2, "num_steps": 30},
-        BayesianHMERegressor: {"max_experts": 2, "n_restarts": 2, "n_iter": 20, "grow": 0},
+        BayesianHMERegressor: {"max_experts": 2, "num_restarts": 2, "num_cycles": 20, "grow": 0},
         VaRTRegressor: {"depth": 2, "num_steps": 30, "num_samples": 20},
         VaRTClassifier: {"depth": 2, "num_steps": 30, "num_samples": 20},
-        VaRTForestRegressor: {"n_trees": 5, "depth": 2, "num_steps": 30, "num_samples": 20},
+        VaRTForestRegressor: {"num_trees": 5, "depth": 2, "num_steps": 30, "num_samples": 20},
         HeteroscedasticGPRegressor: {"depth": 1, "num_steps": 10, "init_steps": 5},
     }[est_cls]
     return est_cls(random_state=0, **{**small, **kwargs})

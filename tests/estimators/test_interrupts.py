@@ -33,12 +33,12 @@ ESTIMATORS = {
         lambda: VaRTRegressor(depth=2, num_steps=10, num_samples=5, random_state=0),
     ),
     "forest": (
-        lambda: VaRTForestRegressor(n_trees=5, num_steps=LONG, patience=None, random_state=0),
-        lambda: VaRTForestRegressor(n_trees=2, num_steps=10, num_samples=6, random_state=0),
+        lambda: VaRTForestRegressor(num_trees=5, num_steps=LONG, patience=None, random_state=0),
+        lambda: VaRTForestRegressor(num_trees=2, num_steps=10, num_samples=6, random_state=0),
     ),
     "vart_clf": (
         lambda: VaRTClassifier(num_steps=LONG, patience=None, random_state=0),
-        lambda: VaRTClassifier(depth=2, num_steps=10, num_samples=6, n_fits=1, random_state=0),
+        lambda: VaRTClassifier(depth=2, num_steps=10, num_samples=6, num_fits=1, random_state=0),
     ),
     "rnn_reg": (
         lambda: RNNTreeRegressor(num_steps=LONG, validation_fraction=0.0, random_state=0),
@@ -49,8 +49,8 @@ ESTIMATORS = {
         lambda: RNNTreeClassifier(depth=2, num_steps=10, random_state=0),
     ),
     "bhme": (
-        lambda: BayesianHMERegressor(n_iter=LONG, tol=0.0, random_state=0),
-        lambda: BayesianHMERegressor(max_experts=2, n_restarts=2, n_iter=5, random_state=0),
+        lambda: BayesianHMERegressor(num_cycles=LONG, tol=0.0, random_state=0),
+        lambda: BayesianHMERegressor(max_experts=2, num_restarts=2, num_cycles=5, random_state=0),
     ),
     "hgp": (
         lambda: HeteroscedasticGPRegressor(num_steps=LONG, random_state=0),

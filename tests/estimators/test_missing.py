@@ -20,7 +20,7 @@ from pyro_trees.estimators import (
 
 NATIVE = {
     VaRTRegressor: {"depth": 2, "num_steps": 40, "num_samples": 8},
-    VaRTForestRegressor: {"n_trees": 4, "depth": 2, "num_steps": 40, "num_samples": 8},
+    VaRTForestRegressor: {"num_trees": 4, "depth": 2, "num_steps": 40, "num_samples": 8},
     VaRTClassifier: {"depth": 2, "num_steps": 40, "num_samples": 8},
     RNNTreeRegressor: {"depth": 2, "hidden_size": 8, "num_steps": 30},
     RNNTreeClassifier: {"depth": 2, "hidden_size": 8, "num_steps": 30},

@@ -59,10 +59,10 @@ def _tiny():
         "rnn_tree_regressor": (RNNTreeRegressor(depth=2, num_steps=30, **small), "reg"),
         "rnn_tree_classifier": (RNNTreeClassifier(depth=2, num_steps=30, **small), "clf"),
         "vart_regressor": (VaRTRegressor(**vart), "reg"),
-        "vart_forest_regressor": (VaRTForestRegressor(n_trees=3, **vart), "reg"),
-        "vart_classifier": (VaRTClassifier(n_fits=1, **vart), "clf"),
+        "vart_forest_regressor": (VaRTForestRegressor(num_trees=3, **vart), "reg"),
+        "vart_classifier": (VaRTClassifier(num_fits=1, **vart), "clf"),
         "bayesian_hme": (
-            BayesianHMERegressor(max_experts=2, n_restarts=2, n_iter=20, grow=0, **small),
+            BayesianHMERegressor(max_experts=2, num_restarts=2, num_cycles=20, grow=0, **small),
             "reg",
         ),
         "hgp_exact": (HeteroscedasticGPRegressor(depth=1, num_steps=10, init_steps=5), "reg"),

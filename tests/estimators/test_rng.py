@@ -107,7 +107,7 @@ def test_vart_causal_fit_leaves_the_global_streams_alone(data):
         lambda: RNNTreeRegressor(depth=2, num_steps=10, random_state=3),
         lambda: RNNTreeClassifier(depth=2, num_steps=10, random_state=3),
         lambda: HeteroscedasticGPRegressor(depth=2, num_steps=5, init_steps=5, random_state=3),
-        lambda: BayesianHMERegressor(max_experts=2, n_restarts=2, n_iter=10, random_state=3),
+        lambda: BayesianHMERegressor(max_experts=2, num_restarts=2, num_cycles=10, random_state=3),
     ],
     ids=["rnn_regressor", "rnn_classifier", "heteroscedastic_gp", "bayesian_hme"],
 )

@@ -86,7 +86,7 @@ def test_held_out_rows_draw_from_the_family_generator_and_fold_disjointly():
     [
         lambda: RNNTreeRegressor(depth=1, hidden_size=4, num_steps=2),
         lambda: HeteroscedasticGPRegressor(depth=1, num_steps=2, init_steps=2),
-        lambda: BayesianHMERegressor(max_experts=1, n_restarts=1, n_iter=2, grow=0),
+        lambda: BayesianHMERegressor(max_experts=1, num_restarts=1, num_cycles=2, grow=0),
         lambda: VaRTRegressor(depth=1, num_steps=2, num_samples=2),
     ],
     ids=["rnn_tree", "heteroscedastic_gp", "bayesian_hme", "vart"],

@@ -34,15 +34,15 @@ def _small(name):
     return {
         "vart": lambda: VaRTRegressor(depth=2, num_steps=20, num_samples=8, random_state=0),
         "forest": lambda: VaRTForestRegressor(
-            n_trees=3, num_steps=20, num_samples=6, random_state=0
+            num_trees=3, num_steps=20, num_samples=6, random_state=0
         ),
         "vart_clf": lambda: VaRTClassifier(
-            depth=2, num_steps=20, num_samples=6, n_fits=2, random_state=0
+            depth=2, num_steps=20, num_samples=6, num_fits=2, random_state=0
         ),
         "rnn_reg": lambda: RNNTreeRegressor(depth=2, num_steps=20, random_state=0),
         "rnn_clf": lambda: RNNTreeClassifier(depth=2, num_steps=20, random_state=0),
         "bhme": lambda: BayesianHMERegressor(
-            max_experts=2, n_restarts=2, n_iter=10, random_state=0
+            max_experts=2, num_restarts=2, num_cycles=10, random_state=0
         ),
         "hgp": lambda: HeteroscedasticGPRegressor(num_steps=5, init_steps=5, random_state=0),
         "causal": lambda: VaRTCausal(

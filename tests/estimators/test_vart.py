@@ -171,7 +171,7 @@ def test_early_stopping_and_noise_calibration(fitted, data):
     c_fit = fitted.noise_factor_
     try:
         for rule in ("coverage", "likelihood"):
-            fitted.calibrate_noise = rule
+            fitted.calibrate = rule
             assert fitted._calibrate_noise([(Xs, noisy.float())]) > 5.0
         # ... and targets drawn from the calibrated predictive itself about the fitted
         # factor (the factor is relative to the uncalibrated noise)
@@ -180,10 +180,10 @@ def test_early_stopping_and_noise_calibration(fitted, data):
         own = draws[pick, np.arange(60)]
         own = torch.as_tensor(fitted.y_scaler_.transform(own))
         for rule in ("coverage", "likelihood"):
-            fitted.calibrate_noise = rule
+            fitted.calibrate = rule
             assert 1 / 1.5 < fitted._calibrate_noise([(Xs, own.float())]) / c_fit < 1.5
     finally:
-        fitted.calibrate_noise = "coverage"
+        fitted.calibrate = "coverage"
         fitted._calibrate_noise([_held_out(fitted, data)])  # restore noise_calibration_
     assert fitted.noise_factor_ == c_fit
     assert np.array_equal(fitted.noise_calibration_["scores"], cal["scores"])
@@ -239,7 +239,7 @@ def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, stop
             assert (0.05 <= cdf <= 0.95) == inside
     # the likelihood rule is still available, and no calibration gives factor 1
     est = VaRTRegressor(
-        depth=2, num_steps=30, num_samples=20, calibrate_noise="likelihood", random_state=0
+        depth=2, num_steps=30, num_samples=20, calibrate="likelihood", random_state=0
     ).fit(X, y)
     cal = est.noise_calibration_
     assert cal["rule"] == "likelihood"
@@ -247,7 +247,7 @@ def test_coverage_calibration_covers_the_held_out_rows_at_the_level(fitted, stop
         torch.as_tensor(cal["grid"]), torch.as_tensor(cal["log_density"])
     )
     for off in (None, False):
-        est = VaRTRegressor(depth=2, num_steps=5, num_samples=4, calibrate_noise=off).fit(X, y)
+        est = VaRTRegressor(depth=2, num_steps=5, num_samples=4, calibrate=off).fit(X, y)
         assert est.noise_factor_ == 1.0 and not hasattr(est, "noise_calibration_")
 
 
@@ -331,13 +331,13 @@ def test_without_validation_every_row_trains(data):
     assert est.fit_result_.num_steps == 15 and est.fit_result_.best_step is None
     assert est.noise_factor_ == 1.0
     for bad in ("conformal", 1, "Coverage"):
-        with pytest.raises(ValueError, match="calibrate_noise"):
-            VaRTRegressor(calibrate_noise=bad).fit(X, y)
+        with pytest.raises(ValueError, match="calibrate"):
+            VaRTRegressor(calibrate=bad).fit(X, y)
     for bad in (0.0, 1.0, 1.5, -0.1):
         with pytest.raises(ValueError, match="calibration_level"):
             VaRTRegressor(calibration_level=bad).fit(X, y)
-    est.set_params(calibrate_noise="likelihood", calibration_level=0.8)
-    assert est.get_params()["calibrate_noise"] == "likelihood"
+    est.set_params(calibrate="likelihood", calibration_level=0.8)
+    assert est.get_params()["calibrate"] == "likelihood"
     assert est.get_params()["calibration_level"] == 0.8
     assert "calibration_level=0.8" in repr(est)
     with pytest.raises(ValueError, match="validation_fraction"):
@@ -510,12 +510,12 @@ def test_estimators_pickled_before_newer_parameters_keep_their_behaviour(stopped
     X, y = data
     state = pickle.loads(pickle.dumps(stopped)).__getstate__()
     # as pickled before they existed
-    names = ("refit", "min_calibration_rows", "n_fits", "guides_", "fit_results_")
+    names = ("refit", "min_calibration_rows", "num_fits", "guides_", "fit_results_")
     for name in (*names, "stopping_results_"):
         del state[name]
     old = VaRTRegressor.__new__(VaRTRegressor)
     old.__setstate__(state)
-    assert old.refit is False and old.min_calibration_rows is None and old.n_fits == 1
+    assert old.refit is False and old.min_calibration_rows is None and old.num_fits == 1
     assert old.stopping_results_ == []
     assert old.get_params()["refit"] is False
     np.testing.assert_array_equal(old.predict(X), stopped.predict(X))
@@ -610,7 +610,7 @@ def test_cross_fitting_fold_count_and_bad_values(data):
     ).fit(X[:50], y[:50])
     assert [len(f) for f in est.noise_calibration_["fold_scores"]] == [10] * 4
     # enough rows already: no extra fit; the likelihood rule never cross-fits
-    for kwargs in ({"min_calibration_rows": 10}, {"calibrate_noise": "likelihood"}):
+    for kwargs in ({"min_calibration_rows": 10}, {"calibrate": "likelihood"}):
         est = VaRTRegressor(
             depth=2,
             num_steps=10,
@@ -737,10 +737,10 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
     X, y = data  # 120 rows, 12 held out: ten folds
     kw = dict(depth=2, num_steps=60, lr=0.05, num_samples=7, random_state=4)
     one = VaRTRegressor(**kw).fit(X, y)
-    est = VaRTRegressor(**kw, n_fits=2).fit(X, y)
+    est = VaRTRegressor(**kw, num_fits=2).fit(X, y)
     assert len(est.guides_) == len(est.fit_results_) == len(est.stopping_results_) == 2
     assert est.guide_ is est.guides_[0] and est.stopping_result_ is est.stopping_results_[0]
-    # the first fit is n_fits=1's: held-out fold 0, stopped, refitted
+    # the first fit is num_fits=1's: held-out fold 0, stopped, refitted
     assert est.stopping_result_.val_losses == one.stopping_result_.val_losses
     assert _same_params(est.guides_[0], one.guide_)
     # the second holds out fold 1, seeded seed_ + MEMBER_SEED, and is refitted too
@@ -755,7 +755,7 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
     # between them the fits learned from every row: the clipping range is all rows'
     torch.testing.assert_close(est.x_min_, Xt.min(0).values)
     torch.testing.assert_close(est.x_max_, Xt.max(0).values)
-    # the 7 posterior trees: 4 from the first fit (n_fits=1's seed), 3 from the second
+    # the 7 posterior trees: 4 from the first fit (num_fits=1's seed), 3 from the second
     dummy = torch.zeros(1, 3)
     first = hard_guide_draws(est.guides_[0], 4, dummy, est.seed_ + 1)
     second = hard_guide_draws(est.guides_[1], 3, dummy, est.seed_ + 1 + MEMBER_SEED)
@@ -791,7 +791,7 @@ def test_n_fits_each_fit_holds_out_its_own_fold(data):
         assert (inside[1] | floor).all()
         assert (~inside[0] | floor).all()
         assert not floor.all()
-    # with one fit the scores are n_fits=1's coverage scores (fold 0 under its trees)
+    # with one fit the scores are num_fits=1's coverage scores (fold 0 under its trees)
     np.testing.assert_allclose(
         one.noise_calibration_["scores"],
         one.coverage_scores(X[perm[:12].numpy()], y[perm[:12].numpy()]),
@@ -808,12 +808,12 @@ def test_n_fits_folds_wrap_around_and_cross_fitting_adds_the_folds_after_them(da
     X, y = data
     kw = dict(depth=2, num_steps=10, num_samples=12, random_state=6)
     # 20 rows, 4 held out: five folds; the sixth fit holds out fold 0 again
-    est = VaRTRegressor(**kw, n_fits=6, refit=False).fit(X[:20], y[:20])
+    est = VaRTRegressor(**kw, num_fits=6, refit=False).fit(X[:20], y[:20])
     assert est.stopping_results_ == [] and est.stopping_result_ is None
     assert est.noise_calibration_["scores"].shape == (24,)
     assert est.noise_calibration_["confidence"] is None  # a pool shrinks on the quantile
     # 12 held-out rows a fold; 36 rows asked: folds 0 and 1 are the fits', fold 2 extra
-    est = VaRTRegressor(**kw, n_fits=2, min_calibration_rows=36).fit(X, y)
+    est = VaRTRegressor(**kw, num_fits=2, min_calibration_rows=36).fit(X, y)
     assert [len(f) for f in est.noise_calibration_["fold_scores"]] == [12]
     assert est.noise_calibration_["scores"].shape == (24,)
 
@@ -821,12 +821,12 @@ def test_n_fits_folds_wrap_around_and_cross_fitting_adds_the_folds_after_them(da
 def test_n_fits_without_held_out_rows_trains_each_fit_fully_and_rejects_bad_values(data):
     X, y = data
     kw = dict(depth=2, num_steps=20, num_samples=6, random_state=5, validation_fraction=0)
-    est = VaRTRegressor(**kw, n_fits=3).fit(X, y)
+    est = VaRTRegressor(**kw, num_fits=3).fit(X, y)
     assert est.stopping_result_ is None
     assert [r.num_steps for r in est.fit_results_] == [20, 20, 20]
     assert _same_params(est.guide_, VaRTRegressor(**kw).fit(X, y).guide_)
     assert est._posterior().samples["log_sigma_2"].shape[0] == 6
     assert est.feature_importances_.shape == (3,)
     for bad in (0, 2.5, True, 7):  # 7 > num_samples: a fit without a posterior tree
-        with pytest.raises(ValueError, match="n_fits"):
-            VaRTRegressor(**dict(kw, n_fits=bad)).fit(X, y)
+        with pytest.raises(ValueError, match="num_fits"):
+            VaRTRegressor(**dict(kw, num_fits=bad)).fit(X, y)

@@ -10,7 +10,9 @@ def causal():
     X = rng.uniform(-1, 1, size=(150, 2))
     A = rng.binomial(1, 0.5, size=150)
     y = X[:, 0] + 3.0 * A + 0.1 * rng.normal(size=150)
-    reg = VaRTRegressor(depth=2, lam=1e-2, num_steps=150, lr=0.05, num_samples=40, random_state=0)
+    reg = VaRTRegressor(
+        depth=2, kl_weight=1e-2, num_steps=150, lr=0.05, num_samples=40, random_state=0
+    )
     return VaRTCausal(reg).fit(X, A, y), X
 
 
@@ -55,13 +57,13 @@ def test_forest_outcome_model():
     X, A = rng.normal(size=(80, 2)), rng.integers(0, 2, size=80)
     y = X[:, 0] + 2.0 * A + 0.1 * rng.normal(size=80)
     reg = VaRTForestRegressor(
-        n_trees=5, depth=2, num_steps=150, lr=0.05, num_samples=10, n_fits=2, random_state=0
+        num_trees=5, depth=2, num_steps=150, lr=0.05, num_samples=10, num_fits=2, random_state=0
     )
     causal = VaRTCausal(reg).fit(X, A, y)
     assert isinstance(causal.regressor_, VaRTForestRegressor)
     assert causal.sample_cate(X[:4]).shape == (10, 4)
     assert abs(causal.ate()["mean"] - 2.0) < 0.5
-    default = VaRTCausal(n_trees=4, random_state=0)
-    assert default.get_params()["n_trees"] == 4
-    with pytest.raises(ValueError, match="n_trees"):
-        VaRTCausal(reg, n_trees=4).fit(X, A, y)
+    default = VaRTCausal(num_trees=4, random_state=0)
+    assert default.get_params()["num_trees"] == 4
+    with pytest.raises(ValueError, match="num_trees"):
+        VaRTCausal(reg, num_trees=4).fit(X, A, y)

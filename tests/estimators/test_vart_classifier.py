@@ -10,9 +10,16 @@ from pyro_trees.estimators import VaRTClassifier
 
 
 def _small(**kwargs):
-    """A quick fit: one fit of 60 steps (the pooling of ``n_fits`` has its own test)."""
+    """A quick fit: one fit of 60 steps (the pooling of ``num_fits`` has its own test)."""
     return VaRTClassifier(
-        **{"depth": 2, "num_steps": 60, "num_samples": 10, "n_fits": 1, "random_state": 0, **kwargs}
+        **{
+            "depth": 2,
+            "num_steps": 60,
+            "num_samples": 10,
+            "num_fits": 1,
+            "random_state": 0,
+            **kwargs,
+        }
     )
 
 
@@ -121,12 +128,12 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
 
     X, y = _blobs(n=120, classes=3)
     one = _small(num_samples=7).fit(X, y)
-    clf = _small(num_samples=7, n_fits=2).fit(X, y)
+    clf = _small(num_samples=7, num_fits=2).fit(X, y)
     assert len(clf.guides_) == len(clf.fit_results_) == 2 and clf.guide_ is clf.guides_[0]
-    # the first fit is n_fits=1's, step for step; the second has its own seed
+    # the first fit is num_fits=1's, step for step; the second has its own seed
     assert clf.fit_results_[0].val_losses == one.fit_result_.val_losses
     assert clf.fit_results_[1].val_losses != one.fit_result_.val_losses
-    # 4 trees from the first fit (n_fits=1's seed), 3 from the second
+    # 4 trees from the first fit (num_fits=1's seed), 3 from the second
     dummy = torch.zeros(1, 2)
     parts = [
         hard_guide_draws(clf.guides_[0], 4, dummy, clf.seed_ + 1),
@@ -144,14 +151,14 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
     loaded = pickle.loads(pickle.dumps(clf))
     np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
     state = one.__getstate__() if hasattr(one, "__getstate__") else dict(one.__dict__)
-    state = {k: v for k, v in state.items() if k not in ("n_fits", "guides_", "fit_results_")}
+    state = {k: v for k, v in state.items() if k not in ("num_fits", "guides_", "fit_results_")}
     old = VaRTClassifier.__new__(VaRTClassifier)
-    old.__setstate__(state)  # pickled before n_fits existed
-    assert old.n_fits == 1
+    old.__setstate__(state)  # pickled before num_fits existed
+    assert old.num_fits == 1
     np.testing.assert_array_equal(old.predict_proba(X), one.predict_proba(X))
     for bad in (0, 1.5, True, 8):  # 8 > num_samples
-        with pytest.raises(ValueError, match="n_fits"):
-            _small(num_samples=7, n_fits=bad).fit(X, y)
+        with pytest.raises(ValueError, match="num_fits"):
+            _small(num_samples=7, num_fits=bad).fit(X, y)
 
 
 def _rare(n=400, positives=4, seed=0, features=2):
@@ -169,7 +176,7 @@ def test_a_rare_class_absent_from_the_held_out_rows_is_not_calibrated_away():
     # new rows was about 1e-6 (frequency 0.01)
     X, y = _rare()
     Xt, _ = _rare(seed=1)
-    kwargs = {"num_steps": 100, "n_fits": 1, "random_state": 0}
+    kwargs = {"num_steps": 100, "num_fits": 1, "random_state": 0}
     with pytest.warns(UserWarning, match="no held-out row of class 1"):
         clf = VaRTClassifier(**kwargs).fit(X, y)
     assert clf.temperature_ == 1.0
@@ -222,7 +229,7 @@ def test_a_rare_class_is_predicted_near_its_frequency():
     for seed in range(2):
         X, y = _rare(seed=seed)
         Xt, _ = _rare(n=1000, seed=seed + 100)
-        kwargs = {"num_steps": 100, "n_fits": 1, "calibrate": False, "random_state": 0}
+        kwargs = {"num_steps": 100, "num_fits": 1, "calibrate": False, "random_state": 0}
         p1 = VaRTClassifier(**kwargs).fit(X, y).predict_proba(Xt)[:, 1].mean()
         assert freq / 3 < p1 < 3 * freq, p1
         flat = VaRTClassifier(base_rate=False, **kwargs).fit(X, y)

@@ -11,7 +11,14 @@ from pyro_trees.estimators import VaRTForestRegressor, VaRTRegressor
 from pyro_trees.models import forest_mean
 
 # quick fits at a constant rate (lr_decay's default schedule is for the default 1,000 steps)
-SMALL = {"n_trees": 8, "depth": 2, "num_steps": 150, "lr": 0.05, "lr_decay": 1.0, "num_samples": 30}
+SMALL = {
+    "num_trees": 8,
+    "depth": 2,
+    "num_steps": 150,
+    "lr": 0.05,
+    "lr_decay": 1.0,
+    "num_samples": 30,
+}
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +98,8 @@ def test_seeded_fits_repeat_and_trace_elbo_runs(data):
 
 def test_bad_n_trees(data):
     X, y = data
-    with pytest.raises(ValueError, match="n_trees"):
-        VaRTForestRegressor(n_trees=0, num_steps=2).fit(X, y)
+    with pytest.raises(ValueError, match="num_trees"):
+        VaRTForestRegressor(num_trees=0, num_steps=2).fit(X, y)
 
 
 def test_defaults_fit_friedmans_function_with_calibrated_intervals():

@@ -27,7 +27,7 @@ def test_unused_expert_noise_shape_does_not_run_away():
     x, y = _line()
     pyro.set_rng_seed(0)
     model = BayesianHME(1, 1, Topology.balanced(1))
-    guide = BayesianHMEGuide(model, init_restarts=4, init_iters=50)
+    guide = BayesianHMEGuide(model, init_restarts=4, init_cycles=50)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
     losses = [svi.step(x, y) for _ in range(150)]
     assert all(math.isfinite(v) for v in losses)
@@ -42,7 +42,7 @@ def test_every_start_is_inside_the_shape_floor(prior_a):
     model = BayesianHME(1, 1, Topology.balanced(1), prior_a=prior_a)
     for init in ("random", "data", "vb"):
         pyro.clear_param_store()
-        guide = BayesianHMEGuide(model, init=init, init_restarts=2, init_iters=5)
+        guide = BayesianHMEGuide(model, init=init, init_restarts=2, init_cycles=5)
         guide(x, y)
         for key in ("tau_conc", "alpha_conc", "beta_conc"):
             value = getattr(guide, key).detach()

@@ -29,14 +29,14 @@ def graph_data():
 
 
 def make_guide(kind, parents):
-    enc = GaussianEncoder(F, D, hidden=(8,))
+    enc = GaussianEncoder(F, D, hidden_sizes=(8,))
     if kind == "mean_field":
         return TreeVIGuide(enc, None), Trace_ELBO()
     if kind == "tree":
-        return TreeVIGuide(enc, parents, pair_net=PairNet(F, D, hidden=(8,))), Trace_ELBO()
+        return TreeVIGuide(enc, parents, pair_net=PairNet(F, D, hidden_sizes=(8,))), Trace_ELBO()
     par2 = torch.tensor([-1] + [0] * (N - 1))  # a star
     guide = TreeVIMixtureGuide(
-        enc, torch.stack([parents, par2]), pair_net=PairNet(F, D, hidden=(8,)), entropy=kind
+        enc, torch.stack([parents, par2]), pair_net=PairNet(F, D, hidden_sizes=(8,)), entropy=kind
     )
     return guide, MixtureTreeELBO()
 
@@ -45,7 +45,7 @@ def make_guide(kind, parents):
 @pytest.mark.parametrize("minibatch", [False, True])
 def test_svi_step_finite_loss_and_every_parameter_gets_a_gradient(kind, minibatch):
     x, edges, parents = graph_data()
-    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,))
     guide, elbo = make_guide(kind, parents)
     idx = torch.tensor([1, 2, 3, 7, 8]) if minibatch else None
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
@@ -114,7 +114,7 @@ def test_synthetic_model_with_grouped_guides():
     assert x.shape == (40, 4, 4)
     t1 = torch.tensor([-1, 0, 0, 1])
     guides = [
-        (TreeVIGuide(GaussianEncoder(4, 4, hidden=()), None, plate="groups"), Trace_ELBO()),
+        (TreeVIGuide(GaussianEncoder(4, 4, hidden_sizes=()), None, plate="groups"), Trace_ELBO()),
         (
             TreeVIGuide(GaussianEncoder(4, 4, ()), t1, pair_net=PairNet(4, 4), plate="groups"),
             Trace_ELBO(),
@@ -284,7 +284,7 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
     ef = (torch.arange(N) % 3 == 0).float().unsqueeze(-1)  # every third edge "must-link"
     for inputs, width in (("data", F), ("codes", 2 * D)):
         pyro.clear_param_store()  # a fresh guide takes up the store's values (same names)
-        net = PairNet(width, D, hidden=(8,), edge_features=1)
+        net = PairNet(width, D, hidden_sizes=(8,), edge_features=1)
         with torch.no_grad():  # a random start can leave the 8 hidden units dead on the
             net.net[0].weight[:, -1] = 1.0  # edge column (test seed 1 did): set it
         guide = TreeVIGuide(
@@ -301,7 +301,7 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
         rb = guide.distribution(x, idx).rho
         kept = induced_forest(parents, idx) >= 0
         assert torch.allclose(rb[kept], rho[idx][kept])
-        model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+        model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,))
         Trace_ELBO().differentiable_loss(model, guide, x, idx=idx).backward()
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
         if inputs == "codes":  # detached: the pair net does not steer the encoder
@@ -314,7 +314,7 @@ def test_edge_features_and_code_inputs_reach_the_pair_net():
     mix = TreeVIMixtureGuide(
         GaussianEncoder(F, D, (8,)),
         torch.stack([parents, star]),
-        pair_net=PairNet(F, D, hidden=(8,), edge_features=1),
+        pair_net=PairNet(F, D, hidden_sizes=(8,), edge_features=1),
         edge_features=torch.stack([ef, 1 - ef]),
     )
     comps = mix._components(x, None)
@@ -339,14 +339,14 @@ def test_pair_net_zero_init_starts_at_mean_field_and_still_learns():
     """``zero_init``: every rho is 0 at the start (the guide's density is the mean-field
     one) and the last layer still gets a gradient."""
     x, edges, parents = graph_data()
-    net = PairNet(F, D, hidden=(8,), zero_init=True)
+    net = PairNet(F, D, hidden_sizes=(8,), zero_init=True)
     guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), parents, pair_net=net)
     q = guide.distribution(x)
     assert torch.all(q.rho == 0)
     z = q.rsample()
     mf = torch.distributions.Normal(q.loc, q.scale).log_prob(z).sum()
     assert torch.allclose(q.log_prob(z), mf)
-    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,))
     Trace_ELBO().differentiable_loss(model, guide, x).backward()
     assert net.net[-1].weight.grad.abs().sum() > 0
 
@@ -358,7 +358,7 @@ def _clustering_problem(weights):
     x = (torch.rand(10, F, generator=g) < 0.4).float()
     pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9], [4, 8]])
     model = ConstrainedClusteringVAE(
-        F, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=weights
+        F, 3, latent_dim=2, hidden_sizes=(6,), constraints=pairs, weights=weights
     )
     parents = torch.tensor([-1, 0, -1, 2, -1, 1, -1, -1, 4, 7])  # must-links, forest
     guide = TreeVIGuide(GaussianEncoder(F, 2, (6,)), parents, pair_net=PairNet(F, 2, (6,)))
@@ -487,15 +487,15 @@ def test_bad_inputs_at_call_time_raise_value_errors(kind):
 
 def test_named_guides_share_the_param_store_without_clashing():
     x, edges, parents = graph_data()
-    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,))
     pyro.clear_param_store()
     guides = {
-        "mf": TreeVIGuide(GaussianEncoder(F, D, hidden=(8,)), None, name="mf"),
+        "mf": TreeVIGuide(GaussianEncoder(F, D, hidden_sizes=(8,)), None, name="mf"),
         "tree": TreeVIGuide(
-            GaussianEncoder(F, D, hidden=(8,)), parents, pair_net=PairNet(F, D), name="tree"
+            GaussianEncoder(F, D, hidden_sizes=(8,)), parents, pair_net=PairNet(F, D), name="tree"
         ),
         "mix": TreeVIMixtureGuide(
-            GaussianEncoder(F, D, hidden=(8,)),
+            GaussianEncoder(F, D, hidden_sizes=(8,)),
             torch.stack([parents, parents]),
             pair_net=PairNet(F, D),
             name="mix",

@@ -70,7 +70,7 @@ def edges(parents):
 
 
 def tree_guide(n, d, parents=None):
-    net = PairNet(d, d, hidden=(4,), num_nodes=n, offsets="pair", zero_init=True)
+    net = PairNet(d, d, hidden_sizes=(4,), num_nodes=n, offsets="pair", zero_init=True)
     return TreeVIGuide(GroupEncoder(n, d, d), parents, pair_net=net, plate="groups")
 
 
@@ -104,7 +104,7 @@ def test_learn_tree_recovers_the_posterior_tree_and_svi_continues():
         model,
         x,
         subsample_size=32,
-        restarts=3,
+        num_restarts=3,
         num_particles=1,
         inner_steps=40,
         max_outer=10,
@@ -168,10 +168,10 @@ def test_pair_offsets_follow_node_identities_under_minibatches():
     n, f, d = 7, 3, 2
     x = torch.randn(n, f)
     parents = torch.tensor([-1, 0, 1, 1, 3, 0, 5])
-    net = PairNet(f, d, hidden=(4,), num_nodes=n, offsets="pair")
+    net = PairNet(f, d, hidden_sizes=(4,), num_nodes=n, offsets="pair")
     with torch.no_grad():
         net.pair_bias.normal_()
-    guide = TreeVIGuide(GaussianEncoder(f, d, hidden=(4,)), parents, pair_net=net)
+    guide = TreeVIGuide(GaussianEncoder(f, d, hidden_sizes=(4,)), parents, pair_net=net)
     full = guide._all_pair_rho(x, d)  # (N, N, D): rho[i, j] for child i, parent j
     idx = torch.tensor([4, 3, 1, 6])
     q = guide.distribution(x, idx)
@@ -269,8 +269,8 @@ def test_learn_tree_bad_input():
         learn_guide_tree(guide, lambda x, **kw: None, x, **quick)
     with pytest.raises(ValueError, match="idx"):
         learn_guide_tree(guide, model, x, idx=torch.arange(3), **quick)
-    with pytest.raises(ValueError, match="restarts"):
-        learn_guide_tree(guide, model, x, restarts=0)
+    with pytest.raises(ValueError, match="num_restarts"):
+        learn_guide_tree(guide, model, x, num_restarts=0)
     with pytest.raises(ValueError, match="num_particles"):
         learn_guide_tree(guide, model, x, num_particles=0)
 
@@ -281,10 +281,10 @@ def test_instance_level_guide_learns_over_all_instances():
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(n, f, generator=g) < 0.4).float()
     model = GraphPriorVAE(
-        torch.tensor([[0, 1], [2, 3], [4, 5]]), f, num_nodes=n, latent_dim=d, hidden=(4,)
+        torch.tensor([[0, 1], [2, 3], [4, 5]]), f, num_nodes=n, latent_dim=d, hidden_sizes=(4,)
     )
-    net = PairNet(f, d, hidden=(4,), num_nodes=n, offsets="pair", zero_init=True)
-    guide = TreeVIGuide(GaussianEncoder(f, d, hidden=(4,)), None, pair_net=net)
+    net = PairNet(f, d, hidden_sizes=(4,), num_nodes=n, offsets="pair", zero_init=True)
+    guide = TreeVIGuide(GaussianEncoder(f, d, hidden_sizes=(4,)), None, pair_net=net)
     res = learn_guide_tree(guide, model, x, max_outer=3, inner_steps=10, eval_particles=2)
     assert res.h_hard == 0.0 and torch.equal(guide.parents, res.parents)
     assert guide.distribution(x).event_shape == (n, d)

@@ -27,15 +27,15 @@ STAR = torch.tensor([-1] + [0] * (N - 1))
 def _graph(kind):
     x = (torch.rand(N, F, generator=torch.Generator().manual_seed(0)) < 0.3).float()
     edges = torch.stack([torch.arange(0, N, 2), torch.arange(1, N, 2)], 1)
-    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,))
-    enc = GaussianEncoder(F, D, hidden=(8,))
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,))
+    enc = GaussianEncoder(F, D, hidden_sizes=(8,))
     if kind == "mean_field":
         return model, TreeVIGuide(enc, None), Trace_ELBO(), x, torch.tensor([1, 2, 3, 7])
     if kind == "tree":
-        guide = TreeVIGuide(enc, CHAIN, pair_net=PairNet(F, D, hidden=(8,)))
+        guide = TreeVIGuide(enc, CHAIN, pair_net=PairNet(F, D, hidden_sizes=(8,)))
         return model, guide, Trace_ELBO(), x, torch.tensor([1, 2, 3, 7])
     guide = TreeVIMixtureGuide(
-        enc, torch.stack([CHAIN, STAR]), pair_net=PairNet(F, D, hidden=(8,)), entropy=kind
+        enc, torch.stack([CHAIN, STAR]), pair_net=PairNet(F, D, hidden_sizes=(8,)), entropy=kind
     )
     return model, guide, MixtureTreeELBO(), x, torch.tensor([0, 2, 3, 4])
 
@@ -57,7 +57,9 @@ def _clustering(kind):
     x = (torch.rand(N, F, generator=torch.Generator().manual_seed(1)) < 0.4).float()
     pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9], [4, 8]])
     w = torch.tensor([3.0, -2.0, 1.5, 4.0, 2.5])
-    model = ConstrainedClusteringVAE(F, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=w)
+    model = ConstrainedClusteringVAE(
+        F, 3, latent_dim=2, hidden_sizes=(6,), constraints=pairs, weights=w
+    )
     enc = GaussianEncoder(F, 2, (6,))
     forest = torch.tensor([-1, 0, -1, 2, -1, 1, -1, -1, 4, 7])  # the must-links
     if kind == "mean_field":

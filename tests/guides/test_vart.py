@@ -24,8 +24,10 @@ def _data(n=7, L=2):
     return x, y
 
 
-def _setup(depth=2, lam=0.3, temperature=0.7):
-    model = VaRT(2, lam=lam, split_alpha=0.8, split_beta=1.5, split_scale=1.3, leaf_scale=0.9)
+def _setup(depth=2, kl_weight=0.3, temperature=0.7):
+    model = VaRT(
+        2, kl_weight=kl_weight, split_alpha=0.8, split_beta=1.5, split_scale=1.3, leaf_scale=0.9
+    )
     guide = VaRTGuide(model, depth, temperature=temperature, init="random").double()
     with torch.no_grad():
         for p in guide.parameters():
@@ -37,7 +39,7 @@ def _setup(depth=2, lam=0.3, temperature=0.7):
 def _hand_log_densities(model, guide, tr, x, y):
     """Eqs. 23-27 written node by node with explicit ancestors (no vectorisation)."""
     D = guide.depth
-    lam = model.lam
+    kl_weight = model.kl_weight
     s, beta, theta, ls = {}, {}, {}, {}
     for d in range(D + 1):
         n = 1 << d
@@ -65,7 +67,7 @@ def _hand_log_densities(model, guide, tr, x, y):
         g = model.split_prob(d)
         log_p += A * (s[i] * math.log(g) + (1 - s[i]) * math.log(1 - g))
         lp_leaf = sum(_normal_lp(float(t), 0.0, model.leaf_scale) for t in theta[i])
-        lp_leaf += _normal_lp(ls[i], model.noise_loc, model.noise_scale)
+        lp_leaf += _normal_lp(ls[i], model.noise_prior_loc, model.noise_prior_scale)
         log_p += kappa * lp_leaf
         j = i - 1
         lq_leaf = sum(
@@ -98,7 +100,7 @@ def _hand_log_densities(model, guide, tr, x, y):
             mean = float(theta[i] @ x1)
             total += kappa * reach * math.exp(_normal_lp(float(y[n]), mean, math.exp(ls[i])))
         loglik += math.log(total)
-    return lam * log_p + loglik, lam * log_q
+    return kl_weight * log_p + loglik, kl_weight * log_q
 
 
 @pytest.mark.parametrize("temperature", [0.7, 0.0])
@@ -218,8 +220,8 @@ def test_temperature_schedule_and_validation():
         VaRTGuide(model, 0)
     with pytest.raises(ValueError, match="x must have shape"):
         guide(torch.zeros(3, 5))
-    with pytest.raises(ValueError, match="lam"):
-        VaRT(2, lam=0.0)
+    with pytest.raises(ValueError, match="kl_weight"):
+        VaRT(2, kl_weight=0.0)
 
 
 def test_most_probable_structure_dynamic_programme():

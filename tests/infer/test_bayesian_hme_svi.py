@@ -99,7 +99,7 @@ def test_restart_elbos_match_trace_elbo_of_each_restart():
         x, y = toy(n=40, dtype=torch.float64)
         top = Topology([1, 3])
         data = vb.VBData.build(x, y, top)
-        res = vb.run_vb(data, vb.init_state(data, (2,)), num_iters=60, tol=None)
+        res = vb.run_vb(data, vb.init_state(data, (2,)), num_cycles=60, tol=None)
         model = BayesianHME(1, 1, top)
         guide = BayesianHMEGuide(model, num_restarts=2).init_from_data(x, y)
         plain = [BayesianHMEGuide(model).load_vb_state(res.state.index(r)) for r in range(2)]

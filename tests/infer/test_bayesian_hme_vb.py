@@ -232,7 +232,7 @@ def test_select_topology_batches_restarts():
     x, t = toy(n=200)
     tops = enumerate_topologies(3, 1)
     g = torch.Generator().manual_seed(0)
-    sel = vb.select_topology(x, t, tops, num_restarts=12, num_iters=120, generator=g)
+    sel = vb.select_topology(x, t, tops, num_restarts=12, num_cycles=120, generator=g)
     assert sel.bounds.shape == (len(tops),)
     assert torch.allclose(sel.weights.sum(), torch.tensor(1.0, dtype=sel.weights.dtype))
     for top, b, st, allb in zip(
@@ -244,7 +244,7 @@ def test_select_topology_batches_restarts():
     # three experts explain the multimodal inverse problem best (the paper's Ockham hill)
     assert sel.best == 2
     pruned = vb.select_topology(
-        x, t, tops[:3], num_restarts=6, num_iters=40, generator=g, prune_after=10, keep=2
+        x, t, tops[:3], num_restarts=6, num_cycles=40, generator=g, prune_after=10, keep=2
     )
     # pruned starts keep a -inf bound; the two survivors of each topology ran to the end
     assert all(a.shape == (6,) and int(torch.isfinite(a).sum()) == 2 for a in pruned.all_bounds)
@@ -255,7 +255,7 @@ def test_select_topology_batches_restarts():
 def test_run_vb_stops_on_tolerance():
     x, t = toy()
     data = vb.VBData.build(x, t, TOPS[2])
-    res = vb.run_vb(data, vb.init_state(data, (2,)), num_iters=500, tol=1e-8)
+    res = vb.run_vb(data, vb.init_state(data, (2,)), num_cycles=500, tol=1e-8)
     assert res.iterations < 500
     assert res.history.shape == (res.iterations, 2)
 
@@ -279,7 +279,7 @@ def test_race_stops_each_restart_on_its_own():
     data = vb.VBData.build(x, t, top)
     flat = vb_selection._with_signs(data, data.signs.expand(3, *data.signs.shape).clone())
     state = vb.init_state(flat, (3,), generator=torch.Generator().manual_seed(4))
-    temps = vb.temperature_schedule(150, anneal_iters=20)
+    temps = vb.temperature_schedule(150, anneal_cycles=20)
     final, values, work = vb_selection._race(flat, state, temps, 1e-6)
     iters = []
     for i in range(3):
@@ -295,7 +295,7 @@ def test_float32_search_is_polished_in_float64():
     tops = enumerate_topologies(3, 2)
     g = torch.Generator().manual_seed(0)
     sel = vb.select_topology(
-        x, t, tops, num_restarts=6, num_iters=80, generator=g, search_dtype=torch.float32
+        x, t, tops, num_restarts=6, num_cycles=80, generator=g, search_dtype=torch.float32
     )
     assert sel.bounds.dtype == torch.float64
     for top, b, st in zip(sel.topologies, sel.bounds, sel.states, strict=True):
@@ -327,7 +327,7 @@ def test_merge_selections_keeps_the_best_per_topology():
     x, t = toy(n=80)
     tops = enumerate_topologies(3, 2)
     g = torch.Generator().manual_seed(0)
-    a = vb.select_topology(x, t, tops, num_restarts=3, num_iters=30, generator=g)
+    a = vb.select_topology(x, t, tops, num_restarts=3, num_cycles=30, generator=g)
     b = vb.select_topology(
         x, t, tops, num_restarts=2, temperatures=vb.schedule_by_name("floor", 30), generator=g
     )
@@ -337,7 +337,7 @@ def test_merge_selections_keeps_the_best_per_topology():
     for k, top in enumerate(tops):
         assert torch.allclose(vb.bound(vb.VBData.build(x, t, top), m.states[k]), m.bounds[k])
     with pytest.raises(ValueError, match="same topologies"):
-        vb.merge_selections([a, vb.select_topology(x, t, tops[:1], num_iters=2)])
+        vb.merge_selections([a, vb.select_topology(x, t, tops[:1], num_cycles=2)])
     with pytest.raises(ValueError, match="unknown annealing"):
         vb.schedule_by_name("warm")
     assert vb.schedule_by_name("none", 5) == [1.0] * 5
@@ -413,7 +413,7 @@ def test_grown_start_changes_the_bound_by_the_split_gain(top):
         r = grown.log_r.exp()
         assert torch.allclose(r.sum(-1), torch.ones_like(r[..., 0]))
         # VB cycles from the grown start never lower its bound
-        res = vb.run_vb(cdata, grown, num_iters=15, tol=None)
+        res = vb.run_vb(cdata, grown, num_cycles=15, tol=None)
         assert (res.history[0] >= after - 1e-9 * after.abs()).all()
         assert (res.history.diff(dim=0) >= -1e-9 * res.history[1:].abs()).all()
     with pytest.raises(ValueError, match="not an expert"):
@@ -440,8 +440,8 @@ def test_grow_selection_never_lowers_a_bound():
     x, t = toy(n=120)
     tops = enumerate_topologies(4, 1)
     g = torch.Generator().manual_seed(0)
-    sel = vb.select_topology(x, t, tops, num_restarts=2, num_iters=25, generator=g)
-    grown = vb.grow_selection(x, t, sel, starts_per_split=2, num_iters=60, generator=g)
+    sel = vb.select_topology(x, t, tops, num_restarts=2, num_cycles=25, generator=g)
+    grown = vb.grow_selection(x, t, sel, starts_per_split=2, num_cycles=60, generator=g)
     assert (grown.bounds >= sel.bounds).all()
     assert grown.grown.shape == (len(tops),) and not bool(grown.grown[0])
     assert bool(grown.grown.any())  # two short random starts leave room to improve
@@ -455,7 +455,7 @@ def test_grow_selection_never_lowers_a_bound():
     assert len(grown.all_bounds[1]) == 2 + 2 and len(grown.all_bounds[4]) == 2 + 2
     # float32 grown starts, polished in float64
     g32 = vb.grow_selection(
-        x, t, sel, starts_per_split=1, num_iters=30, generator=g, search_dtype=torch.float32
+        x, t, sel, starts_per_split=1, num_cycles=30, generator=g, search_dtype=torch.float32
     )
     assert all(s.v_mean.dtype == torch.float64 for s in g32.states)
     assert (g32.bounds >= sel.bounds).all()

@@ -279,7 +279,7 @@ def test_pair_network_correlations_learn_jointly():
     prob = TreePosteriorProblem(6, seed=5)
     n = prob.n
     feats = torch.randn(n, 3, dtype=torch.float64)
-    net = PairNet(3, 1, hidden=(8,)).double()
+    net = PairNet(3, 1, hidden_sizes=(8,)).double()
     rho = net(feats[:, None, :], feats[None, :, :])
     assert rho.shape == (n, n, 1)
     torch.testing.assert_close(rho, rho.transpose(0, 1))  # symmetric, as f(x_i, x_j)

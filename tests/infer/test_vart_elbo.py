@@ -23,7 +23,9 @@ def _setup(depth, temperature, n=13, L=3):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(n, L, generator=g, dtype=torch.float64)
     y = torch.randn(n, generator=g, dtype=torch.float64)
-    model = VaRT(L, lam=0.05, split_alpha=0.8, split_beta=1.5, split_scale=1.3, leaf_scale=0.9)
+    model = VaRT(
+        L, kl_weight=0.05, split_alpha=0.8, split_beta=1.5, split_scale=1.3, leaf_scale=0.9
+    )
     guide = VaRTGuide(model, depth, temperature=temperature, init="random").double()
     with torch.no_grad():  # move every parameter away from its symmetric start
         for p in guide.parameters():
@@ -118,7 +120,7 @@ def _per_node_prior(L=3, scale_tril=True):
 def _with_prior(model, **node):
     return VaRT(
         model.in_features,
-        lam=model.lam,
+        kl_weight=model.kl_weight,
         split_alpha=model.split_alpha,
         split_beta=model.split_beta,
         split_scale=model.split_scale,
@@ -176,7 +178,7 @@ def test_equals_trace_elbo_with_missing_inputs(subsample_size):
     g = torch.Generator().manual_seed(7)
     x = _with_missing(torch.randn(13, 3, generator=g, dtype=torch.float64))
     y = torch.randn(13, generator=g, dtype=torch.float64)
-    model = VaRT(3, lam=0.05, missing=True, missing_concentration=1.5)
+    model = VaRT(3, kl_weight=0.05, missing=True, missing_concentration=1.5)
     guide = VaRTGuide(model, 3, temperature=0.4, init="random").double()
     with torch.no_grad():  # every parameter away from its start, rho's too
         for p in guide.parameters():
@@ -207,7 +209,7 @@ def test_classification_elbo_with_missing_inputs():
     g = torch.Generator().manual_seed(8)
     x = _with_missing(torch.randn(13, 3, generator=g, dtype=torch.float64))
     y = torch.randint(0, 3, (13,), generator=g)
-    model = VaRTClassification(3, 3, lam=0.2, missing=True)
+    model = VaRTClassification(3, 3, kl_weight=0.2, missing=True)
     guide = VaRTGuide(model, 2, temperature=0.4, init="random").double()
     ref, values, _ = _trace_elbo(model, guide, x, y, None)
     assert torch.allclose(vart_elbo(model, guide, x, y, values=values), ref, rtol=1e-12)

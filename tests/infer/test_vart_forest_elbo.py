@@ -19,7 +19,7 @@ def _data(n=60, seed=0):
 
 def test_equals_trace_elbo_on_the_same_draws():
     x, y = _data()
-    model = VaRTForest(2, n_trees=4, depth=3, lam=0.3, name="m")
+    model = VaRTForest(2, num_trees=4, depth=3, kl_weight=0.3, name="m")
     guide = VaRTForestGuide(model, temperature=0.7, name="m")
     with torch.no_grad():
         gt = poutine.trace(guide).get_trace(x, y)
@@ -34,7 +34,7 @@ def test_gradients_finite_and_svi_learns():
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
     x, y = _data(200)
-    model = VaRTForest(2, n_trees=10, depth=2, lam=1e-3)
+    model = VaRTForest(2, num_trees=10, depth=2, kl_weight=1e-3)
     guide = VaRTForestGuide(model)
     loss = VaRTForestELBO().differentiable_loss(model, guide, x, y, subsample_size=50)
     loss.backward()
@@ -53,7 +53,7 @@ def test_equals_trace_elbo_with_missing_inputs():
     x, y = _data(20, seed=3)
     x[0, 1] = x[4, 0] = float("nan")
     x[7] = float("nan")
-    model = VaRTForest(2, n_trees=3, depth=2, lam=0.3, missing=True)
+    model = VaRTForest(2, num_trees=3, depth=2, kl_weight=0.3, missing=True)
     guide = VaRTForestGuide(model, temperature=0.7, init="random").double()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():

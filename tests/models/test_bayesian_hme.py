@@ -115,7 +115,7 @@ def test_svi_elbo_at_vb_solution_is_above_closed_form_bound():
         x, y = x.double(), y.double()
         top = Topology([1, 3])
         data = vb.VBData.build(x, y, top)
-        state = vb.run_vb(data, vb.init_state(data, ()), num_iters=60, tol=None).state
+        state = vb.run_vb(data, vb.init_state(data, ()), num_cycles=60, tol=None).state
         closed = float(vb.bound(data, state))
         model = BayesianHME(1, 1, top)
         guide = BayesianHMEGuide(model).load_vb_state(state)

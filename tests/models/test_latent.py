@@ -39,7 +39,7 @@ def test_synthetic_exact_log_likelihood_is_the_marginal_of_the_trace():
 
 def test_graph_prior_vae_shapes_and_errors():
     edges = torch.tensor([[0, 1], [2, 3]])
-    model = GraphPriorVAE(edges, 5, num_nodes=4, latent_dim=2, hidden=(4,))
+    model = GraphPriorVAE(edges, 5, num_nodes=4, latent_dim=2, hidden_sizes=(4,))
     x = (torch.rand(4, 5) < 0.5).float()
     tr = poutine.trace(model).get_trace(x, idx=torch.tensor([0, 1, 3]))
     assert tr.nodes["z"]["value"].shape == (3, 2)
@@ -66,7 +66,9 @@ def test_constrained_clustering_factor_and_guides():
     x = (torch.rand(10, 8, generator=g) < 0.4).float()
     pairs = torch.tensor([[0, 1], [2, 3], [1, 5], [7, 9]])
     w = torch.tensor([3.0, -2.0, 1.5, 4.0])
-    model = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(6,), constraints=pairs, weights=w)
+    model = ConstrainedClusteringVAE(
+        8, 3, latent_dim=2, hidden_sizes=(6,), constraints=pairs, weights=w
+    )
     idx = torch.tensor([5, 1, 0, 2, 9])  # holds pairs (0,1) and (1,5) only
     tr = poutine.trace(model).get_trace(x, idx=idx)
     z = tr.nodes["z"]["value"]
@@ -115,7 +117,7 @@ def test_graph_prior_vae_rejects_bad_graphs_and_inputs():
         GraphPriorVAE(edges.float(), 5, num_nodes=4)
     with pytest.raises(ValueError, match=r"num_nodes=5"):
         GraphPriorVAE(torch.zeros(4, 4), 5, num_nodes=5)
-    model = GraphPriorVAE(edges, 5, num_nodes=4, latent_dim=2, hidden=(4,))
+    model = GraphPriorVAE(edges, 5, num_nodes=4, latent_dim=2, hidden_sizes=(4,))
     x = (torch.rand(4, 5) < 0.5).float()
     with pytest.raises(ValueError, match=r"x must have shape \(N, F\) = \(4, 5\)"):
         model(torch.cat([x, x[:1]]))
@@ -144,7 +146,9 @@ def test_constrained_clustering_rejects_out_of_range_constraints_and_bad_x():
     with pytest.raises(ValueError, match="constraint index out of range"):
         ConstrainedClusteringVAE(8, 3, constraints=-pairs, weights=w)
     # without num_nodes the range is checked against x (and z) when the model runs
-    model = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(4,), constraints=pairs, weights=w)
+    model = ConstrainedClusteringVAE(
+        8, 3, latent_dim=2, hidden_sizes=(4,), constraints=pairs, weights=w
+    )
     with pytest.raises(ValueError, match="constraint names instance 12 but x has 10 instances"):
         model(x)
     with pytest.raises(ValueError, match="constraint names instance 12"):
@@ -153,7 +157,7 @@ def test_constrained_clustering_rejects_out_of_range_constraints_and_bad_x():
         model.pairwise_log_factor(torch.randn(10, 2))
     tr = poutine.trace(model).get_trace(torch.cat([x, x[:3]]))  # 13 rows hold instance 12
     assert tr.nodes["z"]["value"].shape == (13, 2)
-    sized = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden=(4,), num_nodes=10)
+    sized = ConstrainedClusteringVAE(8, 3, latent_dim=2, hidden_sizes=(4,), num_nodes=10)
     with pytest.raises(ValueError, match=r"x must have shape \(N, F\) = \(10, 8\)"):
         sized(x[:9])
     with pytest.raises(ValueError, match=r"idx holds indices outside \[0, 10\)"):
@@ -184,7 +188,9 @@ def test_graph_prior_vae_sparse_batches_equal_the_dense_path():
     w = torch.rand(n, n, generator=g) * (torch.rand(n, n, generator=g) < 0.1)
     weighted = (w + w.T) / 2  # a weighted affinity given densely
     for adjacency, ref, s in ((edges, dense, 0.05), (weighted, weighted, 0.3)):
-        model = GraphPriorVAE(adjacency, 5, num_nodes=n, strength=s, latent_dim=2, hidden=(4,))
+        model = GraphPriorVAE(
+            adjacency, 5, num_nodes=n, strength=s, latent_dim=2, hidden_sizes=(4,)
+        )
         assert sum(b.numel() for b in model.buffers()) < 3 * n + 2 * int((ref != 0).sum())
         assert torch.equal(model.adjacency_matrix(), ref)
         for size in (1, 2, 7, 19, n):
@@ -206,7 +212,7 @@ def test_graph_prior_vae_large_graph_is_checked_without_a_dense_matrix():
 
     n = DENSE_CHECK_MAX_NODES + 1
     chain = torch.stack([torch.arange(n - 1), torch.arange(1, n)], 1)  # rho = 2 cos(pi/(n+1))
-    model = GraphPriorVAE(chain, 5, num_nodes=n, strength=0.499, latent_dim=2, hidden=(4,))
+    model = GraphPriorVAE(chain, 5, num_nodes=n, strength=0.499, latent_dim=2, hidden_sizes=(4,))
     assert sum(b.numel() for b in model.buffers()) == (n + 1) + 2 * 2 * (n - 1)
     idx = torch.tensor([10, 12, 11, 500])
     expected = torch.tensor([[0.0, 0, 1, 0], [0, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
@@ -215,7 +221,7 @@ def test_graph_prior_vae_large_graph_is_checked_without_a_dense_matrix():
         GraphPriorVAE(chain, 5, num_nodes=n, strength=0.501)  # truly indefinite
     star = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)], 1)
     rho = (n - 1) ** 0.5  # the star's eigenvalues are +-rho and 0
-    GraphPriorVAE(star, 5, num_nodes=n, strength=0.99 / rho, latent_dim=2, hidden=(4,))
+    GraphPriorVAE(star, 5, num_nodes=n, strength=0.99 / rho, latent_dim=2, hidden_sizes=(4,))
     with pytest.raises(ValueError, match="positive definite"):
         GraphPriorVAE(star, 5, num_nodes=n, strength=1.01 / rho)
 
@@ -236,7 +242,9 @@ def test_constrained_clustering_batch_constraints_equal_the_full_scan():
     pairs = torch.randint(0, 30, (80, 2), generator=g)  # instances 30..39: unconstrained
     pairs = torch.cat([pairs, pairs[:6], pairs[6:12].flip(1)])  # repeats, both orders
     w = torch.randn(pairs.shape[0], generator=g)
-    model = ConstrainedClusteringVAE(5, 3, latent_dim=2, hidden=(4,), constraints=pairs, weights=w)
+    model = ConstrainedClusteringVAE(
+        5, 3, latent_dim=2, hidden_sizes=(4,), constraints=pairs, weights=w
+    )
     for size in (1, 2, 9, 25, n):
         idx = torch.randperm(n, generator=g)[:size]
         got, got_w = model._batch_constraints(idx)

@@ -31,7 +31,7 @@ def _synthetic(name=""):
 def _graph(name=""):
     x = (torch.rand(N, F, generator=torch.Generator().manual_seed(0)) < 0.4).float()
     edges = torch.stack([torch.arange(N - 1), torch.arange(1, N)], 1)
-    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden=(8,), name=name)
+    model = GraphPriorVAE(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,), name=name)
     guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), CHAIN, pair_net=PairNet(F, D, (8,)), name=name)
     return model, guide, x, Trace_ELBO
 
@@ -40,7 +40,7 @@ def _clustering(name=""):
     x = (torch.rand(N, F, generator=torch.Generator().manual_seed(1)) < 0.4).float()
     pairs, w = torch.tensor([[0, 1], [2, 3], [4, 9]]), torch.tensor([3.0, -2.0, 1.5])
     model = ConstrainedClusteringVAE(
-        F, 3, latent_dim=D, hidden=(8,), constraints=pairs, weights=w, name=name
+        F, 3, latent_dim=D, hidden_sizes=(8,), constraints=pairs, weights=w, name=name
     )
     guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), CHAIN, pair_net=PairNet(F, D, (8,)), name=name)
     return model, guide, x, lambda: PairwiseELBO(2)
@@ -155,7 +155,7 @@ def test_param_store_refuses_another_shape_under_one_name():
     _fit(MODELS["graph"], steps=1, name="g")
     x = torch.zeros(N, F + 1)
     edges = torch.stack([torch.arange(N - 1), torch.arange(1, N)], 1)
-    other = GraphPriorVAE(edges, F + 1, num_nodes=N, latent_dim=D, hidden=(8,), name="g")
+    other = GraphPriorVAE(edges, F + 1, num_nodes=N, latent_dim=D, hidden_sizes=(8,), name="g")
     with pytest.raises(ValueError, match="another name"):
         other(x)
 
@@ -176,7 +176,7 @@ def test_synthetic_predictive_refuses_a_subsample():
 
 
 def test_clustering_predict_follows_the_dtype_of_z():
-    model = ConstrainedClusteringVAE(F, 3, latent_dim=D, hidden=(8,))
+    model = ConstrainedClusteringVAE(F, 3, latent_dim=D, hidden_sizes=(8,))
     z = torch.randn(N, D, dtype=torch.float64)
     assert model.predict(z).shape == (N,)
     assert model.cluster_loc.dtype == torch.float64

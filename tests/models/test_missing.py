@@ -153,7 +153,7 @@ def test_complete_rows_route_as_before_in_a_batch_with_missing_ones():
 def test_models_without_missing_refuse_nan_and_draw_no_rho():
     x = torch.randn(5, 2)
     x[1, 0] = NAN
-    for model in (VaRT(2), VaRTForest(2, n_trees=2, depth=2), VaRTClassification(2)):
+    for model in (VaRT(2), VaRTForest(2, num_trees=2, depth=2), VaRTClassification(2)):
         with pytest.raises(ValueError, match="missing=True"):
             model(x)
         trace = poutine.trace(model).get_trace(torch.randn(5, 2))
@@ -189,7 +189,7 @@ def test_predictive_draws_with_missing_inputs():
     x[4] = NAN
     out = Predictive(model, guide=guide, num_samples=4, parallel=True)(x)
     assert out["obs"].shape == (4, 7) and torch.isfinite(out["obs"]).all()
-    forest = VaRTForest(3, n_trees=3, depth=2, missing=True)
+    forest = VaRTForest(3, num_trees=3, depth=2, missing=True)
     out = Predictive(forest, guide=VaRTForestGuide(forest), num_samples=4, parallel=True)(x)
     assert out["obs"].shape == (4, 1, 7) and torch.isfinite(out["obs"]).all()  # trees dim kept
 

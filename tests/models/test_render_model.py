@@ -52,7 +52,7 @@ def _cases():
             ("split_0", "obs"),
         ),
         "VaRTForest": (
-            lambda: (models.VaRTForest(1, n_trees=2, depth=1), (x, y)),
+            lambda: (models.VaRTForest(1, num_trees=2, depth=1), (x, y)),
             ("split_0", "theta_1", "obs"),
         ),
         "DeepGP": (_deep_gp, ("obs",)),
@@ -61,13 +61,16 @@ def _cases():
             ("z",),
         ),
         "GraphPriorVAE": (
-            lambda: (models.GraphPriorVAE(edges, 3, num_nodes=4, latent_dim=2, hidden=(8,)), (x2,)),
+            lambda: (
+                models.GraphPriorVAE(edges, 3, num_nodes=4, latent_dim=2, hidden_sizes=(8,)),
+                (x2,),
+            ),
             ("z",),
         ),
         "ConstrainedClusteringVAE": (
             lambda: (
                 models.ConstrainedClusteringVAE(
-                    3, 2, latent_dim=2, hidden=(8,), constraints=[[0, 1]], weights=[1.0]
+                    3, 2, latent_dim=2, hidden_sizes=(8,), constraints=[[0, 1]], weights=[1.0]
                 ),
                 (x2,),
             ),

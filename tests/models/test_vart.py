@@ -1,5 +1,5 @@
 """VaRT as a Pyro user meets it: static sites for Predictive at any temperature, the
-lam weighting inside ``sample_tree``, composition as a mean function, names, dtypes,
+kl_weight weighting inside ``sample_tree``, composition as a mean function, names, dtypes,
 AutoGuideList, save/load of the parameter store."""
 
 import warnings
@@ -81,12 +81,12 @@ def test_prior_predictive_is_static_although_prior_trees_are_unbounded():
 
 
 def test_sample_tree_carries_the_elbo_weighting():
-    model = VaRT(1, lam=0.25, site_depth=2)
+    model = VaRT(1, kl_weight=0.25, site_depth=2)
     x, _ = _step(4)
     tr = poutine.trace(model.sample_tree).get_trace(like=x)
     assert tr.nodes["split_0"]["scale"] == 0.25
     tr.compute_log_prob()
-    # each node's prior terms are weighted by its indicator, then by lam
+    # each node's prior terms are weighted by its indicator, then by kl_weight
     split0 = tr.nodes["split_0"]["value"]
     lp = tr.nodes["theta_0"]["fn"].log_prob(tr.nodes["theta_0"]["value"])
     if split0.item() == 1:
@@ -117,9 +117,9 @@ def test_vart_as_a_mean_function_in_a_users_own_model():
         warnings.simplefilter("error")  # every site matched, none left to the prior
         losses = [svi.step(x, y) for _ in range(250)]
     assert losses[-1] < losses[0]
-    # the tree sites of the user's model are lam-weighted as in VaRT itself
+    # the tree sites of the user's model are kl_weight-weighted as in VaRT itself
     tr = poutine.trace(my_model).get_trace(x)
-    assert tr.nodes["f.split_0"]["scale"] == vart.lam
+    assert tr.nodes["f.split_0"]["scale"] == vart.kl_weight
     out = Predictive(my_model, guide=guide, num_samples=30)(x)
     assert {"noise", "y", "f.split_0", "f.theta_2"} <= set(out)
     fit = out["y"].mean(0)

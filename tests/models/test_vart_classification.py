@@ -52,8 +52,8 @@ def test_bad_options():
         VaRTClassification(2, 3, link="probit")
     with pytest.raises(ValueError, match="link"):
         VaRTClassification(2, 2, link="logit")
-    with pytest.raises(ValueError, match="noise_loc"):
-        VaRTClassification(2, 2, noise_loc=0.0)
+    with pytest.raises(ValueError, match="noise_prior_loc"):
+        VaRTClassification(2, 2, noise_prior_loc=0.0)
     with pytest.raises(ValueError, match="class indices"):
         VaRTClassification(2, 2)(torch.randn(3, 2), torch.zeros(3))
 

@@ -11,7 +11,7 @@ from pyro_trees.models import VaRTForest, forest_mean, tree_mean
 
 def test_sites_and_shapes():
     x = torch.randn(7, 3)
-    model = VaRTForest(3, n_trees=5, depth=2)
+    model = VaRTForest(3, num_trees=5, depth=2)
     trace = poutine.trace(model).get_trace(x)
     assert trace.nodes["split_1"]["value"].shape == (5, 2)
     assert trace.nodes["beta_1"]["value"].shape == (5, 2, 4)
@@ -24,14 +24,14 @@ def test_sites_and_shapes():
 
 
 def test_named_sites():
-    model = VaRTForest(2, n_trees=3, depth=1, name="f")
+    model = VaRTForest(2, num_trees=3, depth=1, name="f")
     trace = poutine.trace(model).get_trace(torch.randn(4, 2))
     assert {"f.split_0", "f.theta_1", "f.log_sigma", "f.obs", "f.trees"} <= set(trace.nodes)
 
 
-def _prior_var(n_trees, x, draws=3000, seed=0):
+def _prior_var(num_trees, x, draws=3000, seed=0):
     pyro.set_rng_seed(seed)
-    model = VaRTForest(x.shape[1], n_trees=n_trees, depth=3)
+    model = VaRTForest(x.shape[1], num_trees=num_trees, depth=3)
     with torch.no_grad(), pyro.plate("draws", draws, dim=-3):
         forest = model.sample_forest(like=x)
     return forest_mean(forest, x).var(0)  # (N,)
@@ -52,7 +52,7 @@ def test_prior_variance_of_the_sum_does_not_grow_with_k():
 def test_batched_equals_loop_over_trees(dtype):
     torch.manual_seed(0)
     x = torch.randn(11, 3, dtype=dtype)
-    model = VaRTForest(3, n_trees=6, depth=3)
+    model = VaRTForest(3, num_trees=6, depth=3)
     with torch.no_grad():
         forest = model.sample_forest(like=x)
     loop = sum(tree_mean({k: v[i] for k, v in forest.items()}, x) for i in range(6))
@@ -61,8 +61,8 @@ def test_batched_equals_loop_over_trees(dtype):
 
 
 def test_checks():
-    with pytest.raises(ValueError, match="n_trees"):
-        VaRTForest(2, n_trees=0)
+    with pytest.raises(ValueError, match="num_trees"):
+        VaRTForest(2, num_trees=0)
     with pytest.raises(ValueError, match="depth"):
         VaRTForest(2, depth=0)
     with pytest.raises(ValueError, match="shape"):
@@ -75,7 +75,7 @@ def test_forest_mean_differentiates_after_a_call_in_inference_mode():
     from pyro_trees.models.vart_mixture import _paths
 
     _paths.cache_clear()
-    forest = VaRTForest(2, n_trees=3, depth=2).sample_forest()
+    forest = VaRTForest(2, num_trees=3, depth=2).sample_forest()
     x = torch.randn(4, 2)
     with torch.inference_mode():
         before = forest_mean(forest, x)

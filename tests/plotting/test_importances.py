@@ -22,7 +22,7 @@ def forest():
     rng = np.random.default_rng(0)
     X = rng.uniform(-2, 2, size=(100, 4))
     y = 3 * np.sin(X[:, 0]) + 0.1 * rng.normal(size=100)
-    est = VaRTForestRegressor(n_trees=4, depth=2, num_steps=60, num_samples=12, random_state=0)
+    est = VaRTForestRegressor(num_trees=4, depth=2, num_steps=60, num_samples=12, random_state=0)
     return est.fit(X, y), X
 
 

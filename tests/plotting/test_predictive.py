@@ -86,7 +86,7 @@ def test_a_classifier_draws_the_probability_of_its_target():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 2))
     y = np.where(X[:, 0] > 0, "yes", "no")
-    clf = VaRTClassifier(depth=1, num_steps=30, num_samples=4, n_fits=1, random_state=0)
+    clf = VaRTClassifier(depth=1, num_steps=30, num_samples=4, num_fits=1, random_state=0)
     ax = plot_predictive(clf.fit(X, y), X, y, feature=0)
     assert ax.get_ylabel().startswith("P(y = yes)")
     mean = ax.get_lines()[0].get_ydata()

@@ -117,7 +117,7 @@ def test_a_vart_classifier_shows_class_probabilities():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 2))
     y = np.where(X[:, 0] > 0, "yes", "no")
-    clf = VaRTClassifier(depth=1, num_steps=30, num_samples=4, n_fits=1, random_state=0)
+    clf = VaRTClassifier(depth=1, num_steps=30, num_samples=4, num_fits=1, random_state=0)
     clf.fit(X, y)
     boxes = _lines(plot_tree(clf, class_names=["No", "Yes"]))
     leaves = [b for b in boxes if b[0].startswith("No:")]

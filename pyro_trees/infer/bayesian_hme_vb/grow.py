@@ -195,14 +195,14 @@ def grow_selection(
     selection: ModelSelection,
     *,
     starts_per_split: int = 3,
-    num_iters: int = 400,
+    num_cycles: int = 400,
     tol: float | None = 1e-6,
     prior_a: float = 1e-3,
     prior_b: float = 1e-3,
     generator: torch.Generator | None = None,
     max_batch: int = 512,
     search_dtype: torch.dtype | None = None,
-    polish_iters: int = 100,
+    polish_cycles: int = 100,
     sharpness: float = 2.0,
     reduce=None,
 ) -> ModelSelection:
@@ -215,7 +215,7 @@ def grow_selection(
     if its mirror class was searched, its best state is split at that leaf
     (:func:`~pyro_trees.infer.bayesian_hme_vb.grow_state`; ``starts_per_split`` gates through the
     leaf's data, :func:`~pyro_trees.infer.bayesian_hme_vb.split_directions`) and the grown starts
-    of all topologies of the size run together as one batch for up to ``num_iters`` cycles at
+    of all topologies of the size run together as one batch for up to ``num_cycles`` cycles at
     temperature 1 (in ``search_dtype``, the best per topology polished in the dtype of ``x`` as
     in :func:`select_topology`). A topology keeps the better of its previous best and its
     best grown start, so its bound never decreases; sizes are done in increasing order,
@@ -299,7 +299,7 @@ def grow_selection(
         finals, values = [], []
         for c in range(0, len(owners), cap):
             sl = slice(c, c + cap)
-            st, vals, w = _race(_with_signs(base, sg[sl]), state.index(sl), [1.0] * num_iters, tol)
+            st, vals, w = _race(_with_signs(base, sg[sl]), state.index(sl), [1.0] * num_cycles, tol)
             work += w
             finals.append(st)
             values.append(vals)
@@ -310,8 +310,8 @@ def grow_selection(
             j = int(idx[values[idx].argmax()])
             data = VBData.build(x, t, tops[k], prior_a=prior_a, prior_b=prior_b, reduce=reduce)
             st = state.index(j).to(x.dtype)
-            if work_dtype != x.dtype and polish_iters > 0:
-                res = run_vb(data, st, num_iters=polish_iters, tol=tol)
+            if work_dtype != x.dtype and polish_cycles > 0:
+                res = run_vb(data, st, num_cycles=polish_cycles, tol=tol)
                 st, value = res.state, res.bound
                 work += res.iterations
             else:

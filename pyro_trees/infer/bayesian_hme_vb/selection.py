@@ -41,7 +41,7 @@ class ModelSelection:
     >>> from pyro_trees.infer import select_topology
     >>> x = torch.linspace(-1, 1, 40).unsqueeze(-1)
     >>> y = x.squeeze(-1).abs()
-    >>> sel = select_topology(x, y, 2, num_restarts=2, num_iters=5,
+    >>> sel = select_topology(x, y, 2, num_restarts=2, num_cycles=5,
     ...                       generator=torch.Generator().manual_seed(0))
     >>> [str(t) for t in sel.topologies]
     ['E', '(E E)']
@@ -141,7 +141,7 @@ def select_topology(
     *,
     num_restarts: int = 20,
     temperatures: Sequence[float] | None = None,
-    num_iters: int = 200,
+    num_cycles: int = 200,
     tol: float | None = 1e-6,
     prior_a: float = 1e-3,
     prior_b: float = 1e-3,
@@ -150,7 +150,7 @@ def select_topology(
     keep: int = 5,
     max_batch: int = 512,
     search_dtype: torch.dtype | None = None,
-    polish_iters: int = 100,
+    polish_cycles: int = 100,
     reduce=None,
 ) -> ModelSelection:
     """Fit every topology from ``num_restarts`` random starts and keep the best bound.
@@ -169,7 +169,7 @@ def select_topology(
 
     With ``search_dtype`` (e.g. ``torch.float32``, faster on a CPU) the
     search runs in that dtype; the best restart of every topology is then *polished*
-    in the dtype of ``x``: up to ``polish_iters`` more cycles at temperature 1 (stopping
+    in the dtype of ``x``: up to ``polish_cycles`` more cycles at temperature 1 (stopping
     on ``tol``), so that the reported bounds and states are computed at full precision
     (each polishing cycle can only raise the bound).
 
@@ -189,7 +189,7 @@ def select_topology(
     t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
     work_dtype = x.dtype if search_dtype is None else search_dtype
     xs, ts = x.to(work_dtype), t.to(work_dtype)
-    temps = list(temperatures) if temperatures is not None else [1.0] * num_iters
+    temps = list(temperatures) if temperatures is not None else [1.0] * num_cycles
     if not temps:
         raise ValueError("select_topology needs at least one iteration")
     pruning = prune_after is not None and keep < num_restarts and 0 < prune_after < len(temps)
@@ -264,8 +264,8 @@ def select_topology(
     for k, top in enumerate(topologies):
         data = VBData.build(x, t, top, prior_a=prior_a, prior_b=prior_b, reduce=reduce)
         st = best_states[k].to(x.dtype)
-        if search_dtype is not None and search_dtype != x.dtype and polish_iters > 0:
-            res = run_vb(data, st, num_iters=polish_iters, tol=tol)
+        if search_dtype is not None and search_dtype != x.dtype and polish_cycles > 0:
+            res = run_vb(data, st, num_cycles=polish_cycles, tol=tol)
             st, value = res.state, res.bound
             work += res.iterations
         else:
