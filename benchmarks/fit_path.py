@@ -17,9 +17,12 @@ Run: ``python -m benchmarks.fit_path`` (under a minute on one core).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks._common import markdown_table, write_results
 
 
 def trace_fit(estimator, X, y) -> list[tuple[str, str]]:
@@ -129,11 +132,47 @@ def main() -> None:
         ),
     }
     print("lines of pyro_trees/estimators/ executed by a tiny fit (total; by module):")
+    lines = {}
     for name, est in cases.items():
         target = (y > 0).astype(int) if "Classifier" in name else y
         by_file = fit_lines(est, X, target)
+        lines[name] = by_file
         parts = ", ".join(f"{f} {n}" for f, n in by_file.items())
         print(f"  {name}: {sum(by_file.values())}; {parts}")
+    root = Path(__file__).resolve().parents[1] / "pyro_trees" / "estimators"
+    raises = sum(p.read_text().count("raise ValueError") for p in root.glob("*.py"))
+    md = (
+        "X's path through `VaRTRegressor.fit` (functions that receive X's rows, each at its "
+        f"first call): {len(path)} stops across {len(set(m for m, _ in path))} modules; "
+        f"module sequence of {len(seq)}, **returning {back} times** to a module it had left "
+        f"({own_back} within `pyro_trees.estimators`).\n\n"
+        + " -> ".join(m.removeprefix("pyro_trees.") for m in seq)
+        + f"\n\n`raise ValueError` in `pyro_trees/estimators/`: {raises}.\n\n"
+        + "Lines of `pyro_trees/estimators/` executed by a tiny fit:\n\n"
+        + markdown_table(
+            [
+                {
+                    "estimator": k,
+                    "total": sum(v.values()),
+                    "by module": ", ".join(f"{f} {n}" for f, n in v.items()),
+                }
+                for k, v in lines.items()
+            ]
+        )
+    )
+    write_results(
+        "fit_path",
+        {
+            "path": path,
+            "sequence": seq,
+            "returns": back,
+            "returns_within_estimators": own_back,
+            "raise_value_error": raises,
+            "lines": lines,
+        },
+        md,
+        args={},
+    )
 
 
 if __name__ == "__main__":
