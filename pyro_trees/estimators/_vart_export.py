@@ -43,7 +43,8 @@ def _split_importances(guide, Xs: torch.Tensor, ranks=None) -> np.ndarray:
 def most_probable_tree(guide, x_scaler=None) -> dict:
     """The most probable tree under ``guide``
     (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as nested dicts, with
-    its unreachable regions folded away (the rules of :func:`_export_text`).
+    its unreachable regions folded away (the rules of
+    :meth:`VaRTRegressor.export_text <pyro_trees.estimators.VaRTRegressor.export_text>`).
 
     A leaf is ``{"node": i}`` (heap number); a split is ``{"node": i, "feature": j,
     "threshold": t, "share": s, "children": [(op, empty, subtree), (op, empty,
