@@ -171,8 +171,9 @@ class TabularEstimator(BaseEstimator):
     Subclasses list every constructor argument explicitly (no ``**kwargs``), store each
     unchanged under its own name, set fitted attributes with a trailing underscore, and
     call :meth:`_validate_fit` at the top of ``fit`` and :meth:`_validate_predict` at
-    the top of every method that reads new inputs. They have ``dtype``, ``device``,
-    ``random_state`` and ``progress`` parameters.
+    the top of every method that reads new inputs. They have ``device``,
+    ``random_state`` and ``progress`` parameters, and ``dtype`` unless they compute in one
+    precision (the Bayesian HME's closed-form updates need ``float64``).
     """
 
     #: regressors: whether ``y`` may have several columns ``(N, K)``

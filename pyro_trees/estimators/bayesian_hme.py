@@ -420,7 +420,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         return routing
 
     def predict(
-        self, X, routing: str | None = None, average: bool = False, return_std: bool = False
+        self, X, *, return_std: bool = False, routing: str | None = None, average: bool = False
     ):
         """Predictions ``(N,)`` (or ``(N, D)``): the mean of the most probable expert
         (``routing="hard"``) or the predictive mean, the mixture over the experts under
@@ -452,7 +452,7 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
             return mean, self._out(_mixture_std(d))
         return mean
 
-    def predict_interval(self, X, level: float = 0.9, average: bool = False):
+    def predict_interval(self, X, level: float = 0.9, *, average: bool = False):
         """Central predictive interval of each output's marginal mixture.
 
         :returns: ``(lower, upper)`` arrays of the shape of :meth:`predict`.
@@ -466,12 +466,14 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         lower, upper = gaussian_mixture_quantiles(w, loc, scale, (alpha, 1 - alpha), dim=-2)
         return self._out(lower), self._out(upper)
 
-    def sample(self, X, num_samples: int = 100, average: bool = False) -> np.ndarray:
+    def sample(self, X, num_samples: int | None = None, *, average: bool = False) -> np.ndarray:
         """Draws of ``y`` from the predictive distribution: ``(num_samples, N)`` (or
         ``(num_samples, N, D)``), seeded by ``random_state`` (the same draws on every
         call; unseeded: fresh draws).
+
+        :param num_samples: draws per row (default ``None``: 100).
         """
-        num_samples = int(num_samples)
+        num_samples = 100 if num_samples is None else int(num_samples)
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         d = self.predict_distribution(X, average=average)

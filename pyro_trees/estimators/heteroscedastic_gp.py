@@ -345,12 +345,16 @@ class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
         zq = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2)))
         return mean - zq * std, mean + zq * std
 
-    def sample(self, X, num_samples: int = 100, *, routing: str | None = None) -> np.ndarray:
+    def sample(
+        self, X, num_samples: int | None = None, *, routing: str | None = None
+    ) -> np.ndarray:
         """Draws of ``y`` from each row's predictive distribution, ``(num_samples, N)``:
         a leaf from the routing weights, then ``f + noise`` from that leaf's Gaussian
         (rows drawn independently; seeded by ``random_state``).
+
+        :param num_samples: draws per row (default ``None``: 100).
         """
-        num_samples = int(num_samples)
+        num_samples = 100 if num_samples is None else int(num_samples)
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         pred = self._predict(X, routing)

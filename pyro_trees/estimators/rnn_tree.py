@@ -192,7 +192,7 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         out = self._leaf_outputs(Xs, routing)  # (N, 2**D, K)
         return (probs.unsqueeze(-1) * out).sum(-2)
 
-    def predict(self, X, routing: str | None = None) -> np.ndarray:
+    def predict(self, X, *, routing: str | None = None) -> np.ndarray:
         """Predicted mean ``(N,)`` (``(N, K)`` for multi-output).
 
         :param routing: ``"hard"`` or ``"posterior"``; default: the ``routing`` option.
@@ -268,14 +268,14 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
         leaf_p = self._leaf_outputs(Xs, routing).softmax(-1)  # (N, 2**D, C)
         return (probs.unsqueeze(-1) * leaf_p).sum(-2)
 
-    def predict_proba(self, X, routing: str | None = None) -> np.ndarray:
+    def predict_proba(self, X, *, routing: str | None = None) -> np.ndarray:
         """Class probabilities ``(N, n_classes)`` in the order of ``classes_``."""
         proba = self._proba(self._validate_predict(X), routing)
         return proba.to("cpu", torch.float64).numpy()
 
-    def predict(self, X, routing: str | None = None) -> np.ndarray:
+    def predict(self, X, *, routing: str | None = None) -> np.ndarray:
         """Predicted class labels ``(N,)``."""
-        proba = self.predict_proba(X, routing)
+        proba = self.predict_proba(X, routing=routing)
         return self.classes_[proba.argmax(-1)]
 
     def _error(self, X: torch.Tensor, y: torch.Tensor) -> float:

@@ -13,7 +13,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import renamed_state
-from pyro_trees.estimators._constraints import Boolean, Integer, OneOf, Real
+from pyro_trees.estimators._constraints import Boolean, Checked, Integer, OneOf, Real
 from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_calibration import (
     CALIBRATION_ROWS,
@@ -30,7 +30,7 @@ from pyro_trees.estimators._vart_posterior import PosteriorTrees, stack_tree
 from pyro_trees.models import row_mixtures as _row_mixtures
 from pyro_trees.models import tree_mean
 from pyro_trees.models.vart import VaRT
-from pyro_trees.validation import check_level
+from pyro_trees.validation import check_level, resolve_dtype
 
 __all__ = ["VaRTRegressor"]
 
@@ -197,6 +197,8 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         reproducible across calls and after pickling either way, and
         ``random_state=seed_`` repeats the fit.
     :param device: torch device for training and prediction (default CPU).
+    :param dtype: ``"float32"`` (default) or ``"float64"`` (a string or a torch dtype):
+        the precision of training and prediction.
     :param bool progress: show a progress bar.
 
     .. rubric:: Examples
@@ -240,6 +242,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         leaf_scale: float = 1.0,
         random_state: int | None = None,
         device=None,
+        dtype="float32",
         progress: bool = False,
     ):
         self.depth = depth
@@ -269,9 +272,11 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         self.leaf_scale = leaf_scale
         self.random_state = random_state
         self.device = device
+        self.dtype = dtype
         self.progress = progress
 
     _parameter_constraints = {
+        "dtype": Checked(resolve_dtype),
         **VART_CONSTRAINTS,
         "lr_decay": Real(0, low_open=True),
         "calibrate": OneOf("coverage", "likelihood", None, True, False),
@@ -557,6 +562,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
             "init_split_prob": 0.9,
             "lr_decay": 1.0,
             "num_fits": 1,
+            "dtype": "float32",
         }
         state = {**old, **renamed_state(state)}
         if "guide_" in state and "stopping_results_" not in state:  # fitted with one fit

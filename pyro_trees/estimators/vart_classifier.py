@@ -16,7 +16,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._base import renamed_state
-from pyro_trees.estimators._constraints import Boolean, OneOf
+from pyro_trees.estimators._constraints import Boolean, Checked, OneOf
 from pyro_trees.estimators._temperature import TemperatureScaling
 from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_export import _importance_draws
@@ -30,6 +30,7 @@ from pyro_trees.estimators._vart_posterior import (
 from pyro_trees.estimators.vart_memory import PREDICT_BYTES
 from pyro_trees.models import stack_trees as _stack_trees
 from pyro_trees.models.vart_classification import VaRTClassification, base_rate_offset
+from pyro_trees.validation import resolve_dtype
 
 __all__ = ["VaRTClassifier"]
 
@@ -136,6 +137,8 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         ``None`` draws a seed from torch's global stream (kept as ``seed_``). The global
         random streams are left as they were.
     :param device: torch device (default CPU).
+    :param dtype: ``"float32"`` (default) or ``"float64"`` (a string or a torch dtype):
+        the precision of training and prediction.
     :param bool progress: show a progress bar.
 
     .. rubric:: Examples
@@ -179,6 +182,7 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         leaf_scale: float = 1.0,
         random_state: int | None = None,
         device=None,
+        dtype="float32",
         progress: bool = False,
     ):
         self.depth = depth
@@ -206,9 +210,11 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         self.leaf_scale = leaf_scale
         self.random_state = random_state
         self.device = device
+        self.dtype = dtype
         self.progress = progress
 
     _parameter_constraints = {
+        "dtype": Checked(resolve_dtype),
         **VART_CONSTRAINTS,
         "link": OneOf("probit", "softmax", None),
         "calibrate": Boolean(),
@@ -364,5 +370,6 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         return self.classes_[probs.argmax(1)]
 
     def __setstate__(self, state):
-        # a parameter added after an estimator was pickled: the behaviour it was fitted with
-        self.__dict__.update({"num_fits": 1, "base_rate": False, **renamed_state(state)})
+        # parameters added after an estimator was pickled: the behaviour it was fitted with
+        old = {"num_fits": 1, "base_rate": False, "dtype": "float32"}
+        self.__dict__.update({**old, **renamed_state(state)})

@@ -130,6 +130,7 @@ class VaRTForestRegressor(VaRTRegressor):
         leaf_scale: float = 1.0,
         random_state: int | None = None,
         device=None,
+        dtype="float32",
         progress: bool = False,
     ):
         self.num_trees = num_trees
@@ -161,6 +162,7 @@ class VaRTForestRegressor(VaRTRegressor):
             leaf_scale=leaf_scale,
             random_state=random_state,
             device=device,
+            dtype=dtype,
             progress=progress,
         )
 
