@@ -200,7 +200,9 @@ def test_refit_leaves_gives_the_hard_tree_its_own_partition_means():
         np.testing.assert_allclose(pred[leaf == k], y[leaf == k].mean(), rtol=1e-5)
     # the same training run: the tree and the posterior-routing predictions agree
     np.testing.assert_array_equal(leaf, b.apply(X))
-    np.testing.assert_array_equal(a.predict(X, routing="posterior"), b.predict(X, routing="posterior"))
+    np.testing.assert_array_equal(
+        a.predict(X, routing="posterior"), b.predict(X, routing="posterior")
+    )
     assert np.mean((pred - y) ** 2) <= np.mean((b.predict(X) - y) ** 2) + 1e-9
     assert "value:" in a.export_text()
 
