@@ -54,6 +54,38 @@ def node_weights(exist: torch.Tensor, split: torch.Tensor):
     return psi, kappa, psi.repeat_interleave(2, dim=-1)
 
 
+def _check_prior_options(
+    kl_weight,
+    split_alpha,
+    split_beta,
+    split_scale,
+    leaf_scale,
+    noise_prior_scale,
+    missing,
+    missing_concentration,
+) -> None:
+    """The checks of the prior options :class:`VaRT` and
+    :class:`~pyro_trees.models.VaRTForest` share (a ``ValueError`` naming the first bad
+    one)."""
+    if not kl_weight > 0:
+        raise ValueError(f"kl_weight must be > 0, got {kl_weight}")
+    if not 0 < split_alpha < 1:
+        raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
+    if split_beta < 0:
+        raise ValueError(f"split_beta must be >= 0, got {split_beta}")
+    for name, v in (
+        ("split_scale", split_scale),
+        ("leaf_scale", leaf_scale),
+        ("noise_prior_scale", noise_prior_scale),
+    ):
+        if not v > 0:
+            raise ValueError(f"{name} must be > 0, got {v}")
+    if not isinstance(missing, bool):
+        raise ValueError(f"missing must be True or False, got {missing!r}")
+    if not missing_concentration > 0:
+        raise ValueError(f"missing_concentration must be > 0, got {missing_concentration}")
+
+
 class VaRT(PyroModule):
     r"""Variational regression tree model: a stochastic tree of unbounded depth.
 
@@ -200,23 +232,18 @@ class VaRT(PyroModule):
         super().__init__(name="" if name is None else str(name))
         if int(in_features) < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
-        if not kl_weight > 0:
-            raise ValueError(f"kl_weight must be > 0, got {kl_weight}")
-        if not 0 < split_alpha < 1:
-            raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
-        if split_beta < 0:
-            raise ValueError(f"split_beta must be >= 0, got {split_beta}")
-        for name, v in (("split_scale", split_scale), ("leaf_scale", leaf_scale)):
-            if not v > 0:
-                raise ValueError(f"{name} must be > 0, got {v}")
-        if not noise_prior_scale > 0:
-            raise ValueError(f"noise_prior_scale must be > 0, got {noise_prior_scale}")
+        _check_prior_options(
+            kl_weight,
+            split_alpha,
+            split_beta,
+            split_scale,
+            leaf_scale,
+            noise_prior_scale,
+            missing,
+            missing_concentration,
+        )
         self.in_features = int(in_features)
         self.kl_weight = float(kl_weight)
-        if not isinstance(missing, bool):
-            raise ValueError(f"missing must be True or False, got {missing!r}")
-        if not missing_concentration > 0:
-            raise ValueError(f"missing_concentration must be > 0, got {missing_concentration}")
         self.missing = missing
         self.missing_concentration = float(missing_concentration)
         if isinstance(site_depth, bool) or int(site_depth) != site_depth or site_depth < 0:

@@ -24,7 +24,7 @@ from pyro.nn import PyroModule
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
-from pyro_trees.models.vart import VaRT, node_weights, weighted
+from pyro_trees.models.vart import VaRT, _check_prior_options, node_weights, weighted
 from pyro_trees.models.vart_mixture import forest_mean
 
 __all__ = ["VaRTForest", "forest_mean", "forest_tree"]
@@ -141,19 +141,16 @@ class VaRTForest(PyroModule):
             raise ValueError(f"num_trees must be an integer >= 1, got {num_trees!r}")
         if isinstance(depth, bool) or int(depth) != depth or depth < 1:
             raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
-        if not kl_weight > 0:
-            raise ValueError(f"kl_weight must be > 0, got {kl_weight}")
-        if not 0 < split_alpha < 1:
-            raise ValueError(f"split_alpha must lie in (0, 1), got {split_alpha}")
-        if split_beta < 0:
-            raise ValueError(f"split_beta must be >= 0, got {split_beta}")
-        for key, v in (
-            ("split_scale", split_scale),
-            ("leaf_scale", leaf_scale),
-            ("noise_prior_scale", noise_prior_scale),
-        ):
-            if not v > 0:
-                raise ValueError(f"{key} must be > 0, got {v}")
+        _check_prior_options(
+            kl_weight,
+            split_alpha,
+            split_beta,
+            split_scale,
+            leaf_scale,
+            noise_prior_scale,
+            missing,
+            missing_concentration,
+        )
         self.in_features = int(in_features)
         self.num_trees = int(num_trees)
         self.depth = trees.check_depth(int(depth))
@@ -164,10 +161,6 @@ class VaRTForest(PyroModule):
         self.leaf_scale = float(leaf_scale)
         self.noise_prior_loc = float(noise_prior_loc)
         self.noise_prior_scale = float(noise_prior_scale)
-        if not isinstance(missing, bool):
-            raise ValueError(f"missing must be True or False, got {missing!r}")
-        if not missing_concentration > 0:
-            raise ValueError(f"missing_concentration must be > 0, got {missing_concentration}")
         self.missing = missing
         self.missing_concentration = float(missing_concentration)
 

@@ -14,7 +14,7 @@ from pyro.infer.autoguide import AutoGuideList, AutoNormal
 
 from pyro_trees.datasets import make_vart_step
 from pyro_trees.guides import VaRTGuide
-from pyro_trees.models import VaRT, tree_likelihood, tree_mean
+from pyro_trees.models import VaRT, VaRTForest, tree_likelihood, tree_mean
 
 
 def _step(n=60, dtype=torch.float64, seed=0):
@@ -216,3 +216,22 @@ def test_tree_likelihood_is_the_mixture_of_eq_27():
     lik = tree_likelihood(tree, x)
     assert lik.batch_shape == (6,)
     torch.testing.assert_close(lik.mean, tree_mean(tree, x))
+
+
+@pytest.mark.parametrize("cls", [VaRT, VaRTForest])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("kl_weight", 0.0),
+        ("split_alpha", 1.0),
+        ("split_beta", -1.0),
+        ("split_scale", 0.0),
+        ("leaf_scale", -1.0),
+        ("noise_prior_scale", 0.0),
+        ("missing", 1),
+        ("missing_concentration", 0.0),
+    ],
+)
+def test_the_tree_and_the_forest_refuse_the_same_bad_prior_options(cls, option, value):
+    with pytest.raises(ValueError, match=f"^{option} must"):
+        cls(2, **{option: value})
