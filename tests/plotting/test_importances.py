@@ -1,20 +1,11 @@
 """plot_importances: split usage per input with its posterior spread, as a bar chart."""
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from pyro_trees.estimators import RNNTreeRegressor, VaRTForestRegressor  # noqa: E402
-from pyro_trees.plotting import plot_importances  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+from pyro_trees.estimators import RNNTreeRegressor, VaRTForestRegressor
+from pyro_trees.plotting import plot_importances
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,11 @@
 """The plotting functions with missing values (NaN) in X: nothing breaks, and the trees
 show where a missing value goes."""
 
-import matplotlib
 import numpy as np
 import pytest
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from pyro_trees.estimators import RNNTreeRegressor, VaRTRegressor  # noqa: E402
-from pyro_trees.plotting import plot_importances, plot_predictive, plot_tree  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+from pyro_trees.estimators import RNNTreeRegressor, VaRTRegressor
+from pyro_trees.plotting import plot_importances, plot_predictive, plot_tree
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,12 @@
 """plot_predictive: the partial dependence, its credible or predictive band, the data."""
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.collections import PathCollection, PolyCollection
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.collections import PathCollection, PolyCollection  # noqa: E402
-
-from pyro_trees.estimators import RNNTreeRegressor, VaRTClassifier, VaRTRegressor  # noqa: E402
-from pyro_trees.plotting import plot_predictive  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+from pyro_trees.estimators import RNNTreeRegressor, VaRTClassifier, VaRTRegressor
+from pyro_trees.plotting import plot_predictive
 
 
 @pytest.fixture(scope="module")

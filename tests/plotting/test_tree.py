@@ -2,33 +2,24 @@
 
 import re
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
+from sklearn.exceptions import NotFittedError
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from sklearn.exceptions import NotFittedError  # noqa: E402
-
-from pyro_trees.estimators import (  # noqa: E402
+from pyro_trees.estimators import (
     RNNTreeClassifier,
     RNNTreeRegressor,
     VaRTClassifier,
     VaRTForestRegressor,
     VaRTRegressor,
 )
-from pyro_trees.guides import RNNTree, RNNTreeGuide, VaRTGuide  # noqa: E402
-from pyro_trees.models import VaRT  # noqa: E402
-from pyro_trees.plotting import plot_tree  # noqa: E402
+from pyro_trees.guides import RNNTree, RNNTreeGuide, VaRTGuide
+from pyro_trees.models import VaRT
+from pyro_trees.plotting import plot_tree
 
 NUMBER = r"-?\d+\.\d+"
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _guide(beta_loc: torch.Tensor) -> VaRTGuide:
