@@ -184,8 +184,12 @@ class TabularEstimator(BaseEstimator):
         if "fit" in cls.__dict__:  # every family's fit finishes or leaves it unfitted
             cls.fit = guarded_fit(cls.__dict__["fit"])
 
+    #: parameters added after this class's estimators were first pickled, with the values
+    #: that give the behaviour an older pickle was fitted with
+    _pickled_defaults: dict = {}
+
     def __setstate__(self, state):
-        super().__setstate__(renamed_state(state))
+        super().__setstate__({**self._pickled_defaults, **renamed_state(state)})
 
     #: the computation dtype of an estimator without a ``dtype`` parameter
     _default_dtype = "float32"

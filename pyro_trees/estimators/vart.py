@@ -12,7 +12,6 @@ import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from pyro_trees.estimators._base import renamed_state
 from pyro_trees.estimators._constraints import Boolean, Checked, Integer, OneOf, Real
 from pyro_trees.estimators._template import HeldOut
 from pyro_trees.estimators._vart_calibration import (
@@ -554,18 +553,18 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         state.pop("_leaf_cache", None)
         return state
 
+    _pickled_defaults = {
+        "min_calibration_rows": None,
+        "refit": False,
+        "init_split_prob": 0.9,
+        "lr_decay": 1.0,
+        "num_fits": 1,
+        "dtype": "float32",
+    }
+
     def __setstate__(self, state):
-        # parameters added after an estimator was pickled: the behaviour it was fitted with
-        old = {
-            "min_calibration_rows": None,
-            "refit": False,
-            "init_split_prob": 0.9,
-            "lr_decay": 1.0,
-            "num_fits": 1,
-            "dtype": "float32",
-        }
-        state = {**old, **renamed_state(state)}
+        state = dict(state)
         if "guide_" in state and "stopping_results_" not in state:  # fitted with one fit
             stop = state.get("stopping_result_")
             state["stopping_results_"] = [] if stop is None else [stop]
-        self.__dict__.update(state)
+        super().__setstate__(state)

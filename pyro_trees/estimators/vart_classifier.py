@@ -15,7 +15,6 @@ import torch
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from pyro_trees.estimators._base import renamed_state
 from pyro_trees.estimators._constraints import Boolean, Checked, OneOf
 from pyro_trees.estimators._temperature import TemperatureScaling
 from pyro_trees.estimators._template import HeldOut
@@ -369,7 +368,4 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         probs = self.predict_proba(X)  # raises NotFittedError before fit
         return self.classes_[probs.argmax(1)]
 
-    def __setstate__(self, state):
-        # parameters added after an estimator was pickled: the behaviour it was fitted with
-        old = {"num_fits": 1, "base_rate": False, "dtype": "float32"}
-        self.__dict__.update({**old, **renamed_state(state)})
+    _pickled_defaults = {"num_fits": 1, "base_rate": False, "dtype": "float32"}
