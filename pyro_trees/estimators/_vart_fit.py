@@ -185,9 +185,8 @@ class VaRTFits(MissingInputs, SVIEstimator):
             self.model_, self.guide_ = self._start(num_features, depth, Xtr, gen)
             guide = self.guide_
             ranks.broadcast_modules(guide)  # sharded: rank 0's start
-            guide.to(X.device, X.dtype)
-            if isinstance(self.model_, torch.nn.Module):
-                self.model_.to(X.device, X.dtype)
+            guide.to(X.device, X.dtype)  # the model and guide compute in X's dtype
+            self.model_.to(X.device, X.dtype)
             schedule = TemperatureSchedule(
                 max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
             )
