@@ -172,8 +172,9 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         subtrees' (hardly trained) stand-in leaves spread the posterior trees'
         predictions; 0.99 (default) starts from the full tree of depth ``depth``.
     :param str init: ``"data"`` (default) starts the split rules through random
-        training points (:meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`); ``"random"``
-        uses random hyperplanes through the origin of the standardised inputs.
+        training points
+        (:meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.init_splits_from_data`);
+        ``"random"`` uses random hyperplanes through the origin of the standardised inputs.
     :param str elbo: ``"vectorised"`` (default) trains with
         :class:`~pyro_trees.infer.VaRTELBO`, the same estimator of the
         :math:`\\lambda`-weighted ELBO as ``Trace_ELBO`` computed without Pyro's per-site

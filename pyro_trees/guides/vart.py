@@ -78,8 +78,8 @@ class RelaxedSplitGuide:
     their relaxed split indicators, pickling that keeps the model, and the lazy start at
     the first call (parameters already in Pyro's store win; otherwise the guide follows
     the data's dtype and device and, with ``init="data"``, places its splits among the
-    rows). A subclass names its parameters in ``_PARAMS`` and has ``init`` and
-    ``init_splits_from_data``.
+    rows, :meth:`init_splits_from_data`). A subclass names its parameters in ``_PARAMS``,
+    has ``init`` and a ``model`` whose ``_check_x`` checks inputs.
     """
 
     def __getstate__(self):
@@ -123,6 +123,42 @@ class RelaxedSplitGuide:
         self.to(dtype=x.dtype, device=x.device)
         if self.init == "data":
             self.init_splits_from_data(x)
+
+    @torch.no_grad()
+    def init_splits_from_data(
+        self, x: torch.Tensor, sharpness: float = 1.0, generator: torch.Generator | None = None
+    ) -> RelaxedSplitGuide:
+        """Data-driven start of the split weights :math:`\\tilde\\mu_i`.
+
+        Each internal node (of every tree) gets an (almost) axis-aligned rule through a
+        data point: a feature :math:`j` and a row :math:`r` drawn at random, weight
+        ``sharpness`` on :math:`j`, small random weights (standard deviation ``0.1 * sharpness /
+        sqrt(L)``) on the others, and the intercept chosen so that the boundary
+        :math:`\\tilde\\mu_i^\\top x = 0` passes through :math:`x_r`. Every rule then cuts
+        the data somewhere inside its range, unlike random hyperplanes through the
+        origin, which in many dimensions all cut the data near its centre. With missing
+        values (NaN) the chosen feature's value is taken from the first row at or after
+        :math:`r` (cyclically) that has it, and the other missing inputs are read as 0.
+
+        :param x: (standardised) training inputs ``(N, L)``.
+        :param float sharpness: slope of the logistic rule along the chosen feature.
+        :returns: ``self``.
+        """
+        self.model._check_x(x, None)
+        if not sharpness > 0:
+            raise ValueError(f"sharpness must be > 0, got {sharpness}")
+        shape = self.beta_loc.shape  # (..., M_int, L + 1): a leading dim of trees or none
+        num, L = shape[:-1].numel(), shape[-1] - 1
+        rows = torch.randint(x.shape[0], (num,), generator=generator)
+        feats = torch.randint(L, (num,), generator=generator)
+        w = torch.randn(num, L, generator=generator) * (0.1 * sharpness / math.sqrt(L))
+        sign = torch.randint(2, (num,), generator=generator) * 2.0 - 1.0
+        w[torch.arange(num), feats] = sharpness * sign
+        xr = split_points(x, rows, feats).to(dtype=w.dtype)
+        loc = torch.cat([w, -(w * xr).sum(-1, keepdim=True)], dim=-1).reshape(shape)
+        self.beta_loc = loc.to(dtype=self.beta_loc.dtype, device=self.beta_loc.device)
+        self._started = True
+        return self
 
 
 class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
@@ -281,18 +317,14 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         """
         model = self.model
         model._check_x(x, y)
-        self._ensure_started(x)
+        q = self.params(x)  # each (constrained) parameter read once, sliced level by level
         plates = self._create_plates(x, y, subsample_size)
         opts = {"dtype": x.dtype, "device": x.device}
         out = {}
-        # read each (constrained) parameter once per call, then slice level by level
-        split_logits = self.split_logits.to(**opts)
-        beta_loc, beta_scale = self.beta_loc.to(**opts), self.beta_scale.to(**opts)
-        theta_loc, theta_scale = self.theta_loc.to(**opts), self.theta_scale.to(**opts)
-        ls_loc, ls_scale = self.log_sigma_loc.to(**opts), self.log_sigma_scale.to(**opts)
-        rho_a = rho_b = None
-        if getattr(self, "missing", False):
-            rho_a, rho_b = rho_concentrations(self.rho_logits, self.rho_concentration, opts)
+        split_logits, beta_loc, beta_scale = q["split_logits"], q["beta_loc"], q["beta_scale"]
+        theta_loc, theta_scale = q["theta_loc"], q["theta_scale"]
+        ls_loc, ls_scale = q["log_sigma_loc"], q["log_sigma_scale"]
+        rho_a, rho_b = q.get("rho_a"), q.get("rho_b")
         with poutine.scale(scale=model.kl_weight):
             exist = torch.ones(1, **opts)
             for d in range(self.depth + 1):
@@ -331,42 +363,47 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
                 exist = child_exist
         return out
 
-    @torch.no_grad()
-    def init_splits_from_data(
-        self, x: torch.Tensor, sharpness: float = 1.0, generator: torch.Generator | None = None
-    ) -> VaRTGuide:
-        """Data-driven start of the split weights :math:`\\tilde\\mu_i`.
+    def params(self, x: torch.Tensor) -> dict:
+        """Every (constrained) parameter, read once, in ``x``'s dtype and device (the
+        lazy start, from ``x``, first), keyed by name and, with missing inputs,
+        ``rho_a``, ``rho_b`` the Beta concentrations of ``rho`` ``(M_int,)``."""
+        opts = {"dtype": x.dtype, "device": x.device}
+        self._ensure_started(x)
+        q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
+        if getattr(self, "missing", False):
+            q["rho_a"], q["rho_b"] = rho_concentrations(
+                self.rho_logits, self.rho_concentration, opts
+            )
+        return q
 
-        Each internal node gets an (almost) axis-aligned rule through a data point: a
-        feature :math:`j` and a row :math:`r` drawn at random, weight ``sharpness`` on
-        :math:`j`, small random weights (standard deviation ``0.1 * sharpness /
-        sqrt(L)``) on the others, and the intercept chosen so that the boundary
-        :math:`\\tilde\\mu_i^\\top x = 0` passes through :math:`x_r`. Every rule then cuts
-        the data somewhere inside its range, unlike random hyperplanes through the
-        origin, which in many dimensions all cut the data near its centre. With missing
-        values (NaN) the chosen feature's value is taken from the first row at or after
-        :math:`r` (cyclically) that has it, and the other missing inputs are read as 0.
-
-        :param x: (standardised) training inputs ``(N, L)``.
-        :param float sharpness: slope of the logistic rule along the chosen feature.
-        :returns: ``self``.
-        """
-        self.model._check_x(x, None)
-        if not sharpness > 0:
-            raise ValueError(f"sharpness must be > 0, got {sharpness}")
-        n_int, width = self.beta_loc.shape
-        L = width - 1
-        rows = torch.randint(x.shape[0], (n_int,), generator=generator)
-        feats = torch.randint(L, (n_int,), generator=generator)
-        w = torch.randn(n_int, L, generator=generator) * (0.1 * sharpness / math.sqrt(L))
-        sign = torch.randint(2, (n_int,), generator=generator) * 2.0 - 1.0
-        w[torch.arange(n_int), feats] = sharpness * sign
-        xr = split_points(x, rows, feats).to(dtype=w.dtype)
-        bias = -(w * xr).sum(-1, keepdim=True)
-        loc = torch.cat([w, bias], dim=-1)
-        self.beta_loc = loc.to(dtype=self.beta_loc.dtype, device=self.beta_loc.device)
-        self._started = True
-        return self
+    def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:
+        """One reparameterised draw of every latent site, keyed like the sites of
+        :meth:`forward` (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` and, with
+        missing inputs, ``rho_d``): what :func:`~pyro_trees.infer.vart_elbo.vart_elbo`
+        scores, without Pyro's bookkeeping. ``params``: :meth:`params`, when already
+        read; ``x`` only fixes dtype and device."""
+        q = self.params(x) if params is None else params
+        depth, model = self.depth, self.model
+        split = RelaxedSplitIndicator(q["split_logits"], self.temperature).rsample()
+        beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
+        theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
+        ls_loc = q["log_sigma_loc"]
+        log_sigma = ls_loc + q["log_sigma_scale"] * torch.randn_like(ls_loc)
+        rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample() if "rho_a" in q else None
+        out = {}
+        for d in range(depth + 1):
+            n = 1 << d
+            sl = slice(n - 1, 2 * n - 1)
+            if d < depth:
+                out[model.site(f"split_{d}")] = split[sl]
+                out[model.site(f"beta_{d}")] = beta[sl]
+                if rho is not None:
+                    out[model.site(f"rho_{d}")] = rho[sl]
+            else:
+                out[model.site(f"split_{d}")] = split.new_zeros(n)
+            out[model.site(f"theta_{d}")] = theta[sl]
+            out[model.site(f"log_sigma_{d}")] = log_sigma[sl]
+        return out
 
     @torch.no_grad()
     def median(self, *args, **kwargs) -> dict:

@@ -21,7 +21,7 @@ from torch.distributions import constraints
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.guides.base import TreeGuide
-from pyro_trees.guides.vart import RelaxedSplitGuide, rho_concentrations, split_points
+from pyro_trees.guides.vart import RelaxedSplitGuide, rho_concentrations
 from pyro_trees.models.vart import node_weights, weighted
 from pyro_trees.models.vart_forest import VaRTForest, forest_tree
 
@@ -151,6 +151,32 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         q["theta_loc"] = q["theta_loc"] / self.num_trees
         return q
 
+    def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:
+        """One reparameterised draw of every site, keyed like the sites of
+        :meth:`forward` (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma`` and, with
+        missing inputs, ``rho_d``; ``K`` trees in the leading dimension): what
+        :func:`~pyro_trees.infer.vart_forest_elbo.vart_forest_elbo` scores, without
+        Pyro's bookkeeping. ``params``: :meth:`params`, when already read."""
+        q = self.params(x) if params is None else params
+        depth, model = self.depth, self.model
+        split = RelaxedSplitIndicator(q["split_logits"], self.temperature).rsample()
+        beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
+        theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
+        out = {}
+        for d in range(depth):
+            sl = slice((1 << d) - 1, (2 << d) - 1)
+            out[model.site(f"split_{d}")] = split[:, sl]
+            out[model.site(f"beta_{d}")] = beta[:, sl]
+        for d in range(depth + 1):
+            out[model.site(f"theta_{d}")] = theta[:, (1 << d) - 1 : (2 << d) - 1]
+        eps = torch.randn_like(q["log_sigma_loc"])
+        out[model.site("log_sigma")] = q["log_sigma_loc"] + q["log_sigma_scale"] * eps
+        if "rho_a" in q:  # where a missing input goes, drawn last
+            rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
+            for d in range(depth):
+                out[model.site(f"rho_{d}")] = rho[:, (1 << d) - 1 : (2 << d) - 1]
+        return out
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample the ``K`` truncated trees and the log noise; the arguments only fix
         dtype and device.
@@ -196,31 +222,6 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
             name = model.site("log_sigma")
             out[name] = pyro.sample(name, dist.Normal(q["log_sigma_loc"], q["log_sigma_scale"]))
         return out
-
-    @torch.no_grad()
-    def init_splits_from_data(
-        self, x: torch.Tensor, sharpness: float = 1.0, generator: torch.Generator | None = None
-    ) -> VaRTForestGuide:
-        """The data-driven start of :meth:`~pyro_trees.guides.VaRTGuide.init_splits_from_data`
-        for every split rule of every tree.
-
-        :returns: ``self``.
-        """
-        self.model._check_x(x, None)
-        if not sharpness > 0:
-            raise ValueError(f"sharpness must be > 0, got {sharpness}")
-        k, n_int, width = self.beta_loc.shape
-        num, L = k * n_int, width - 1
-        rows = torch.randint(x.shape[0], (num,), generator=generator)
-        feats = torch.randint(L, (num,), generator=generator)
-        w = torch.randn(num, L, generator=generator) * (0.1 * sharpness / math.sqrt(L))
-        sign = torch.randint(2, (num,), generator=generator) * 2.0 - 1.0
-        w[torch.arange(num), feats] = sharpness * sign
-        xr = split_points(x, rows, feats).to(dtype=w.dtype)
-        loc = torch.cat([w, -(w * xr).sum(-1, keepdim=True)], dim=-1).reshape(k, n_int, width)
-        self.beta_loc = loc.to(dtype=self.beta_loc.dtype, device=self.beta_loc.device)
-        self._started = True
-        return self
 
     @torch.no_grad()
     def mean_tree(self) -> dict:

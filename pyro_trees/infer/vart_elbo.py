@@ -25,13 +25,11 @@ import torch.nn.functional as F
 from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
-from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
-from pyro_trees.guides.vart import rho_concentrations
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.models.vart import VaRT
 from pyro_trees.models.vart_mixture import gaussian, observed, route_log_probs, with_bias
 
-__all__ = ["VaRTELBO", "sample_guide", "vart_elbo"]
+__all__ = ["VaRTELBO", "vart_elbo"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -49,48 +47,6 @@ def _level_depths(num_nodes: int, device) -> torch.Tensor:
     """Depth of each heap node ``1..num_nodes`` (0-based positions), ``(num_nodes,)``."""
     heap = torch.arange(1, num_nodes + 1, device=device)
     return (heap.float().log2().floor()).long()
-
-
-def _guide_params(guide, x: torch.Tensor) -> dict:
-    """Every (constrained) parameter of the guide, read once, in ``x``'s dtype and device."""
-    guide._ensure_started(x)
-    opts = {"dtype": x.dtype, "device": x.device}
-    names = ("split_logits", "beta_loc", "beta_scale", "theta_loc", "theta_scale")
-    out = {k: getattr(guide, k).to(**opts) for k in names}
-    out["ls_loc"] = guide.log_sigma_loc.to(**opts)
-    out["ls_scale"] = guide.log_sigma_scale.to(**opts)
-    if getattr(guide, "missing", False):
-        out["rho_a"], out["rho_b"] = rho_concentrations(
-            guide.rho_logits, guide.rho_concentration, opts
-        )
-    return out
-
-
-def sample_guide(guide, x: torch.Tensor, params: dict | None = None) -> dict:
-    """One draw of the guide's latent sites, keyed like its Pyro sample sites
-    (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` and, with missing inputs,
-    ``rho_d``), by reparameterisation."""
-    q = _guide_params(guide, x) if params is None else params
-    depth = guide.depth
-    split = RelaxedSplitIndicator(q["split_logits"], guide.temperature).rsample()
-    beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
-    theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
-    log_sigma = q["ls_loc"] + q["ls_scale"] * torch.randn_like(q["ls_loc"])
-    rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample() if "rho_a" in q else None
-    out = {}
-    for d in range(depth + 1):
-        n = 1 << d
-        sl = slice(n - 1, 2 * n - 1)
-        if d < depth:
-            out[f"split_{d}"] = split[sl]
-            out[f"beta_{d}"] = beta[sl]
-            if rho is not None:
-                out[f"rho_{d}"] = rho[sl]
-        else:
-            out[f"split_{d}"] = split.new_zeros(n)
-        out[f"theta_{d}"] = theta[sl]
-        out[f"log_sigma_{d}"] = log_sigma[sl]
-    return out
 
 
 def vart_elbo(
@@ -118,7 +74,8 @@ def vart_elbo(
     them.
 
     :param values: the guide's draws keyed by site name (as
-        :func:`~pyro_trees.infer.vart_elbo.sample_guide` returns them); drawn afresh when ``None``.
+        :meth:`VaRTGuide.rsample <pyro_trees.guides.VaRTGuide.rsample>` returns them);
+        drawn afresh when ``None``.
     :param subsample: indices of the minibatch; drawn like ``pyro.plate`` draws them
         (``torch.randperm(N)[:B]``) when ``None`` and ``subsample_size < N``.
     :param num_rows: the number of rows :math:`N` the likelihood of the minibatch
@@ -126,16 +83,16 @@ def vart_elbo(
         every rank).
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
-    depth = guide.depth
-    q = _guide_params(guide, x)
+    depth, site = guide.depth, model.site
+    q = guide.params(x)
     if values is None:
-        values = sample_guide(guide, x, q)
+        values = guide.rsample(x, q)
     opts = {"dtype": x.dtype, "device": x.device}
     kl_weight = model.kl_weight
-    split = torch.cat([values[f"split_{d}"] for d in range(depth + 1)])  # (M,)
-    beta = torch.cat([values[f"beta_{d}"] for d in range(depth)], dim=-2)  # (M_int, L+1)
-    theta = torch.cat([values[f"theta_{d}"] for d in range(depth + 1)], dim=-2)  # (M, L+1)
-    log_sigma = torch.cat([values[f"log_sigma_{d}"] for d in range(depth + 1)])  # (M,)
+    split = torch.cat([values[site(f"split_{d}")] for d in range(depth + 1)])  # (M,)
+    beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], dim=-2)  # (M_int, L+1)
+    theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], dim=-2)  # (M, L+1)
+    log_sigma = torch.cat([values[site(f"log_sigma_{d}")] for d in range(depth + 1)])  # (M,)
     n_int = trees.num_internal(depth)
 
     # existence A_i (product of the ancestors' indicators) and log A_i, level by level
@@ -155,7 +112,7 @@ def vart_elbo(
     lq_split = s_int * F.logsigmoid(logits) + (1 - s_int) * F.logsigmoid(-logits)
     lq_beta = _normal_lp(beta, q["beta_loc"], q["beta_scale"]).sum(-1)
     lq_theta = _normal_lp(theta, q["theta_loc"], q["theta_scale"]).sum(-1)
-    lq_ls = _normal_lp(log_sigma, q["ls_loc"], q["ls_scale"])
+    lq_ls = _normal_lp(log_sigma, q["log_sigma_loc"], q["log_sigma_scale"])
     log_q = (
         (exist[:n_int] * lq_split).sum()
         + (psi * lq_beta).sum()
@@ -163,7 +120,7 @@ def vart_elbo(
     )
     rho = None
     if "rho_a" in q:  # where a missing input goes: Beta sites weighted by psi
-        rho = torch.cat([values[f"rho_{d}"] for d in range(depth)])
+        rho = torch.cat([values[site(f"rho_{d}")] for d in range(depth)])
         lq_rho = dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)
         log_q = log_q + (psi * lq_rho).sum()
 

@@ -17,42 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from pyro_trees import trees
-from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.vart_elbo import _normal_lp
 from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_tree
 
-__all__ = ["VaRTForestELBO", "sample_forest_guide", "vart_forest_elbo"]
+__all__ = ["VaRTForestELBO", "vart_forest_elbo"]
 
 
 def _levels(t: torch.Tensor, depth: int) -> list:
     """Heap-ordered nodes ``(K, M, ...)`` split into levels ``(K, 2**d, ...)``."""
     return [t[:, (1 << d) - 1 : (2 << d) - 1] for d in range(depth + 1)]
-
-
-def sample_forest_guide(guide, x: torch.Tensor, params: dict | None = None) -> dict:
-    """One reparameterised draw of the guide's sites, keyed like them (``split_d``,
-    ``beta_d``, ``theta_d``, ``log_sigma``; ``K`` trees in the leading dimension)."""
-    q = guide.params(x) if params is None else params
-    depth, model = guide.depth, guide.model
-    split = RelaxedSplitIndicator(q["split_logits"], guide.temperature).rsample()
-    beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
-    theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
-    out = {}
-    for d, (s, b) in enumerate(
-        zip(_levels(split, depth - 1), _levels(beta, depth - 1), strict=True)
-    ):
-        out[model.site(f"split_{d}")] = s
-        out[model.site(f"beta_{d}")] = b
-    for d, t in enumerate(_levels(theta, depth)):
-        out[model.site(f"theta_{d}")] = t
-    eps = torch.randn_like(q["log_sigma_loc"])
-    out[model.site("log_sigma")] = q["log_sigma_loc"] + q["log_sigma_scale"] * eps
-    if "rho_a" in q:  # where a missing input goes, drawn last
-        rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
-        for d, r in enumerate(_levels(rho, depth - 1)):
-            out[model.site(f"rho_{d}")] = r
-    return out
 
 
 def vart_forest_elbo(
@@ -71,8 +45,9 @@ def vart_forest_elbo(
     + \\lambda \\sum_k w_k (\\log p_k - \\log q_k)` over every site of every tree, with
     the node weights of eqs. 23-29.
 
-    :param values: the guide's draws by site name (:func:`sample_forest_guide`); drawn
-        afresh when ``None``.
+    :param values: the guide's draws by site name
+        (:meth:`VaRTForestGuide.rsample <pyro_trees.guides.VaRTForestGuide.rsample>`);
+        drawn afresh when ``None``.
     :param subsample: minibatch indices; drawn as ``pyro.plate`` draws them when
         ``None`` and ``subsample_size < N``.
     :param num_rows: the rows the likelihood of ``subsample`` stands for (default
@@ -82,7 +57,7 @@ def vart_forest_elbo(
     depth, site = guide.depth, model.site
     q = guide.params(x)
     if values is None:
-        values = sample_forest_guide(guide, x, q)
+        values = guide.rsample(x, q)
     split = torch.cat([values[site(f"split_{d}")] for d in range(depth)], -1)  # (K, n_int)
     beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], -2)
     theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], -2)

@@ -9,7 +9,7 @@ from pyro.optim import ClippedAdam
 
 from pyro_trees.guides import VaRTGuide
 from pyro_trees.infer import VaRTELBO
-from pyro_trees.infer.vart_elbo import sample_guide, vart_elbo
+from pyro_trees.infer.vart_elbo import vart_elbo
 from pyro_trees.models import VaRT
 
 
@@ -68,7 +68,7 @@ def test_gradients_equal_trace_elbo_on_the_same_draws():
     # same draws to the Pyro model and guide and compare the pathwise gradients
     model, guide, x, y = _setup(3, 0.5)
     params = list(guide.parameters())
-    values = sample_guide(guide, x)
+    values = guide.rsample(x)
     guide_tr = poutine.trace(poutine.condition(guide, data=values)).get_trace(x, y)
     model_tr = poutine.trace(poutine.condition(model, data=values)).get_trace(x, y)
     ref = model_tr.log_prob_sum() - guide_tr.log_prob_sum()
@@ -191,7 +191,7 @@ def test_equals_trace_elbo_with_missing_inputs(subsample_size):
     assert torch.allclose(ours, ref, rtol=1e-12, atol=1e-9)
     # the pathwise gradients of the same draws agree, and reach rho's parameters
     params = list(guide.parameters())
-    values = sample_guide(guide, x)
+    values = guide.rsample(x)
     guide_tr = poutine.trace(poutine.condition(guide, data=values)).get_trace(x, y)
     model_tr = poutine.trace(poutine.condition(model, data=values)).get_trace(x, y)
     ref = model_tr.log_prob_sum() - guide_tr.log_prob_sum()

@@ -7,7 +7,7 @@ from pyro.infer import SVI
 
 from pyro_trees.guides import VaRTForestGuide
 from pyro_trees.infer import VaRTForestELBO
-from pyro_trees.infer.vart_forest_elbo import sample_forest_guide, vart_forest_elbo
+from pyro_trees.infer.vart_forest_elbo import vart_forest_elbo
 from pyro_trees.models import VaRTForest, forest_mean
 
 
@@ -60,7 +60,7 @@ def test_equals_trace_elbo_with_missing_inputs():
         for p in guide.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     params = list(guide.parameters())
-    values = sample_forest_guide(guide, x)
+    values = guide.rsample(x)
     gt = poutine.trace(poutine.condition(guide, data=values)).get_trace(x, y)
     mt = poutine.trace(poutine.condition(model, data=values)).get_trace(x, y)
     expected = mt.log_prob_sum() - gt.log_prob_sum()
