@@ -136,10 +136,18 @@ class VaRTFits(MissingInputs, SVIEstimator):
         held = self._fit_split(X, y, val_idx, train_idx, gen, seed=seed)
         stopped = None
         if split.n_val and getattr(self, "refit", False):
+            # refit=True: a fresh guide, seeded seed_ + _REFIT_SEED + j * MEMBER_SEED,
+            # trained on the same rows for the steps early stopping chose (at least 1),
+            # replaces the stopped one
             stopped = self.fit_result_
-            self._refit(X, y, val_idx, train_idx, stopped, self._seed(), member=j)
+            seed = self._seed() + _REFIT_SEED + j * MEMBER_SEED
+            steps = max(int(stopped.best_step or 0), 1)
+            gen = torch.Generator().manual_seed(seed)
+            self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)
+        # the importances of the guide the fit keeps (the refit's, where there is one)
+        importances = _split_importances(self.guide_, X[train_idx][:4096], self.ranks_)
         ranges = (self.x_min_, self.x_max_)
-        return self.guide_, self.fit_result_, self.feature_importances_, ranges, held, stopped
+        return self.guide_, self.fit_result_, importances, ranges, held, stopped
 
     def _pool(self, fits: list) -> list:
         """Set ``guides_`` (``guide_`` the first), ``fit_results_``,
@@ -166,8 +174,8 @@ class VaRTFits(MissingInputs, SVIEstimator):
         ``gen`` seeds the guide's start and ``seed`` (default ``seed_``) the training
         draws. With ``num_steps`` (the refit of ``refit=True``) it trains exactly that
         many steps of the ``self.num_steps`` temperature schedule, without early
-        stopping. Sets ``model_``, ``guide_``, ``fit_result_``, the clipping range and
-        ``feature_importances_``; returns the held-out rows, standardised and clipped."""
+        stopping. Sets ``model_``, ``guide_``, ``fit_result_`` and the clipping range;
+        returns the held-out rows, standardised and clipped."""
         n, num_features = X.shape
         ranks = self.ranks_
         n_val = len(val_idx)
@@ -217,19 +225,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 callback=schedule.callback(guide),
                 early_stopping=stopping,
             )
-        self.feature_importances_ = _split_importances(guide, Xtr[:4096], ranks)
         return Xva, yva
-
-    def _refit(self, X, y, val_idx, train_idx, stopped, seed: int, member: int = 0) -> None:
-        """``refit=True``: a fresh guide, seeded ``seed + _REFIT_SEED`` (plus
-        ``member * MEMBER_SEED`` for the further fits of ``num_fits``), trained on
-        ``train_idx`` for the number of steps early stopping chose (``stopped``, the
-        stopped fit's :class:`~pyro_trees.infer.FitResult`: its ``best_step``, at least
-        1), replaces the stopped one."""
-        steps = max(int(stopped.best_step or 0), 1)
-        seed = int(seed) + _REFIT_SEED + int(member) * MEMBER_SEED
-        gen = torch.Generator().manual_seed(seed)
-        self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)
 
     def _lr_scheduler(self):
         """``lr_decay``'s geometric schedule over ``num_steps`` (``None`` when constant
