@@ -6,7 +6,10 @@ A function "receives X" when one of its arguments is the user's ``X`` or a NumPy
 or torch tensor of ``L`` columns whose rows are those of ``X`` or a subset of them (the
 validated, standardised, held-out or training rows). Each function counts once, at its
 first call (training steps repeat the same calls); the module sequence of those stops,
-with consecutive stops in one module merged, gives the returns.
+with consecutive stops in one module merged, gives the returns. ``X`` has 11 columns: a
+width that no other two-dimensional tensor of the fit has (node counts 1, 2, 4, 7 of a
+depth-2 tree, ``L + 1`` columns with the bias, 5 posterior draws), so that only ``X``'s
+rows are counted (with 2 columns, a level of two nodes was counted as ``X``).
 
 It also counts, for a tiny fit of every estimator, the distinct lines of
 ``pyro_trees/estimators/`` that ``fit`` executes (its fit path in the estimator layer).
@@ -101,7 +104,7 @@ def returns(path: list[tuple[str, str]], prefix: str = "") -> tuple[list[str], i
 def main() -> None:
     from pyro_trees import estimators as E
 
-    X = np.random.default_rng(0).normal(size=(40, 2))
+    X = np.random.default_rng(0).normal(size=(40, 11))
     y = X[:, 0]
     est = E.VaRTRegressor(depth=2, num_steps=3, num_samples=5, random_state=0)
     path = trace_fit(est, X, y)
