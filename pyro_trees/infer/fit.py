@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import pyro
 import torch
 from pyro.infer import Trace_ELBO
-from pyro.optim.clipped_adam import ClippedAdam
 from pyro.util import get_rng_state
 
 from pyro_trees._exclusive import exclusive
@@ -30,6 +29,7 @@ from pyro_trees._interrupts import deferred_interrupts, raise_if_interrupted
 from pyro_trees.infer._fit_data import TrainingData, _to_device, local_device
 from pyro_trees.infer.checkpoint import Checkpoint, _cuda_rng_state, resume_from
 from pyro_trees.infer.distributed import is_main
+from pyro_trees.infer.fused_adam import FusedClippedAdam
 
 __all__ = [
     "EarlyStopping",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 _OPTIMIZERS = {
-    "clipped_adam": ClippedAdam,
+    "clipped_adam": FusedClippedAdam,
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
     "radam": torch.optim.RAdam,
@@ -312,7 +312,8 @@ def fit(
     :param guide: its guide, with the same signature.
     :param loss: a :class:`pyro.infer.ELBO`; default :class:`~pyro.infer.Trace_ELBO`.
     :param int num_steps: gradient steps.
-    :param optim: ``"clipped_adam"`` (Pyro's ClippedAdam, the default), ``"adam"``,
+    :param optim: ``"clipped_adam"`` (Pyro's ClippedAdam, the default, as one
+        multi-tensor update: :class:`~pyro_trees.infer.FusedClippedAdam`), ``"adam"``,
         ``"adamw"``, ``"radam"`` (the optimiser of Antorán et al.), ``"sgd"``, an
         optimiser class or a callable ``params -> optimiser``.
     :param float lr: learning rate.

@@ -461,3 +461,38 @@ def test_checkpoint_path_or_object_and_progress_label(tmp_path):
         progress="label",
     )
     assert torch.load(tmp_path / "a.pt", weights_only=False)["step"] == 4
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"lrd": 0.99, "weight_decay": 0.1, "clip_norm": 0.5}, {"centered_variance": True}],
+)
+def test_fused_clipped_adam_is_pyros_clipped_adam_to_the_last_bit(options):
+    from pyro.optim.clipped_adam import ClippedAdam
+
+    from pyro_trees.infer.fused_adam import FusedClippedAdam
+
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(3, 4, generator=gen), torch.randn(5, generator=gen), torch.randn(())]
+    runs = []
+    for cls in (ClippedAdam, FusedClippedAdam):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = cls(params, lr=0.05, **options)
+        grads = torch.Generator().manual_seed(1)
+        for step in range(12):
+            for i, p in enumerate(params):
+                # large gradients reach the clip; the scalar skips every third step
+                p.grad = (
+                    None
+                    if (i == 2 and step % 3 == 0)
+                    else 20 * torch.randn(p.shape, generator=grads)
+                )
+            opt.step()
+        runs.append((params, opt))
+    (ref, ref_opt), (ours, our_opt) = runs
+    for a, b in zip(ref, ours, strict=True):
+        assert torch.equal(a, b)
+    assert ref_opt.param_groups[0]["lr"] == our_opt.param_groups[0]["lr"]
+    # the states have the same layout: one class's state loads into the other
+    ref_opt.load_state_dict(our_opt.state_dict())
+    assert ref_opt.state[ref[0]]["step"] == our_opt.state[ours[0]]["step"]
