@@ -133,11 +133,23 @@ class RelaxedSplitIndicator(TorchDistribution):
     def rsample(self, sample_shape=_EMPTY):
         shape = self._extended_shape(sample_shape)
         u = clamp_probs(torch.rand(shape, dtype=self.logits.dtype, device=self.logits.device))
-        noise = u.log() - (-u).log1p()  # g1 - g2 ~ Logistic(0, 1)
-        z = self.logits.expand(shape) + noise
-        if self.temperature == 0:
-            return (z > 0).to(self.logits.dtype).detach()
-        return clamp_probs(torch.sigmoid(z / self.temperature))
+        return self.relax(self.logits.expand(shape), u, self.temperature)
+
+    @staticmethod
+    def relax(logits: torch.Tensor, uniform: torch.Tensor, temperature) -> torch.Tensor:
+        """The draw :meth:`rsample` makes from uniform noise ``u``: ``sigmoid((logits +
+        g) / temperature)`` with ``g = log u - log(1 - u)`` ~ Logistic(0, 1), clamped
+        into (0, 1); hard indicators ``1[logits + g > 0]`` at ``temperature == 0``.
+
+        :param logits: ``(...)`` split logits.
+        :param uniform: ``(...)`` draws in (0, 1) (clamped, as :meth:`rsample` draws them).
+        :param temperature: a number ``>= 0`` or a 0-dim tensor ``> 0`` (so that a
+            compiled program takes every temperature without recompiling).
+        """
+        z = logits + (uniform.log() - (-uniform).log1p())
+        if not isinstance(temperature, torch.Tensor) and temperature == 0:
+            return (z > 0).to(logits.dtype).detach()
+        return clamp_probs(torch.sigmoid(z / temperature))
 
     def log_prob(self, value):
         if self._validate_args:

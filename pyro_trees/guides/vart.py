@@ -19,6 +19,7 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroParam
 from torch.distributions import constraints
+from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
@@ -381,15 +382,38 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         :meth:`forward` (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` and, with
         missing inputs, ``rho_d``): what :func:`~pyro_trees.infer.vart_elbo.vart_elbo`
         scores, without Pyro's bookkeeping. ``params``: :meth:`params`, when already
-        read; ``x`` only fixes dtype and device."""
+        read; ``x`` only fixes dtype and device. The same as
+        ``sites(params, noise(params), temperature)``."""
         q = self.params(x) if params is None else params
-        depth, model = self.depth, self.model
-        split = RelaxedSplitIndicator(q["split_logits"], self.temperature).rsample()
-        beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
-        theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
-        ls_loc = q["log_sigma_loc"]
-        log_sigma = ls_loc + q["log_sigma_scale"] * torch.randn_like(ls_loc)
-        rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample() if "rho_a" in q else None
+        return self.sites(q, self.noise(q), self.temperature)
+
+    def noise(self, params: dict) -> dict:
+        """The random draws behind one :meth:`rsample` from parameters ``params``
+        (:meth:`params`), in the order it draws them: ``"split"`` clamped uniforms
+        ``(M_int,)``, ``"beta"`` ``(M_int, L + 1)``, ``"theta"`` ``(M, L + 1)`` and
+        ``"log_sigma"`` ``(M,)`` standard normals and, with missing inputs, ``"rho"``
+        ``(M_int,)`` (a reparameterised Beta draw)."""
+        q = params
+        out = {
+            "split": clamp_probs(torch.rand_like(q["split_logits"])),
+            "beta": torch.randn_like(q["beta_loc"]),
+            "theta": torch.randn_like(q["theta_loc"]),
+            "log_sigma": torch.randn_like(q["log_sigma_loc"]),
+        }
+        if "rho_a" in q:
+            out["rho"] = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
+        return out
+
+    def sites(self, params: dict, noise: dict, temperature) -> dict:
+        """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``
+        (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim
+        tensor): plain tensor code, the part of a draw a compiled loss traces."""
+        q, depth, model = params, self.depth, self.model
+        split = RelaxedSplitIndicator.relax(q["split_logits"], noise["split"], temperature)
+        beta = q["beta_loc"] + q["beta_scale"] * noise["beta"]
+        theta = q["theta_loc"] + q["theta_scale"] * noise["theta"]
+        log_sigma = q["log_sigma_loc"] + q["log_sigma_scale"] * noise["log_sigma"]
+        rho = noise.get("rho")
         out = {}
         for d in range(depth + 1):
             n = 1 << d

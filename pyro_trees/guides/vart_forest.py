@@ -17,6 +17,7 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroParam
 from torch.distributions import constraints
+from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
@@ -156,12 +157,36 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         :meth:`forward` (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma`` and, with
         missing inputs, ``rho_d``; ``K`` trees in the leading dimension): what
         :func:`~pyro_trees.infer.vart_forest_elbo.vart_forest_elbo` scores, without
-        Pyro's bookkeeping. ``params``: :meth:`params`, when already read."""
+        Pyro's bookkeeping. ``params``: :meth:`params`, when already read. The same as
+        ``sites(params, noise(params), temperature)``."""
         q = self.params(x) if params is None else params
-        depth, model = self.depth, self.model
-        split = RelaxedSplitIndicator(q["split_logits"], self.temperature).rsample()
-        beta = q["beta_loc"] + q["beta_scale"] * torch.randn_like(q["beta_loc"])
-        theta = q["theta_loc"] + q["theta_scale"] * torch.randn_like(q["theta_loc"])
+        return self.sites(q, self.noise(q), self.temperature)
+
+    def noise(self, params: dict) -> dict:
+        """The random draws behind one :meth:`rsample` from parameters ``params``
+        (:meth:`params`), in the order it draws them: ``"split"`` clamped uniforms
+        ``(K, M_int)``, ``"beta"`` ``(K, M_int, L + 1)``, ``"theta"`` ``(K, M, L + 1)``
+        and ``"log_sigma"`` ``()`` standard normals and, with missing inputs, ``"rho"``
+        ``(K, M_int)`` (a reparameterised Beta draw)."""
+        q = params
+        out = {
+            "split": clamp_probs(torch.rand_like(q["split_logits"])),
+            "beta": torch.randn_like(q["beta_loc"]),
+            "theta": torch.randn_like(q["theta_loc"]),
+            "log_sigma": torch.randn_like(q["log_sigma_loc"]),
+        }
+        if "rho_a" in q:  # where a missing input goes, drawn last
+            out["rho"] = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
+        return out
+
+    def sites(self, params: dict, noise: dict, temperature) -> dict:
+        """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``
+        (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim
+        tensor): plain tensor code, the part of a draw a compiled loss traces."""
+        q, depth, model = params, self.depth, self.model
+        split = RelaxedSplitIndicator.relax(q["split_logits"], noise["split"], temperature)
+        beta = q["beta_loc"] + q["beta_scale"] * noise["beta"]
+        theta = q["theta_loc"] + q["theta_scale"] * noise["theta"]
         out = {}
         for d in range(depth):
             sl = slice((1 << d) - 1, (2 << d) - 1)
@@ -169,12 +194,11 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
             out[model.site(f"beta_{d}")] = beta[:, sl]
         for d in range(depth + 1):
             out[model.site(f"theta_{d}")] = theta[:, (1 << d) - 1 : (2 << d) - 1]
-        eps = torch.randn_like(q["log_sigma_loc"])
-        out[model.site("log_sigma")] = q["log_sigma_loc"] + q["log_sigma_scale"] * eps
-        if "rho_a" in q:  # where a missing input goes, drawn last
-            rho = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
+        ls = q["log_sigma_loc"] + q["log_sigma_scale"] * noise["log_sigma"]
+        out[model.site("log_sigma")] = ls
+        if "rho" in noise:
             for d in range(depth):
-                out[model.site(f"rho_{d}")] = rho[:, (1 << d) - 1 : (2 << d) - 1]
+                out[model.site(f"rho_{d}")] = noise["rho"][:, (1 << d) - 1 : (2 << d) - 1]
         return out
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):

@@ -26,6 +26,10 @@ from pyro_trees.infer.checkpoint import (
 from pyro_trees.infer.collapsed_elbo import (
     CollapsedELBO,
 )
+from pyro_trees.infer.compiled import (
+    CompiledLoss,
+    should_compile,
+)
 from pyro_trees.infer.dgp import (
     collapse_ratio,
     dgp_predict,
@@ -50,6 +54,9 @@ from pyro_trees.infer.fit import (
     isolated_params,
     make_optimizer,
     train_steps,
+)
+from pyro_trees.infer.fused_adam import (
+    FusedClippedAdam,
 )
 from pyro_trees.infer.restarts import (
     RestartsResult,
@@ -91,8 +98,10 @@ from pyro_trees.infer.vart_forest_elbo import (
 __all__ = [
     "Checkpoint",
     "CollapsedELBO",
+    "CompiledLoss",
     "EarlyStopping",
     "FitResult",
+    "FusedClippedAdam",
     "LearnedTree",
     "MixtureTreeELBO",
     "ModelSelection",
@@ -138,6 +147,7 @@ __all__ = [
     "rank_subsample",
     "restart_elbos",
     "select_topology",
+    "should_compile",
     "similarity_dfs_tree",
     "soft_tree_elbo",
     "train_steps",

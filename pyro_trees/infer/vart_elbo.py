@@ -26,6 +26,7 @@ from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
+from pyro_trees.infer.compiled import CompilesVaRTLoss
 from pyro_trees.models.vart import VaRT
 from pyro_trees.models.vart_mixture import gaussian, observed, route_log_probs, with_bias
 
@@ -58,6 +59,7 @@ def vart_elbo(
     values: dict | None = None,
     subsample: torch.Tensor | None = None,
     num_rows: int | None = None,
+    params: dict | None = None,
 ) -> torch.Tensor:
     """The single-sample estimate of the λ-weighted ELBO of eq. 4 that
     ``Trace_ELBO`` computes for ``model(x, y, subsample_size)`` and its
@@ -81,10 +83,12 @@ def vart_elbo(
     :param num_rows: the number of rows :math:`N` the likelihood of the minibatch
         stands for (default ``x.shape[0]``; data-parallel training passes the rows of
         every rank).
+    :param params: the guide's parameters (:meth:`VaRTGuide.params
+        <pyro_trees.guides.VaRTGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
     depth, site = guide.depth, model.site
-    q = guide.params(x)
+    q = guide.params(x) if params is None else params
     if values is None:
         values = guide.rsample(x, q)
     opts = {"dtype": x.dtype, "device": x.device}
@@ -170,7 +174,13 @@ def vart_elbo(
     return scale * obs_ll + kl_weight * (log_p - log_q)
 
 
-class VaRTELBO(DifferentiableLossELBO):
+def _vart_program(model, guide, x, y, q, noise, temperature, subsample):
+    """:func:`vart_elbo` from the step's draws: the part of a step that compiles."""
+    values = guide.sites(q, noise, temperature)
+    return vart_elbo(model, guide, x, y, values=values, subsample=subsample, params=q)
+
+
+class VaRTELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     """Drop-in replacement of :class:`pyro.infer.Trace_ELBO` for
     :class:`~pyro_trees.models.VaRT` with :class:`~pyro_trees.guides.VaRTGuide`:
     the same estimator (:func:`vart_elbo`), without Pyro's per-site tracing.
@@ -178,6 +188,14 @@ class VaRTELBO(DifferentiableLossELBO):
     Use it as ``SVI(model, guide, optim, VaRTELBO())`` or ``fit(..., loss=VaRTELBO())``;
     it takes the model's arguments ``(x, y, subsample_size=None)``. One particle only
     (``num_particles`` of :class:`~pyro.infer.ELBO` is ignored).
+
+    With ``compile=True`` each step's loss runs as one program compiled by
+    ``torch.compile`` (:mod:`pyro_trees.infer.compiled`): the same estimator on the same
+    draws, for complete inputs at a temperature above 0 (otherwise, and where
+    compilation fails, eagerly).
+
+    :param compile: ``False`` (default), ``True`` or a ``torch.compile`` backend name.
+    :param str mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
 
     .. rubric:: Examples
 
@@ -203,4 +221,10 @@ class VaRTELBO(DifferentiableLossELBO):
         if y is None:
             raise ValueError("VaRTELBO needs the targets y")
         model._check_x(x, y)
-        return -vart_elbo(model, guide, x, y, subsample_size)
+        value = self._compiled_elbo(model, guide, x, y, subsample_size)
+        if value is None:
+            value = vart_elbo(model, guide, x, y, subsample_size)
+        return -value
+
+
+VaRTELBO._program = staticmethod(_vart_program)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from pyro_trees import trees
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
+from pyro_trees.infer.compiled import CompilesVaRTLoss
 from pyro_trees.infer.vart_elbo import _normal_lp
 from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_tree
 
@@ -38,6 +39,7 @@ def vart_forest_elbo(
     values: dict | None = None,
     subsample: torch.Tensor | None = None,
     num_rows: int | None = None,
+    params: dict | None = None,
 ) -> torch.Tensor:
     """The single-sample ELBO estimate that ``Trace_ELBO`` computes for
     ``model(x, y, subsample_size)`` and its :class:`~pyro_trees.guides.VaRTForestGuide`:
@@ -52,10 +54,12 @@ def vart_forest_elbo(
         ``None`` and ``subsample_size < N``.
     :param num_rows: the rows the likelihood of ``subsample`` stands for (default
         ``N``; several processes each holding a shard pass the global count).
+    :param params: the guide's parameters (:meth:`VaRTForestGuide.params
+        <pyro_trees.guides.VaRTForestGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
     depth, site = guide.depth, model.site
-    q = guide.params(x)
+    q = guide.params(x) if params is None else params
     if values is None:
         values = guide.rsample(x, q)
     split = torch.cat([values[site(f"split_{d}")] for d in range(depth)], -1)  # (K, n_int)
@@ -90,10 +94,8 @@ def vart_forest_elbo(
     if rho is not None:
         log_q = log_q + (psi * dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)).sum()
 
-    gamma = torch.tensor(
-        [model.split_prob(d) for d in range(depth)], dtype=x.dtype, device=x.device
-    )
-    gamma = gamma.repeat_interleave(2 ** torch.arange(depth, device=x.device))
+    probs = [model.split_prob(d) for d in range(depth) for _ in range(1 << d)]  # per node
+    gamma = torch.tensor(probs, dtype=x.dtype, device=x.device)
     lp_split = split * gamma.log() + (1 - split) * (-gamma).log1p()
     lp_beta = _normal_lp(beta, 0.0, model.split_scale).sum(-1)
     lp_theta = _normal_lp(theta, 0.0, model.tree_leaf_scale).sum(-1)
@@ -121,11 +123,23 @@ def vart_forest_elbo(
     return scale * obs_ll + model.kl_weight * (log_p - log_q)
 
 
-class VaRTForestELBO(DifferentiableLossELBO):
+def _vart_forest_program(model, guide, x, y, q, noise, temperature, subsample):
+    """:func:`vart_forest_elbo` from the step's draws: the part of a step that compiles."""
+    values = guide.sites(q, noise, temperature)
+    return vart_forest_elbo(model, guide, x, y, values=values, subsample=subsample, params=q)
+
+
+class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     """Drop-in replacement of :class:`pyro.infer.Trace_ELBO` for
     :class:`~pyro_trees.models.VaRTForest` with :class:`~pyro_trees.guides.VaRTForestGuide`
     (:func:`vart_forest_elbo`); it takes the model's arguments ``(x, y,
     subsample_size=None)``. One particle.
+
+    With ``compile=True`` each step's loss runs as one compiled program, as
+    :class:`~pyro_trees.infer.VaRTELBO`'s does (:mod:`pyro_trees.infer.compiled`).
+
+    :param compile: ``False`` (default), ``True`` or a ``torch.compile`` backend name.
+    :param str mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
 
     .. rubric:: Examples
 
@@ -150,4 +164,10 @@ class VaRTForestELBO(DifferentiableLossELBO):
         if y is None:
             raise ValueError("VaRTForestELBO needs the targets y")
         model._check_x(x, y)
-        return -vart_forest_elbo(model, guide, x, y, subsample_size)
+        value = self._compiled_elbo(model, guide, x, y, subsample_size)
+        if value is None:
+            value = vart_forest_elbo(model, guide, x, y, subsample_size)
+        return -value
+
+
+VaRTForestELBO._program = staticmethod(_vart_forest_program)

@@ -55,7 +55,14 @@ def observed(x: torch.Tensor):
     :returns: ``(x0, missing)``: ``x`` itself and ``None`` when nothing is missing (so
         that complete inputs take exactly the arithmetic they always took), else ``x``
         with zeros for NaN and the bool mask ``(..., L)``.
+
+    Inside a program being compiled (``torch.compiler.is_compiling()``) the inputs are
+    taken as complete, without the check: a compiled program cannot branch on the data,
+    and the losses of :mod:`pyro_trees.infer.compiled` compile only for inputs they
+    have checked to be complete.
     """
+    if torch.compiler.is_compiling():
+        return x, None
     missing = torch.isnan(x)
     if not bool(missing.any()):
         return x, None
@@ -316,7 +323,8 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     x1, missing = observed(with_bias(x))
     beta, theta = forest["beta"], forest["theta"]
     z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
-    down, right = _paths(beta.shape[-2], z.dtype, z.device)
+    paths = _paths.__wrapped__ if torch.compiler.is_compiling() else _paths  # traced as is
+    down, right = paths(beta.shape[-2], z.dtype, z.device)
     if missing is None:
         # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
         log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)

@@ -1,0 +1,176 @@
+"""Compiled losses: a training step's loss as one tensor program under ``torch.compile``.
+
+Pyro's ``Trace_ELBO`` runs a poutine stack, records every sample site and reads each
+site's value back to the host; under ``torch.compile`` it breaks into many small graphs.
+A loss of ours whose estimator is plain tensor code (:class:`~pyro_trees.infer.VaRTELBO`,
+:class:`~pyro_trees.infer.VaRTForestELBO`) splits each step in two:
+
+1. **the draws**, eager and cheap: the guide's constrained parameters, the standard
+   random draws behind its reparameterised sample (uniforms, normals) and the
+   minibatch's rows, taken from torch's global generator in the order the eager loss
+   takes them; and
+2. **the program**: everything else (the sites from the draws, the prior and guide log
+   densities, the likelihood of the minibatch), a pure function of tensors that
+   :class:`CompiledLoss` compiles once per process and shape.
+
+So the compiled loss equals the eager one on the same draws (tested), a seeded fit
+draws the same random numbers either way, and no random generator lives inside the
+compiled program. Gradients flow through the program (AOTAutograd) into the eager
+parameter transforms.
+
+:class:`CompiledLoss` keeps one compiled function per program, backend and mode for the
+whole process, so that a grid search or cross-validation of same-shaped fits compiles
+once. When compilation fails (no C++ compiler for the CPU backend, an operation the
+compiler does not support), it warns once, says why, and runs the program eagerly from
+then on.
+
+:func:`should_compile` is the rule by which the estimators choose: compile where the
+saving outweighs the compilation (see its docstring).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["CompiledLoss", "CompilesVaRTLoss", "should_compile"]
+
+#: compiled functions shared by every CompiledLoss of the process: (program, backend, mode)
+_COMPILED: dict = {}
+
+_NON_LEAF_GRAD = "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+#: gradient steps from which a CUDA fit compiles its loss
+CUDA_MIN_STEPS = 1000
+
+
+def should_compile(device, num_steps: int, batch_rows: int | None = None) -> bool:
+    """Whether an estimator's fit compiles its loss by default.
+
+    On CUDA a VaRT step is bound by kernel launches, not arithmetic: on an H100 an
+    eager step took 10-27 ms whatever the batch, the same loss compiled 1-2 ms, after
+    3.5-13.5 s of compilation (issue 38's measurements). Compiling pays after about
+    350-1,350 steps, and the program is reused by every later fit of the same shapes,
+    so fits of at least ``CUDA_MIN_STEPS`` steps compile (every VaRT estimator at its
+    defaults); shorter ones stay eager. On CPU the saving is smaller (about a third of
+    a depth-5 step of 2,048 rows; ``benchmarks/step_cost.py``) and compiling takes
+    20-60 s per shape, more than most CPU fits last: CPU fits stay eager (pass
+    ``compile=True`` to a loss to compile anyway). Provisional on CUDA until
+    ``step_cost`` runs on a GPU.
+
+    :param device: the fit's device (``torch.device``, a string or ``None``: the CPU).
+    :param int num_steps: the fit's gradient steps.
+    :param batch_rows: rows per step (not used by the rule at present; recorded so
+        that a rule measured on a GPU can use it without changing the callers).
+    """
+    dev = torch.device("cpu" if device is None else device)
+    return dev.type == "cuda" and int(num_steps) >= CUDA_MIN_STEPS
+
+
+class CompiledLoss:
+    """``program`` (a pure function of tensors and the model and guide objects it reads
+    constants from) compiled with ``torch.compile``, shared across instances, with an
+    eager fallback.
+
+    :param program: the loss's tensor program.
+    :param compile: ``True`` (the default backend, ``"inductor"``) or the name of a
+        ``torch.compile`` backend (``"aot_eager"`` traces and differentiates without
+        generating code: fast to build, used by the tests).
+    :param mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
+    """
+
+    def __init__(self, program: Callable, compile: bool | str = True, mode: str | None = None):
+        self.program = program
+        self.backend = "inductor" if compile is True else str(compile)
+        self.mode = mode
+        self.failed: str | None = None
+
+    def _compiled(self) -> Callable:
+        key = (self.program, self.backend, self.mode)
+        fn = _COMPILED.get(key)
+        if fn is None:
+            fn = torch.compile(self.program, backend=self.backend, mode=self.mode, dynamic=False)
+            _COMPILED[key] = fn
+        return fn
+
+    def __call__(self, *args):
+        """The program's value at ``args``: compiled, or eager after a failure."""
+        if self.failed is None:
+            validate = torch.distributions.Distribution._validate_args
+            try:
+                with warnings.catch_warnings():
+                    # the compiler reads .grad of every input tensor while it traces; the
+                    # guide's constrained parameters are not leaves, so torch warns
+                    warnings.filterwarnings("ignore", message=_NON_LEAF_GRAD, category=UserWarning)
+                    return self._compiled()(*args)
+            except Exception as err:  # noqa: BLE001 - any compiler failure falls back
+                self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                warnings.warn(
+                    f"torch.compile could not compile {self.program.__qualname__} "
+                    f"({self.failed}); training runs eagerly",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            finally:
+                # torch.compile's first use turns off the validation of every
+                # torch.distributions object in the process (Pyro's validation
+                # included); the process keeps the setting it had
+                torch.distributions.Distribution.set_default_validate_args(validate)
+        return self.program(*args)
+
+    def __getstate__(self):
+        return {"program": self.program, "backend": self.backend, "mode": self.mode}
+
+    def __setstate__(self, state):
+        self.__init__(state["program"], state["backend"], state["mode"])
+
+
+class CompilesVaRTLoss:
+    """What the VaRT losses (one tree, a forest) share to compile: the option, the
+    completeness check and the step's draws. A loss sets ``_program`` (its tensor
+    program ``(model, guide, x, y, q, noise, temperature, subsample) -> ELBO``).
+
+    :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
+    :param mode: ``torch.compile``'s ``mode``.
+    """
+
+    _program: Callable = None
+
+    def __init__(self, *args, compile: bool | str = False, mode: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.compile, self.mode = compile, mode
+        self._compiled = CompiledLoss(type(self)._program, compile, mode) if compile else None
+        self._checked = None  # (weak reference to x, its version, whether it is complete)
+
+    def _complete(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` has no missing value (checked once per tensor and version)."""
+        if self._checked is not None:
+            ref, version, complete = self._checked
+            if ref() is x and x._version == version:
+                return complete
+        complete = not bool(torch.isnan(x).any())
+        self._checked = (weakref.ref(x), x._version, complete)
+        return complete
+
+    def _compiled_elbo(self, model, guide, x, y, subsample_size):
+        """The ELBO through the compiled program, or ``None`` where it does not apply
+        (not compiling, missing inputs, hard splits at temperature 0)."""
+        if self._compiled is None or getattr(guide, "missing", False):
+            return None
+        if not guide.temperature > 0 or not self._complete(x):
+            return None
+        q = guide.params(x)
+        noise = guide.noise(q)
+        n, subsample = x.shape[0], None
+        if subsample_size is not None and int(subsample_size) < n:
+            subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
+        temperature = torch.tensor(float(guide.temperature), dtype=x.dtype, device=x.device)
+        return self._compiled(model, guide, x, y, q, noise, temperature, subsample)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_checked"] = None
+        return state
