@@ -35,6 +35,7 @@ from pyro_trees.estimators._vart_export import _split_importances
 from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
 from pyro_trees.estimators.vart_memory import check_training_memory as _check_training_memory
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
+from pyro_trees.infer.compiled import should_compile
 from pyro_trees.infer.fit import EarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
 
@@ -207,6 +208,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 )
             seed = self._seed() if seed is None else int(seed)
             rows = RankRows(ranks, seed) if ranks.size > 1 else None
+            steps = int(self.num_steps) if num_steps is None else int(num_steps)
             self.fit_result_ = run_svi(
                 ranks,
                 self.model_,
@@ -216,8 +218,10 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 seed=seed,
                 batch=batch,
                 n_rows=n_train,
-                num_steps=int(self.num_steps) if num_steps is None else int(num_steps),
-                loss=self._loss(rows, (Xtr, ytr)),
+                num_steps=steps,
+                loss=self._loss(
+                    rows, (Xtr, ytr), compile=should_compile(X.device, self.num_steps, batch)
+                ),
                 optim="clipped_adam",
                 lr=self.lr,
                 lr_scheduler=self._lr_scheduler(),
@@ -235,12 +239,17 @@ class VaRTFits(MissingInputs, SVIEstimator):
         gamma = float(self.lr_decay) ** (1.0 / max(int(self.num_steps), 1))
         return functools.partial(torch.optim.lr_scheduler.ExponentialLR, gamma=gamma)
 
-    def _loss(self, rows=None, data=None):
+    #: the family's vectorised loss and its data-parallel variant
+    _losses = (VaRTELBO, RankVaRTELBO)
+
+    def _loss(self, rows=None, data=None, compile: bool = False):
         """The training objective; with ``rows`` (several processes) it reads this rank's
-        rows of ``data``."""
+        rows of ``data``; ``compile``: the vectorised loss of one process compiles
+        (:func:`~pyro_trees.infer.should_compile` decides)."""
         if self.elbo != "vectorised":
             return Trace_ELBO()
-        return VaRTELBO() if rows is None else RankVaRTELBO(rows, data=data)
+        single, ranked = self._losses
+        return single(compile=compile) if rows is None else ranked(rows, data=data)
 
     def _start(self, num_features: int, depth: int, Xtr, gen):
         """The model (:meth:`_model`) and a guide of ``_guide_cls`` at

@@ -9,8 +9,6 @@ References
 
 from __future__ import annotations
 
-from pyro.infer import Trace_ELBO
-
 from pyro_trees.estimators._constraints import Integer
 from pyro_trees.estimators._distributed import RankVaRTForestELBO
 from pyro_trees.estimators.vart import VaRTRegressor
@@ -185,10 +183,7 @@ class VaRTForestRegressor(VaRTRegressor):
     def _central_mean(self, guide, Xs):
         return forest_mean(guide.mean_tree(), Xs)
 
-    def _loss(self, rows=None, data=None):
-        if self.elbo != "vectorised":
-            return Trace_ELBO()
-        return VaRTForestELBO() if rows is None else RankVaRTForestELBO(rows, data=data)
+    _losses = (VaRTForestELBO, RankVaRTForestELBO)
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """Not offered: a forest is not one readable tree (``feature_importances_`` sums

@@ -1,0 +1,120 @@
+"""The GPU contract: every estimator and every model + guide pair of the Pyro contract
+trains on ``cuda`` and predicts there, finite and close to the CPU fit; the compiled VaRT
+losses equal the eager ones on the GPU. Every test is marked ``cuda`` and skips without
+a CUDA device (tests/conftest.py)."""
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI, Predictive
+from sklearn.base import is_classifier
+
+from pyro_trees.estimators import (
+    BayesianHMERegressor,
+    HeteroscedasticGPRegressor,
+    RNNTreeClassifier,
+    RNNTreeRegressor,
+    VaRTClassifier,
+    VaRTForestRegressor,
+    VaRTRegressor,
+)
+from pyro_trees.guides import VaRTForestGuide, VaRTGuide
+from pyro_trees.infer import VaRTELBO, VaRTForestELBO
+from pyro_trees.models import VaRT, VaRTForest
+from tests.test_pyro_contract import CASES, IDS
+
+pytestmark = pytest.mark.cuda
+
+SMALL = {
+    RNNTreeClassifier: {"depth": 2, "num_steps": 60},
+    RNNTreeRegressor: {"depth": 2, "num_steps": 60},
+    BayesianHMERegressor: {"max_experts": 2, "num_restarts": 2, "num_cycles": 30, "grow": 0},
+    VaRTRegressor: {"depth": 2, "num_steps": 150, "num_samples": 20},
+    VaRTClassifier: {"depth": 2, "num_steps": 150, "num_samples": 20, "num_fits": 1},
+    VaRTForestRegressor: {"num_trees": 5, "depth": 2, "num_steps": 150, "num_samples": 20},
+    HeteroscedasticGPRegressor: {"depth": 1, "num_steps": 60, "init_steps": 20},
+}
+
+
+def _table(classification: bool):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    f = np.sin(2 * X[:, 0]) + X[:, 1]
+    if classification:
+        return X, (f > 0).astype(int)
+    return X, f + 0.1 * rng.normal(size=200)
+
+
+@pytest.mark.parametrize("est_cls", list(SMALL), ids=lambda c: c.__name__)
+def test_every_estimator_fits_on_cuda_as_on_the_cpu(est_cls):
+    classification = is_classifier(est_cls())
+    X, y = _table(classification)
+    scores = {}
+    for device in ("cpu", "cuda"):
+        est = est_cls(random_state=0, device=device, **SMALL[est_cls]).fit(X, y)
+        pred = est.predict(X)
+        assert np.all(np.isfinite(pred)), device
+        if classification:
+            scores[device] = float(np.mean(pred == y))
+        else:
+            scores[device] = 1 - float(np.mean((pred - y) ** 2) / np.var(y))
+            lower, upper = est.predict_interval(X[:20], level=0.9)
+            assert np.all(np.isfinite(lower)) and np.all(lower <= upper)
+    # other random streams on each device: the same quality, not the same numbers
+    assert scores["cuda"] > scores["cpu"] - 0.15, scores
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_model_and_guide_trains_and_predicts_on_cuda(case):
+    def to_cuda(value):
+        if isinstance(value, torch.Tensor):
+            return value.cuda()
+        if isinstance(value, tuple | list):
+            return type(value)(to_cuda(v) for v in value)
+        if isinstance(value, dict):
+            return {k: to_cuda(v) for k, v in value.items()}
+        return value
+
+    pyro.set_rng_seed(0)
+    with pyro.settings.context(module_local_params=True):
+        model, guide = case.build(dtype=torch.float32)
+        for module in (model, guide):
+            if isinstance(module, torch.nn.Module):
+                module.cuda()
+        args, kwargs = to_cuda(case.data(torch.float32))
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": case.lr}), case.loss())
+        losses = [svi.step(*args, **kwargs) for _ in range(5)]
+        assert all(np.isfinite(losses)), losses
+        pred_args, pred_kwargs = to_cuda(case.predict_args(args, kwargs))
+        out = Predictive(model, guide=guide, num_samples=3)(*pred_args, **pred_kwargs)
+    for site in case.observed:
+        assert out[site].is_cuda and bool(torch.isfinite(out[site]).all()), site
+
+
+@pytest.mark.parametrize("forest", [False, True], ids=["tree", "forest"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_compiled_vart_losses_equal_the_eager_ones_on_cuda(forest, backend):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(256, 3, device="cuda", generator=gen)
+    y = x[:, 0].sin()
+    with pyro.settings.context(module_local_params=True):
+        if forest:
+            model = VaRTForest(3, num_trees=4, depth=3)
+            guide, loss_cls = VaRTForestGuide(model), VaRTForestELBO
+        else:
+            model = VaRT(3)
+            guide, loss_cls = VaRTGuide(model, 3), VaRTELBO
+        guide.params(x)
+        values = []
+        for loss in (loss_cls(), loss_cls(compile=backend)):
+            pyro.set_rng_seed(5)
+            guide.zero_grad()
+            value = loss.differentiable_loss(model, guide, x, y, 64)
+            value.backward()
+            values.append((value.detach(), [p.grad.clone() for p in guide.parameters()]))
+        assert loss._compiled.failed is None
+    (a, grad_a), (b, grad_b) = values
+    assert torch.allclose(a, b, rtol=1e-4)
+    for ga, gb in zip(grad_a, grad_b, strict=True):
+        assert torch.allclose(ga, gb, rtol=1e-3, atol=1e-4)
