@@ -49,8 +49,9 @@ step, as their estimators do).
 **Caps** (never silent: each capped or skipped cell is a row of the table saying why):
 a cell whose second step takes more than ``--max-step-s`` seconds (default 10) stops
 there (``capped``: that one step's time, no median, no counts); a cell whose step is
-predicted over that limit from the last measured row count of the same family and
-threads (its time scaled by the rows per step) is not run (``skipped``); a cell that
+predicted over that limit is not run (``skipped``), the prediction being the smaller
+of the same family's time at the same rows on other thread counts and its time at the
+last row count on these threads scaled by the rows per step; a cell that
 raises (e.g. out of memory) is a ``failed`` row with the error.
 
 **Modes**: ``eager`` only for now; a compiled step is one more entry of :data:`MODES`
@@ -110,10 +111,14 @@ def op_counts(events) -> dict:
     return {"ops": outer, "leaf_ops": leaf, "host_reads": reads}
 
 
+_OWN_SYNC = "step_cost::drain"  # the benchmark's own synchronisation, not counted
+
+
 def cuda_counts(events, wall_us: float) -> dict:
     """GPU kernels, host synchronisations and the GPU's busy share of ``wall_us``
-    microseconds, from a profile's ``events``. Untested: written for CUDA runs, never
-    run on a GPU yet."""
+    microseconds, from a profile's ``events`` (the benchmark's own synchronisation at
+    the end of the profile left out). Untested: written for CUDA runs, never run on a
+    GPU yet."""
     from torch.autograd import DeviceType
 
     spans, kernels, syncs = [], 0, 0
@@ -123,7 +128,8 @@ def cuda_counts(events, wall_us: float) -> dict:
                 kernels += 1
                 spans.append((e.time_range.start, e.time_range.end))
         elif "Synchronize" in e.name or e.name == "cudaMemcpy":
-            syncs += 1
+            own = e.cpu_parent is not None and e.cpu_parent.name == _OWN_SYNC
+            syncs += not own
     busy, end = 0.0, -math.inf
     for lo, hi in sorted(spans):  # the union of the kernels' intervals
         if hi > end:
@@ -181,6 +187,9 @@ class _Clock:
         if step == last_timed and step >= WARMUP - 1:
             self._start_profile()
         elif step == last_timed + self.profiled:
+            if self.cuda:  # the last step's kernels end inside the profile
+                with torch.profiler.record_function(_OWN_SYNC):
+                    torch.cuda.synchronize()
             self.prof.stop()
             self.wall_us = (time.perf_counter() - self.prof_t0) * 1e6
             self.events = self.prof.events()
@@ -215,6 +224,7 @@ def measure(
     torch.set_num_threads(threads)
     cuda = torch.device(device).type == "cuda"
     record = {"family": family, "mode": mode, "device": device, "rows": rows, "threads": threads}
+    record["load"] = os.getloadavg()[0]  # other work on the machine at the cell's start
     clock = None
     try:
         pyro.set_rng_seed(0)
@@ -268,15 +278,17 @@ def measure(
     return record
 
 
-def _predicted_s(done: list[dict], family: str, threads: int, batch: int) -> float | None:
-    """The step time of the last measured (or capped) cell of ``family`` and
-    ``threads``, scaled linearly to ``batch`` rows per step."""
-    prev = [r for r in done if r["family"] == family and r["threads"] == threads]
-    prev = [r for r in prev if r.get("ms_per_step") is not None]
-    if not prev:
-        return None
-    r = prev[-1]
-    return r["ms_per_step"] / 1000 * batch / r["batch"]
+def predicted_s(done: list[dict], family: str, rows: int, threads: int, batch: int):
+    """The smallest prediction of a cell's seconds per step from the cells measured
+    (or capped) before it: the same family and rows at other thread counts, as
+    measured, and the same family and threads at the last row count, scaled linearly
+    by rows per step; ``None`` without any."""
+    mine = [r for r in done if r["family"] == family and r.get("ms_per_step") is not None]
+    guesses = [r["ms_per_step"] / 1000 for r in mine if r["rows"] == rows]
+    prev = [r for r in mine if r["threads"] == threads and r["rows"] < rows]
+    if prev:
+        guesses.append(prev[-1]["ms_per_step"] / 1000 * batch / prev[-1]["batch"])
+    return min(guesses) if guesses else None
 
 
 # ----------------------------------------------------------------------------- table
@@ -291,6 +303,7 @@ COLUMNS = [
     "ops/step",
     "leaf ops/step",
     "host reads/step",
+    "load",
     "status",
 ]
 CUDA_COLUMNS = ["kernels/step", "syncs/step", "gpu busy"]
@@ -314,6 +327,7 @@ def table_row(r: dict) -> dict:
         "ops/step": r.get("ops"),
         "leaf ops/step": r.get("leaf_ops"),
         "host reads/step": r.get("host_reads"),
+        "load": r.get("load"),
         "status": status,
     }
     if "kernels" in r:
@@ -359,8 +373,8 @@ def main(argv=None) -> None:
         limits.update(max_timed=2, profiled=1)
     print(
         f"cap: a cell stops after its second step if that step took over {args.max_step_s} s; "
-        "a cell predicted over that (last row count of the family and threads, scaled by "
-        "rows per step) is skipped",
+        "a cell predicted over that (from the same rows at other threads, and the last "
+        "row count at these threads scaled by rows per step: the smaller) is skipped",
         flush=True,
     )
     records = []
@@ -369,7 +383,7 @@ def main(argv=None) -> None:
             for t in threads:
                 for n in rows:
                     batch = rows_per_step(family, n)
-                    guess = _predicted_s(records, family, t, batch)
+                    guess = predicted_s(records, family, n, t, batch)
                     if guess is not None and guess > args.max_step_s:
                         reason = f"predicted {guess:.1f} s per step > {args.max_step_s} s"
                         rec = dict(family=family, mode=mode, device=args.device, rows=n)
@@ -389,8 +403,9 @@ def main(argv=None) -> None:
         f"{WARMUP} warm-up steps; counts per step over {PROFILED} profiled steps. "
         "`ops`: outermost `aten::` calls (forward, backward, optimiser); `leaf ops`: "
         "`aten::` calls with none inside; `host reads`: `aten::_local_scalar_dense` "
-        f"calls. 1-minute load average at the end: {os.getloadavg()[0]:.1f} on "
-        f"{os.cpu_count()} CPUs (a shared machine).\n\n"
+        "calls; `load`: the 1-minute load average at the cell's start, on "
+        f"{os.cpu_count()} CPUs (a shared machine: where other work holds a core, the "
+        "all-threads column waits on it and can be many times slower than one thread).\n\n"
         + markdown_table([table_row(r) for r in records], columns)
     )
     md += "\nFamilies (`benchmarks/_step_cost_families.py`):\n\n" + "".join(

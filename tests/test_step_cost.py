@@ -45,3 +45,15 @@ def test_a_tiny_cell_on_cuda_counts_kernels():
     assert record["status"] == "ok", record
     assert record["kernels"] > 0 and record["syncs"] >= 1
     assert 0 < record["gpu_busy"] <= 1
+
+
+def test_the_prediction_is_the_smaller_of_other_threads_and_scaled_rows():
+    done = [
+        {"family": "f", "rows": 1000, "threads": 1, "batch": 1000, "ms_per_step": 100.0},
+        {"family": "f", "rows": 8000, "threads": 1, "batch": 8000, "ms_per_step": 2000.0},
+        {"family": "f", "rows": 1000, "threads": 2, "batch": 1000, "ms_per_step": 600.0},
+        {"family": "f", "rows": 64000, "threads": 1, "batch": 64000, "status": "skipped"},
+    ]
+    assert step_cost.predicted_s(done, "f", 8000, 2, 8000) == 2.0  # 1 thread, same rows
+    assert step_cost.predicted_s(done, "f", 64000, 1, 64000) == 16.0  # 8000 rows, x8
+    assert step_cost.predicted_s(done, "g", 1000, 1, 1000) is None
