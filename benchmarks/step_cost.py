@@ -15,8 +15,9 @@ clock after each step, so the time between two callbacks is ``zero_grad``, the l
 ``backward``, reading the loss as a float, the optimiser's and the scheduler's steps and
 the family's per-step callback, exactly as a training run pays them. Steps 1 and 2 are
 warm-up; then up to 20 steps (at least 3, fewer for slow cells: about 2 s of timed
-steps) give the median; then 2 more steps run under :mod:`torch.profiler` for the
-counts (profiled steps are not timed).
+steps) give the median wall time and the median CPU time of the process; then 2 more
+steps (1 where a step takes over 2 s) run under :mod:`torch.profiler` for the counts
+(profiled steps are not timed).
 
 **Counts, per step** (profiled steps' totals over their number):
 
@@ -47,7 +48,7 @@ family's estimator minibatches by default (the VaRT families: ``min(N, 2048)`` r
 step, as their estimators do).
 
 **Caps** (never silent: each capped or skipped cell is a row of the table saying why):
-a cell whose second step takes more than ``--max-step-s`` seconds (default 10) stops
+a cell whose second step takes more than ``--max-step-s`` seconds (default 15) stops
 there (``capped``: that one step's time, no median, no counts); a cell whose step is
 predicted over that limit is not run (``skipped``), the prediction being the smaller
 of the same family's time at the same rows on other thread counts and its time at the
@@ -83,7 +84,7 @@ MIN_TIMED = 3
 WARMUP = 2
 PROFILED = 2
 TIMED_BUDGET_S = 2.0
-MAX_STEP_S = 10.0
+MAX_STEP_S = 15.0
 #: fit's keyword arguments of each mode (a compiled step will be one more entry)
 MODES = {"eager": {}}
 
@@ -154,12 +155,14 @@ class _Clock:
         self.family_cb, self.cuda = family_cb, cuda
         self.max_step_s, self.max_timed, self.profiled = max_step_s, max_timed, profiled
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
         self.capped = None
         self.timed = None
         self.prof = None
         self.events = None
         self.wall_us = 0.0
         self.last = self.start = time.perf_counter()
+        self.last_cpu = time.process_time()
         self.first_s = None
 
     def _now(self) -> float:
@@ -170,8 +173,9 @@ class _Clock:
     def __call__(self, step: int, loss: float) -> bool:
         if self.family_cb is not None:
             self.family_cb(step, loss)
-        now = self._now()
+        now, cpu = self._now(), time.process_time()
         span, self.last = now - self.last, now
+        cpu_span, self.last_cpu = cpu - self.last_cpu, cpu
         last_timed = WARMUP - 1 + (self.timed or 0)
         if step == 0:
             self.first_s = now - self.start  # fit's warm-up evaluation and step 1
@@ -181,9 +185,12 @@ class _Clock:
                 return True
             fits = int(TIMED_BUDGET_S / max(span, 1e-9))
             self.timed = max(min(MIN_TIMED, self.max_timed), min(self.max_timed, fits))
+            if span > TIMED_BUDGET_S:  # a slow cell: its counts from one step
+                self.profiled = 1
             last_timed = WARMUP - 1 + self.timed
         elif step <= last_timed:
             self.times.append(span)
+            self.cpu_times.append(cpu_span)
         if step == last_timed and step >= WARMUP - 1:
             self._start_profile()
         elif step == last_timed + self.profiled:
@@ -262,7 +269,7 @@ def measure(
     if clock.capped is not None:
         record.update(status="capped", ms_per_step=1000 * clock.capped, steps_timed=1)
         return record
-    per = max(profiled, 1)
+    per = clock.profiled
     counts = {k: v / per for k, v in op_counts(clock.events).items()}
     if cuda:
         gpu = cuda_counts(clock.events, clock.wall_us)
@@ -272,7 +279,9 @@ def measure(
         status="ok",
         ms_per_step=1000 * statistics.median(clock.times),
         ms_min=1000 * min(clock.times),
+        cpu_ms_per_step=1000 * statistics.median(clock.cpu_times),
         steps_timed=len(clock.times),
+        steps_profiled=per,
         **counts,
     )
     return record
@@ -300,6 +309,7 @@ COLUMNS = [
     "rows/step",
     "threads",
     "ms/step",
+    "cpu ms/step",
     "ops/step",
     "leaf ops/step",
     "host reads/step",
@@ -324,6 +334,7 @@ def table_row(r: dict) -> dict:
         "rows/step": r.get("batch"),
         "threads": r["threads"],
         "ms/step": r.get("ms_per_step"),
+        "cpu ms/step": r.get("cpu_ms_per_step"),
         "ops/step": r.get("ops"),
         "leaf ops/step": r.get("leaf_ops"),
         "host reads/step": r.get("host_reads"),
@@ -400,10 +411,13 @@ def main(argv=None) -> None:
         f"Cost of one `fit` step per family, {args.device}, modes {args.modes}; threads "
         f"{threads} (all: {all_threads}); cap {args.max_step_s} s per step (see "
         "`benchmarks/step_cost.py` for what is counted). Median over the timed steps after "
-        f"{WARMUP} warm-up steps; counts per step over {PROFILED} profiled steps. "
+        f"{WARMUP} warm-up steps; counts per step over {PROFILED} profiled steps (1 where "
+        f"a step takes over {TIMED_BUDGET_S:g} s). "
         "`ops`: outermost `aten::` calls (forward, backward, optimiser); `leaf ops`: "
         "`aten::` calls with none inside; `host reads`: `aten::_local_scalar_dense` "
-        "calls; `load`: the 1-minute load average at the cell's start, on "
+        "calls; `cpu ms/step`: the process's CPU time per step (median; every thread's "
+        "time summed, spinning included), which other work on the machine inflates less "
+        "than the wall time; `load`: the 1-minute load average at the cell's start, on "
         f"{os.cpu_count()} CPUs (a shared machine: where other work holds a core, the "
         "all-threads column waits on it and can be many times slower than one thread).\n\n"
         + markdown_table([table_row(r) for r in records], columns)
