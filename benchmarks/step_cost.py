@@ -55,8 +55,13 @@ of the same family's time at the same rows on other thread counts and its time a
 last row count on these threads scaled by the rows per step; a cell that
 raises (e.g. out of memory) is a ``failed`` row with the error.
 
-**Modes**: ``eager`` only for now; a compiled step is one more entry of :data:`MODES`
-(the ``fit`` keyword arguments that select it).
+**Modes**: ``eager``, the family's training as its estimator runs it on the CPU; and
+``compiled``, the same with the family's loss compiled (``compile=True``, the default
+``inductor`` backend: :mod:`pyro_trees.infer.compiled`), where it has a compiled loss
+(the VaRT families; the others are ``n/a`` rows). A compiled cell's ``first s`` is its
+first step, compilation included; its steps are timed after the warm-up steps, as the
+eager cells'. Rows of one batch size share one program, so a later cell of the same
+family and batch compiles nothing.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ import torch
 from benchmarks._common import markdown_table, write_results
 from benchmarks._step_cost_families import FAMILIES, rows_per_step
 from pyro_trees.infer import fit, isolated_params
+from pyro_trees.infer.compiled import CompilesVaRTLoss
 
 ROWS = (1_000, 16_384, 131_072)
 QUICK_ROWS = (64,)
@@ -85,8 +91,19 @@ WARMUP = 2
 PROFILED = 2
 TIMED_BUDGET_S = 2.0
 MAX_STEP_S = 15.0
-#: fit's keyword arguments of each mode (a compiled step will be one more entry)
-MODES = {"eager": {}}
+#: the modes of the module docstring
+MODES = ("eager", "compiled")
+
+
+def mode_kwargs(mode: str, fit_kwargs: dict) -> dict | None:
+    """``fit``'s keyword arguments of a family in ``mode`` (``None``: the family has no
+    compiled loss)."""
+    if mode == "eager":
+        return fit_kwargs
+    loss = fit_kwargs.get("loss")
+    if not isinstance(loss, CompilesVaRTLoss):
+        return None
+    return {**fit_kwargs, "loss": type(loss)(compile=True)}
 
 
 # ----------------------------------------------------------------------------- counts
@@ -239,6 +256,10 @@ def measure(
             t0 = time.perf_counter()
             setup = FAMILIES[family](rows, quick)
             record.update(batch=setup.batch, note=setup.note, setup_s=time.perf_counter() - t0)
+            kwargs = mode_kwargs(mode, setup.fit_kwargs)
+            if kwargs is None:
+                record.update(status="n/a", reason=f"{family} has no compiled loss yet")
+                return record
             clock = _Clock(setup.callback, cuda, max_step_s, max_timed, profiled)
             context = setup.context() if setup.context is not None else contextlib.nullcontext()
             with context, warnings.catch_warnings():
@@ -252,8 +273,7 @@ def measure(
                     seed=0,
                     device=device if cuda else None,
                     progress=False,
-                    **setup.fit_kwargs,
-                    **MODES[mode],
+                    **kwargs,
                 )
     except Exception as err:  # one failing cell (out of memory...) is a row, not the end
         if clock is not None and clock.prof is not None:
@@ -308,6 +328,7 @@ COLUMNS = [
     "rows",
     "rows/step",
     "threads",
+    "first s",
     "ms/step",
     "cpu ms/step",
     "ops/step",
@@ -323,7 +344,7 @@ def table_row(r: dict) -> dict:
     status = r["status"]
     if status == "capped":
         status = f"capped: one step took {r['ms_per_step'] / 1000:.1f} s"
-    elif status in ("skipped", "failed"):
+    elif status in ("skipped", "failed", "n/a"):
         status = f"{status}: {r['reason']}"
     elif r.get("note"):
         status = f"ok ({r['steps_timed']} steps; {r['note']})"
@@ -333,6 +354,7 @@ def table_row(r: dict) -> dict:
         "rows": r["rows"],
         "rows/step": r.get("batch"),
         "threads": r["threads"],
+        "first s": r.get("first_s"),
         "ms/step": r.get("ms_per_step"),
         "cpu ms/step": r.get("cpu_ms_per_step"),
         "ops/step": r.get("ops"),

@@ -57,3 +57,14 @@ def test_the_prediction_is_the_smaller_of_other_threads_and_scaled_rows():
     assert step_cost.predicted_s(done, "f", 8000, 2, 8000) == 2.0  # 1 thread, same rows
     assert step_cost.predicted_s(done, "f", 64000, 1, 64000) == 16.0  # 8000 rows, x8
     assert step_cost.predicted_s(done, "g", 1000, 1, 1000) is None
+
+
+def test_the_compiled_mode_swaps_in_the_compiled_loss_or_says_there_is_none():
+    from pyro_trees.infer import TreeELBO, VaRTForestELBO
+
+    kwargs = step_cost.mode_kwargs("compiled", {"loss": VaRTForestELBO(), "lr": 0.03})
+    assert kwargs["loss"].compile is True and kwargs["lr"] == 0.03
+    assert step_cost.mode_kwargs("compiled", {"loss": TreeELBO()}) is None
+    assert step_cost.mode_kwargs("eager", {"loss": TreeELBO()})["loss"].__class__ is TreeELBO
+    record = step_cost.measure("hme", 64, threads=1, mode="compiled", max_timed=2, profiled=1)
+    assert record["status"] == "n/a" and "no compiled loss" in step_cost.table_row(record)["status"]

@@ -131,7 +131,8 @@ class CompiledLoss:
 class CompilesVaRTLoss:
     """What the VaRT losses (one tree, a forest) share to compile: the option, the
     completeness check and the step's draws. A loss sets ``_program`` (its tensor
-    program ``(model, guide, x, y, q, noise, temperature, subsample) -> ELBO``).
+    program ``(model, guide, xb, yb, q, noise, temperature, num_rows) -> ELBO``: the
+    batch, its draws and the rows it stands for, ``None`` for a full batch).
 
     :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
     :param mode: ``torch.compile``'s ``mode``.
@@ -164,11 +165,14 @@ class CompilesVaRTLoss:
             return None
         q = guide.params(x)
         noise = guide.noise(q)
-        n, subsample = x.shape[0], None
+        n, num_rows = x.shape[0], None
         if subsample_size is not None and int(subsample_size) < n:
+            # the minibatch is gathered here, so that one program serves every data size
             subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
+            x, y = x[subsample], y[subsample]
+            num_rows = torch.tensor(float(n), dtype=x.dtype, device=x.device)
         temperature = torch.tensor(float(guide.temperature), dtype=x.dtype, device=x.device)
-        return self._compiled(model, guide, x, y, q, noise, temperature, subsample)
+        return self._compiled(model, guide, x, y, q, noise, temperature, num_rows)
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -44,6 +44,11 @@ def _normal_lp(value, loc, scale):
     return -0.5 * ((value - loc) / scale) ** 2 - log_scale - _HALF_LOG_2PI
 
 
+def _rows(num_rows):
+    """``num_rows`` as an ``int``, or as it is when a tensor (a compiled step's)."""
+    return num_rows if isinstance(num_rows, torch.Tensor) else int(num_rows)
+
+
 def _level_depths(num_nodes: int, device) -> torch.Tensor:
     """Depth of each heap node ``1..num_nodes`` (0-based positions), ``(num_nodes,)``."""
     heap = torch.arange(1, num_nodes + 1, device=device)
@@ -81,8 +86,9 @@ def vart_elbo(
     :param subsample: indices of the minibatch; drawn like ``pyro.plate`` draws them
         (``torch.randperm(N)[:B]``) when ``None`` and ``subsample_size < N``.
     :param num_rows: the number of rows :math:`N` the likelihood of the minibatch
-        stands for (default ``x.shape[0]``; data-parallel training passes the rows of
-        every rank).
+        (``subsample``, or without it all of ``x``) stands for (default ``x.shape[0]``;
+        data-parallel training passes the rows of every rank; a compiled step passes a
+        0-dim tensor, so that every data size shares one program).
     :param params: the guide's parameters (:meth:`VaRTGuide.params
         <pyro_trees.guides.VaRTGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
@@ -151,10 +157,10 @@ def vart_elbo(
     if subsample is None and subsample_size is not None and int(subsample_size) < n:
         subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
     if subsample is not None:
-        n = n if num_rows is None else int(num_rows)
+        n = n if num_rows is None else _rows(num_rows)
         xb, yb, scale = x[subsample], y[subsample], n / subsample.shape[0]
-    else:
-        xb, yb, scale = x, y, 1.0
+    else:  # x is the batch; num_rows, where given, the rows it stands for
+        xb, yb, scale = x, y, 1.0 if num_rows is None else _rows(num_rows) / n
     # eq. 27 (as mixture_params computes it): log P(x -> i) level by level, in one pass
     x1, missing = observed(with_bias(xb))  # missing inputs read 0 (their routes: rho)
     z = x1 @ beta.T  # (B, 2**D - 1): beta^T x, the log-odds of going left
@@ -174,10 +180,12 @@ def vart_elbo(
     return scale * obs_ll + kl_weight * (log_p - log_q)
 
 
-def _vart_program(model, guide, x, y, q, noise, temperature, subsample):
-    """:func:`vart_elbo` from the step's draws: the part of a step that compiles."""
+def _vart_program(model, guide, xb, yb, q, noise, temperature, num_rows):
+    """:func:`vart_elbo` of the batch ``(xb, yb)`` standing for ``num_rows`` rows (a
+    0-dim tensor, or ``None``: all rows) from the step's draws: the part of a step that
+    compiles."""
     values = guide.sites(q, noise, temperature)
-    return vart_elbo(model, guide, x, y, values=values, subsample=subsample, params=q)
+    return vart_elbo(model, guide, xb, yb, values=values, num_rows=num_rows, params=q)
 
 
 class VaRTELBO(CompilesVaRTLoss, DifferentiableLossELBO):

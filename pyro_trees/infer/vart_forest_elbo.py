@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pyro_trees import trees
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
-from pyro_trees.infer.vart_elbo import _normal_lp
+from pyro_trees.infer.vart_elbo import _normal_lp, _rows
 from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_tree
 
 __all__ = ["VaRTForestELBO", "vart_forest_elbo"]
@@ -52,8 +52,9 @@ def vart_forest_elbo(
         drawn afresh when ``None``.
     :param subsample: minibatch indices; drawn as ``pyro.plate`` draws them when
         ``None`` and ``subsample_size < N``.
-    :param num_rows: the rows the likelihood of ``subsample`` stands for (default
-        ``N``; several processes each holding a shard pass the global count).
+    :param num_rows: the rows the likelihood of ``subsample`` (or without it, of all
+        of ``x``) stands for (default ``N``; several processes each holding a shard
+        pass the global count; a compiled step passes a 0-dim tensor).
     :param params: the guide's parameters (:meth:`VaRTForestGuide.params
         <pyro_trees.guides.VaRTForestGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
@@ -114,19 +115,21 @@ def vart_forest_elbo(
     if subsample is None and subsample_size is not None and int(subsample_size) < n:
         subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
     if subsample is not None:
-        total = n if num_rows is None else int(num_rows)
+        total = n if num_rows is None else _rows(num_rows)
         xb, yb, scale = x[subsample], y[subsample], total / subsample.shape[0]
-    else:
-        xb, yb, scale = x, y, 1.0
+    else:  # x is the batch; num_rows, where given, the rows it stands for
+        xb, yb, scale = x, y, 1.0 if num_rows is None else _rows(num_rows) / n
     f = forest_mean(forest, xb)
     obs_ll = _normal_lp(yb, f, log_sigma.exp()).sum()
     return scale * obs_ll + model.kl_weight * (log_p - log_q)
 
 
-def _vart_forest_program(model, guide, x, y, q, noise, temperature, subsample):
-    """:func:`vart_forest_elbo` from the step's draws: the part of a step that compiles."""
+def _vart_forest_program(model, guide, xb, yb, q, noise, temperature, num_rows):
+    """:func:`vart_forest_elbo` of the batch ``(xb, yb)`` standing for ``num_rows`` rows
+    (a 0-dim tensor, or ``None``: all rows) from the step's draws: the part of a step
+    that compiles."""
     values = guide.sites(q, noise, temperature)
-    return vart_forest_elbo(model, guide, x, y, values=values, subsample=subsample, params=q)
+    return vart_forest_elbo(model, guide, xb, yb, values=values, num_rows=num_rows, params=q)
 
 
 class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):

@@ -59,6 +59,8 @@ def test_the_compiled_loss_equals_the_eager_one_on_the_same_draws(kind):
         model2, guide2, _ = _pair(kind)
         guide2.temperature = 0.3
         _loss_and_grads(compiled_loss, model2, guide2, x, y, None)
+        if kind == "tree":  # and more rows in minibatches of the same size, too
+            _loss_and_grads(compiled_loss, model2, guide2, torch.cat([x, x]), y.repeat(2), 16)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
 
 
