@@ -80,6 +80,16 @@ class CompiledLoss:
         ``torch.compile`` backend (``"aot_eager"`` traces and differentiates without
         generating code: fast to build, used by the tests).
     :param mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import CompiledLoss
+    >>> def sum_of_squares(x):
+    ...     return (x * x).sum()
+    >>> loss = CompiledLoss(sum_of_squares, compile="eager")  # dynamo's capture only
+    >>> float(loss(torch.ones(3))), loss.failed
+    (3.0, None)
     """
 
     def __init__(self, program: Callable, compile: bool | str = True, mode: str | None = None):

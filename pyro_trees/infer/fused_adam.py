@@ -38,6 +38,17 @@ class FusedClippedAdam(torch.optim.Optimizer):
     :param float clip_norm: bound of each gradient entry's magnitude.
     :param float lrd: factor applied to ``lr`` at every step.
     :param bool centered_variance: the centred second moment (Pyro's option).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.infer import FusedClippedAdam
+    >>> p = torch.nn.Parameter(torch.zeros(2))
+    >>> opt = FusedClippedAdam([p], lr=0.1)
+    >>> p.grad = torch.tensor([1.0, -100.0])  # the second entry is clipped to -10
+    >>> opt.step()
+    >>> p.detach()  # Adam's first step: lr times the sign of each gradient
+    tensor([-0.1000,  0.1000])
     """
 
     def __init__(
