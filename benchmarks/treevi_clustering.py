@@ -1,47 +1,54 @@
-"""TreeVI, Table 2 (MNIST row): constrained clustering in the DC-GMM style with 6,000
-pairwise constraints, mean-field vs TreeVI vs MTreeVI posteriors, same run.
+"""TreeVI, Table 2 (MNIST row): constrained clustering in the DC-GMM protocol with 6,000
+pairwise constraints: VaDE, mean-field (DC-GMM), TreeVI and MTreeVI, same run.
 
-Run: ``python -m benchmarks.treevi_clustering [--smoke]``.
+Run: ``python -m benchmarks.treevi_clustering [--smoke]``; ``--stage diagnose`` records
+where the shared pipeline falls short (the start, VaDE, DC-GMM), ``--stage start`` the
+pretrained start alone.
 
-Data: the first ``--num-images`` (default: all 10,000) of the MNIST test images we have
-offline (the paper used all 70,000), binarised at 0.5. Constraints: 6,000 random pairs
-labelled must-link (same digit) or cannot-link, weight ``±W`` (the paper: 1e4; here
-``--weight``, default 1e4; other weights write ``..._w<W>``). Every method starts from
-the same pretrained autoencoder (``--ae-epochs``) and a Gaussian mixture fitted to its
-codes (VaDE / DC-GMM practice), then trains for ``--epochs`` passes of Adam over
-minibatches.
+Defaults follow the paper's protocol, each setting and its source listed in
+:data:`benchmarks._clustering.PROTOCOL`: all 70,000 MNIST images as grey levels (``--data``,
+``--num-images`` for a random subset, ``--binarise``), the VaDE / DC-GMM networks
+(``--arch dcgmm``: 784-500-500-2000-10, ReLU), the autoencoder pretrained for 10 epochs
+(``--ae-epochs``) and a diagonal Gaussian mixture fitted to its codes, uniform fixed
+mixture weights (``--cluster-weights``), 6,000 random constraints of weight ``W_ij = ±1e4``
+(``--weight``; eq. 19 sums both orders of a pair, so the model gets ``±2W`` per pair), and
+1,000 epochs (``--epochs``) of Adam at 1e-3 decayed by 0.9 every 20 epochs, ten seeds.
 
-Minibatches: the model's constraint term counts only pairs with both ends in the batch,
-so the batches are chunks of a depth-first listing of T1 (``tree_batches``), which holds
-the constraint pairs as edges; every method sees the same batches in the same order.
-Each step's objective is the ELBO of the batch's instances alone (its constraints among
-them), not a rescaled estimate of the full-data ELBO.
+Every table starts with the row "AE + GMM": the pretrained start alone (the mixture's
+assignment of the codes), the stage VaDE and DC-GMM start from. Methods (``--methods``):
+``VaDE`` (mean-field, no constraints), ``mean-field (DC-GMM)``, ``TreeVI``, ``MTreeVI``;
+``--stage diagnose`` runs the first two and writes ``treevi_clustering_stages``;
+``--stage start`` none (``treevi_clustering_start``).
+
+Minibatches (``--batches``): ``dcgmm`` (DC-GMM's) shuffles the images into batches of
+``--batch-size``, then adds the constraint pairs half a batch at a time, so every
+constraint enters every epoch; ``tree`` cuts a depth-first listing of T1 (which holds
+the constraint pairs as edges) into chunks. Every method sees the same batches in the
+same order. The model's constraint term counts only pairs with both ends in the batch;
+each step's objective is the batch's own ELBO.
 
 TreeVI's tree T1: maximum spanning tree of the 10-nearest-neighbour graph of the
-autoencoder codes (cosine similarity) with must-links added at weight 10 (so they enter
-first) and cannot-links at weight 5 (``--no-cannot-edges``: cannot-links left out and
-removed from the neighbour graph); MTreeVI mixes it with a similarity-weighted DFS tree
-T2 (App. D.2). The pair network sees the two ends' encoder outputs ``[loc, log scale]``
-(``--pair-inputs codes``; the paper's eq. 12 uses the images, ``data``) and the edge's
-constraint flags (must-link, cannot-link; ``--no-edge-features`` drops them). Both guides
-share every other setting.
+autoencoder codes (cosine similarity) with must-links added at weight 10 and
+cannot-links at weight 5 (``--no-cannot-edges``: cannot-links left out and removed from
+the neighbour graph); MTreeVI mixes it with a similarity-weighted DFS tree T2 (App. D.2).
+The pair network sees the two ends' encoder outputs ``[loc, scale]`` (``--pair-inputs
+codes``; eq. 12 uses the images, ``data``) and the edge's constraint flags
+(``--no-edge-features`` drops them).
 
-Estimator (``--estimator``): ``trace`` trains mean-field and TreeVI with
-``Trace_ELBO`` (MTreeVI with ``MixtureTreeELBO``) and writes ``treevi_clustering``;
-``pairwise`` trains mean-field and TreeVI with :class:`~pyro_trees.infer.PairwiseELBO`
-(the same ELBO with lower variance: per-instance terms on one independent draw of the
-marginals, the constraint term averaged over ``--pair-particles`` draws of ``q``, exact
-entropy; identical settings for both guides) and writes ``treevi_clustering_pairwise``.
+Estimator (``--estimator``): ``trace`` (``Trace_ELBO``; ``MixtureTreeELBO`` for MTreeVI)
+or ``pairwise`` (:class:`~pyro_trees.infer.PairwiseELBO`, mean-field and TreeVI; writes
+``treevi_clustering_pairwise``).
 
-Metrics: ACC (Hungarian matching), NMI, ARI; mean ± std over seeds, and per method the
-seeds it wins against mean-field with the mean paired difference. ``--part FILE`` runs
-a subset of seeds (``--first-seed``, ``--seeds``) and ``--merge A,B`` combines parts.
+Metrics: ACC (Hungarian matching), NMI, ARI on all images clustered; mean ± std over
+seeds, per method the seeds it wins against mean-field and the mean paired difference,
+and seconds per training epoch beside the paper's (RTX 3090). ``--part FILE`` runs a
+subset of seeds (``--first-seed``, ``--seeds``), ``--merge A,B`` combines parts;
+``--name`` writes a variant; ``--start-cache DIR`` keeps each seed's pretrained start.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import time
 from pathlib import Path
@@ -50,95 +57,41 @@ import numpy as np
 import pyro
 import torch
 from pyro.infer import SVI, Trace_ELBO
-from torch import nn
 
+from benchmarks._clustering import (
+    ARCHS,
+    PROTOCOL,
+    PROTOCOL_NOTES,
+    build_trees,
+    cached_start,
+    cluster_metrics,
+    dcgmm_batches,
+    fit_gmm,
+    load_images,
+    make_networks,
+    pretrain,
+    sample_constraints,
+)
 from benchmarks._common import markdown_table, write_results
-from pyro_trees.datasets import data_home
 from pyro_trees.guides import (
-    GaussianEncoder,
     PairNet,
     TreeVIGuide,
     TreeVIMixtureGuide,
     tree_batches,
 )
-from pyro_trees.infer import (
-    MixtureTreeELBO,
-    PairwiseELBO,
-    maximum_spanning_tree,
-    similarity_dfs_tree,
-)
+from pyro_trees.infer import MixtureTreeELBO, PairwiseELBO
 from pyro_trees.models import ConstrainedClusteringVAE
 
-PAPER = {  # Table 2, MNIST (70,000 images)
-    "mean-field (DC-GMM)": {"ACC": 96.5, "NMI": 91.4, "ARI": 92.5},
-    "TreeVI": {"ACC": 97.4, "NMI": 93.1, "ARI": 93.7},
-    "MTreeVI": {"ACC": 97.5, "NMI": 93.1, "ARI": 94.0},
+START = "AE + GMM (start)"
+PAPER = {  # Table 2, MNIST (70,000 images); s / epoch from Sec. 4.2 (RTX 3090)
+    START: {"ACC": None, "NMI": None, "ARI": None, "s / epoch": None},
+    "VaDE": {"ACC": 89.0, "NMI": 82.8, "ARI": 80.9, "s / epoch": None},
+    "mean-field (DC-GMM)": {"ACC": 96.5, "NMI": 91.4, "ARI": 92.5, "s / epoch": "2-3"},
+    "TreeVI": {"ACC": 97.4, "NMI": 93.1, "ARI": 93.7, "s / epoch": "~5"},
+    "MTreeVI": {"ACC": 97.5, "NMI": 93.1, "ARI": 94.0, "s / epoch": "~9"},
 }
-
-
-def load_mnist_test():
-    root = data_home() / "mnist"
-    with gzip.open(root / "t10k-images-idx3-ubyte.gz") as f:
-        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
-    with gzip.open(root / "t10k-labels-idx1-ubyte.gz") as f:
-        y = np.frombuffer(f.read(), np.uint8, offset=8)
-    return (x >= 128).astype(np.float32), y.astype(np.int64)
-
-
-def cluster_metrics(y, pred):
-    from scipy.optimize import linear_sum_assignment
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-    k = max(y.max(), pred.max()) + 1
-    cm = np.zeros((k, k), dtype=np.int64)
-    np.add.at(cm, (pred, y), 1)
-    r, c = linear_sum_assignment(-cm)
-    return {
-        "ACC": 100 * cm[r, c].sum() / len(y),
-        "NMI": 100 * normalized_mutual_info_score(y, pred),
-        "ARI": 100 * adjusted_rand_score(y, pred),
-    }
-
-
-def pretrain(x, latent, hidden, epochs, seed):
-    """Deterministic autoencoder (encoder mean + decoder) and a GMM on its codes."""
-    from sklearn.mixture import GaussianMixture
-
-    torch.manual_seed(seed)
-    enc = GaussianEncoder(x.shape[1], latent, hidden_sizes=hidden)
-    dec = nn.Sequential(nn.Linear(latent, hidden[0]), nn.Softplus(), nn.Linear(hidden[0], 784))
-    opt = torch.optim.Adam([*enc.parameters(), *dec.parameters()], lr=1e-3)
-    for _ in range(epochs):
-        for b in torch.randperm(len(x)).split(256):
-            opt.zero_grad()
-            z = enc(x[b])[0]
-            loss = nn.functional.binary_cross_entropy_with_logits(dec(z), x[b], reduction="sum")
-            (loss / len(b)).backward()
-            opt.step()
-    with torch.no_grad():
-        codes = enc(x)[0]
-    gmm = GaussianMixture(10, covariance_type="diag", random_state=seed).fit(codes.numpy())
-    return enc.state_dict(), dec.state_dict(), gmm, codes
-
-
-def build_trees(codes, pairs, must, seed, k=10, cannot_links=False):
-    n = len(codes)
-    cn = codes / codes.norm(dim=1, keepdim=True)
-    sim = cn @ cn.T
-    sim.fill_diagonal_(-2.0)
-    val, nbr = sim.topk(k, dim=1)
-    edges = torch.stack([torch.arange(n).repeat_interleave(k), nbr.reshape(-1)], 1)
-    weights = val.reshape(-1)
-    cannot = {tuple(sorted(p)) for p in pairs[~must].tolist()}
-    keep = torch.tensor([tuple(sorted(e)) not in cannot for e in edges.tolist()])
-    edges = torch.cat([edges[keep], pairs[must]])
-    weights = torch.cat([weights[keep], torch.full((int(must.sum()),), 10.0)])
-    if cannot_links:  # after the must-links, before any similarity edge
-        edges = torch.cat([edges, pairs[~must]])
-        weights = torch.cat([weights, torch.full((int((~must).sum()),), 5.0)])
-    t1 = maximum_spanning_tree(weights, edges=edges, num_nodes=n)
-    t2 = similarity_dfs_tree(codes, num_neighbors=k, generator=torch.Generator().manual_seed(seed))
-    return t1, t2
+METHODS = "mean-field (DC-GMM),TreeVI,MTreeVI"
+STAGES = "VaDE,mean-field (DC-GMM)"
 
 
 def constraint_edges(tree, pairs, must):
@@ -166,8 +119,8 @@ def edge_rho(guide, x, tree, pairs, must):
         rho = guide._components(x, None)[0].rho
     else:
         rho = guide.distribution(x).rho
+    r = rho.mean(-1).cpu()
     kind = constraint_edges(tree, pairs, must).bool()
-    r = rho.mean(-1)
     out = []
     for m in (kind[:, 0], kind[:, 1], (tree >= 0) & ~kind.any(-1)):
         out.append(float(r[m].mean()) if m.any() else None)
@@ -180,152 +133,245 @@ def final_elbo(model, guide, elbo, x, num=8):
     return -sum(elbo.loss(model, guide, x) for _ in range(num)) / num / len(x)
 
 
-def main(argv=None):
+def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=60, help="passes over the minibatches")
-    parser.add_argument("--ae-epochs", type=int, default=30, help="autoencoder pretraining")
+    parser.add_argument(
+        "--smoke", action="store_true", help="1,000 images, 100 constraints, 2 epochs"
+    )
+    parser.add_argument("--stage", default="methods", choices=("methods", "diagnose", "start"))
+    parser.add_argument(
+        "--methods", default=METHODS, help="comma-separated; --stage diagnose: " + STAGES
+    )
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--data", default="all", choices=("all", "train", "test"))
+    parser.add_argument("--num-images", type=int, default=0, help="random subset (0: all)")
+    parser.add_argument("--binarise", action="store_true", help="pixels >= 0.5 (before issue 40)")
+    parser.add_argument("--arch", default="dcgmm", choices=tuple(ARCHS))
+    parser.add_argument("--ae-epochs", type=int, default=10, help="autoencoder pretraining")
+    parser.add_argument("--ae-batch-size", type=int, default=32)
+    parser.add_argument("--ae-lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--ae-dropout", type=float, default=0.0, help="input dropout: a denoising autoencoder"
+    )
+    parser.add_argument("--gmm-inits", type=int, default=3)
+    parser.add_argument("--shared-pretrain", action="store_true", help="one start for all seeds")
+    parser.add_argument("--start-cache", help="directory keeping each pretrained start")
+    parser.add_argument("--cluster-weights", default="uniform", choices=("uniform", "gmm"))
+    parser.add_argument("--num-constraints", type=int, default=6000)
+    parser.add_argument(
+        "--weight", type=float, default=1e4, help="|W_ij|; the model gets 2W a pair"
+    )
+    parser.add_argument("--batches", default="dcgmm", choices=("dcgmm", "tree"))
+    parser.add_argument("--epochs", type=int, default=1000, help="passes over the minibatches")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--weight", type=float, default=1e4)
-    parser.add_argument("--num-images", type=int, default=10000)
-    parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--methods", default=",".join(PAPER), help="comma-separated")
+    parser.add_argument("--lr-decay", type=float, default=0.9)
+    parser.add_argument("--lr-decay-every", type=int, default=20, help="epochs")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--pair-inputs", default="codes", choices=("data", "codes"))
     parser.add_argument("--no-edge-features", action="store_true")
-    parser.add_argument("--no-write", action="store_true")
-    parser.add_argument(
-        "--cannot-edges",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="cannot-links as edges of T1 (so that batches hold them)",
-    )
+    parser.add_argument("--cannot-edges", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--zero-rho-init", action="store_true", help="rho starts at 0")
     parser.add_argument(
         "--rng-offset", type=int, default=0, help="training noise seed = seed + offset"
     )
+    parser.add_argument("--estimator", default="trace", choices=("trace", "pairwise"))
+    parser.add_argument("--pair-particles", type=int, default=16, help="draws of the pairwise term")
     parser.add_argument(
-        "--estimator",
-        default="trace",
-        choices=("trace", "pairwise"),
-        help="trace: Trace_ELBO (MixtureTreeELBO for MTreeVI); pairwise: PairwiseELBO "
-        "(Rao-Blackwellised, exact entropy) for mean-field and TreeVI",
+        "--elbo-draws", type=int, default=8, help="draws of the final ELBO (0: skip)"
     )
     parser.add_argument(
-        "--pair-particles", type=int, default=16, help="draws of the pairwise term (pairwise)"
+        "--name", help="result name (a variant); default from --stage, --estimator, --weight"
     )
+    parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--part", help="write the raw results of these seeds to this file")
     parser.add_argument("--merge", help="comma-separated --part files to combine")
     args = parser.parse_args(argv)
+    if args.stage != "methods" and args.methods == METHODS:
+        args.methods = STAGES if args.stage == "diagnose" else ""
+    if args.smoke:
+        args.num_images, args.num_constraints, args.seeds = 1000, 100, 1
+        args.epochs, args.ae_epochs, args.elbo_draws = 2, 1, 1
+    return args
+
+
+def make_guide(name, enc, trees, args, latent):
+    """The guide and ELBO of method ``name``, around the pretrained encoder ``enc``."""
+    if name in ("VaDE", "mean-field (DC-GMM)"):
+        guide, elbo = TreeVIGuide(enc, None), Trace_ELBO()
+    else:
+        ef = not args.no_edge_features
+        net = PairNet(
+            784 if args.pair_inputs == "data" else 2 * latent,
+            latent,
+            hidden_sizes=(64,),
+            edge_features=2 * int(ef),
+            zero_init=args.zero_rho_init,
+        )
+        (t1, t2), (e1, e2) = trees["trees"], trees["edge_features"]
+        if name == "TreeVI":
+            guide = TreeVIGuide(
+                enc,
+                t1,
+                pair_net=net,
+                edge_features=e1 if ef else None,
+                pair_inputs=args.pair_inputs,
+            )
+            elbo = Trace_ELBO()
+        else:
+            guide = TreeVIMixtureGuide(
+                enc,
+                torch.stack([t1, t2]),
+                pair_net=net,
+                edge_features=torch.stack([e1, e2]) if ef else None,
+                pair_inputs=args.pair_inputs,
+            )
+            elbo = MixtureTreeELBO()
+    if args.estimator == "pairwise":
+        if name == "MTreeVI":
+            raise SystemExit("--estimator pairwise supports mean-field and TreeVI")
+        elbo = PairwiseELBO(args.pair_particles)
+    return guide, elbo
+
+
+def start_of(seed, x, y, args):
+    """The pretrained autoencoder and the mixture fitted to its codes (cached)."""
+    s = args.first_seed if args.shared_pretrain else seed
+    keys = ("data", "num_images", "binarise", "arch", "ae_epochs", "ae_batch_size", "ae_lr")
+    keys += ("ae_dropout",) if args.ae_dropout else ()
+    settings = {k: getattr(args, k) for k in keys} | {"seed": s, "gmm_inits": args.gmm_inits}
+
+    def build():
+        enc, dec, codes, sec = pretrain(
+            x,
+            arch=args.arch,
+            latent=10,
+            num_clusters=10,
+            epochs=args.ae_epochs,
+            batch_size=args.ae_batch_size,
+            lr=args.ae_lr,
+            seed=s,
+            dropout=args.ae_dropout,
+        )
+        gmm = fit_gmm(codes, 10, s, args.gmm_inits)
+        cpu = lambda d: {k: v.cpu() for k, v in d.items()}  # noqa: E731
+        return {
+            "enc": cpu(enc),
+            "dec": cpu(dec),
+            "codes": codes,
+            "ae_seconds": sec,
+            "weights": gmm.weights_,
+            "means": gmm.means_,
+            "variances": gmm.covariances_,
+            "pred": gmm.predict(codes.double().numpy()),
+        }
+
+    return cached_start(args.start_cache, settings, build)
+
+
+def run_seed(seed, x, y, names, args):
+    """Every method of one seed from the same start: ``{name: (metrics, s / epoch,
+    diagnostics)}``, the start's row first."""
+    dev, n = x.device, len(y)
+    pairs, must = sample_constraints(y, args.num_constraints, np.random.default_rng(seed))
+    w = torch.where(must, 2 * args.weight, -2 * args.weight)
+    start = start_of(seed, x, y, args)
+    ml, cl = constraint_rates(start["pred"], pairs, must)
+    out = {START: (cluster_metrics(y, start["pred"]), start["ae_seconds"], {"must": ml})}
+    out[START][2]["cannot"] = cl
+    trees = {}
+    if args.batches == "tree" or {"TreeVI", "MTreeVI"} & set(names):
+        t = build_trees(start["codes"], pairs, must, seed, cannot_links=args.cannot_edges)
+        trees = {"trees": t, "edge_features": [constraint_edges(ti, pairs, must) for ti in t]}
+    _, dec_h, act = ARCHS[args.arch]
+    for name in names:
+        pyro.clear_param_store()
+        pyro.set_rng_seed(seed + args.rng_offset)
+        constrained = name != "VaDE"
+        model = ConstrainedClusteringVAE(
+            784,
+            10,
+            latent_dim=10,
+            hidden_sizes=dec_h,
+            activation=act,
+            learn_cluster_weights=args.cluster_weights == "gmm",
+            constraints=pairs if constrained else None,
+            weights=w if constrained else None,
+        )
+        model.decoder.load_state_dict(start["dec"])
+        with torch.no_grad():
+            if args.cluster_weights == "gmm":
+                model.cluster_logits.copy_(torch.as_tensor(np.log(start["weights"])))
+            model.cluster_loc.copy_(torch.as_tensor(start["means"]))
+            model.cluster_log_scale.copy_(0.5 * torch.as_tensor(np.log(start["variances"])))
+        enc = make_networks(args.arch, 10, 10)[0]
+        enc.load_state_dict(start["enc"])
+        guide, elbo = make_guide(name, enc, trees, args, 10)
+        model.to(dev)
+        guide.to(dev)
+        optim = pyro.optim.StepLR(
+            {
+                "optimizer": torch.optim.Adam,
+                "optim_args": {"lr": args.lr},
+                "step_size": args.lr_decay_every,
+                "gamma": args.lr_decay,
+            }
+        )
+        svi = SVI(model, guide, optim, elbo)
+        gen = torch.Generator().manual_seed(seed)  # the same batches for every method
+        own = pairs if constrained else pairs[:0]
+        t0 = time.perf_counter()
+        for _ in range(args.epochs):
+            if args.batches == "dcgmm":
+                batches = dcgmm_batches(n, own, args.batch_size, gen)
+            else:
+                batches = tree_batches(trees["trees"][0], args.batch_size, generator=gen)
+            for idx in batches:
+                svi.step(x, idx=idx.to(dev))
+            optim.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        sec = (time.perf_counter() - t0) / max(args.epochs, 1)
+        with torch.no_grad():
+            z = torch.cat([guide.median(xc) for xc in x.split(8192)])
+            pred = model.predict(z).cpu().numpy()
+        ml, cl = constraint_rates(pred, pairs, must)
+        rho = [None] * 3
+        if name in ("TreeVI", "MTreeVI"):
+            rho = edge_rho(guide, x, trees["trees"][0], pairs, must)
+        d = {"must": ml, "cannot": cl, "rho_ml": rho[0], "rho_cl": rho[1], "rho_other": rho[2]}
+        d["elbo"] = final_elbo(model, guide, elbo, x, args.elbo_draws) if args.elbo_draws else None
+        out[name] = (cluster_metrics(y, pred), sec, d)
+        print(f"seed {seed} {name:20s} {out[name][0]} {sec:.2f} s/epoch {d}", flush=True)
+    return out
+
+
+def main(argv=None):
+    args = parse(argv)
     if args.merge:
         return merge(args.merge.split(","))
     torch.set_num_threads(1)
-    x_np, y = load_mnist_test()
-    n, epochs, ae_epochs, seeds = (
-        min(args.num_images, len(y)),
-        args.epochs,
-        args.ae_epochs,
-        args.seeds,
-    )
-    if args.smoke:
-        n, epochs, ae_epochs, seeds = 1000, 1, 1, 1
-    x = torch.as_tensor(x_np[:n])
-    y = y[:n]
-    latent, hidden = 10, (256,)
-    names = args.methods.split(",")
-    ef = not args.no_edge_features
-    zi = args.zero_rho_init
-    pair_in = 784 if args.pair_inputs == "data" else 2 * latent
-    results = {k: [] for k in names}
-    seconds = {k: [] for k in names}
-    diag = {k: [] for k in names}
-    for seed in range(args.first_seed, args.first_seed + seeds):
-        rng = np.random.default_rng(seed)
-        pairs = torch.as_tensor(rng.choice(n, size=(6000, 2)))
-        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-        must = torch.as_tensor(y[pairs[:, 0]] == y[pairs[:, 1]])
-        w = torch.where(must, args.weight, -args.weight)
-        enc_state, dec_state, gmm, codes = pretrain(x, latent, hidden, ae_epochs, seed)
-        t1, t2 = build_trees(codes, pairs, must, seed, cannot_links=args.cannot_edges)
-        e1, e2 = constraint_edges(t1, pairs, must), constraint_edges(t2, pairs, must)
-        for name in names:
-            pyro.clear_param_store()
-            pyro.set_rng_seed(seed + args.rng_offset)
-            model = ConstrainedClusteringVAE(
-                784, 10, latent_dim=latent, hidden_sizes=hidden, constraints=pairs, weights=w
-            )
-            model.decoder.load_state_dict(dec_state)
-            with torch.no_grad():
-                model.cluster_logits.copy_(torch.as_tensor(np.log(gmm.weights_)))
-                model.cluster_loc.copy_(torch.as_tensor(gmm.means_))
-                model.cluster_log_scale.copy_(0.5 * torch.as_tensor(np.log(gmm.covariances_)))
-            enc = GaussianEncoder(784, latent, hidden_sizes=hidden)
-            enc.load_state_dict(enc_state)
-            if name.startswith("mean-field"):
-                guide, elbo = TreeVIGuide(enc, None), Trace_ELBO()
-            elif name == "TreeVI":
-                guide = TreeVIGuide(
-                    enc,
-                    t1,
-                    pair_net=PairNet(
-                        pair_in, latent, hidden_sizes=(64,), edge_features=2 * int(ef), zero_init=zi
-                    ),
-                    edge_features=e1 if ef else None,
-                    pair_inputs=args.pair_inputs,
-                )
-                elbo = Trace_ELBO()
-            else:
-                guide = TreeVIMixtureGuide(
-                    enc,
-                    torch.stack([t1, t2]),
-                    pair_net=PairNet(
-                        pair_in, latent, hidden_sizes=(64,), edge_features=2 * int(ef), zero_init=zi
-                    ),
-                    edge_features=torch.stack([e1, e2]) if ef else None,
-                    pair_inputs=args.pair_inputs,
-                )
-                elbo = MixtureTreeELBO()
-            if args.estimator == "pairwise":
-                if name == "MTreeVI":
-                    raise SystemExit("--estimator pairwise supports mean-field and TreeVI")
-                elbo = PairwiseELBO(args.pair_particles)
-            svi = SVI(model, guide, pyro.optim.Adam({"lr": args.lr}), elbo)
-            batches = torch.Generator().manual_seed(seed)  # same batches for every method
-            t0 = time.perf_counter()
-            for _ in range(epochs):
-                for idx in tree_batches(t1, args.batch_size, generator=batches):
-                    svi.step(x, idx=idx)
-            seconds[name].append((time.perf_counter() - t0) / epochs)
-            pred = model.predict(guide.median(x)).numpy()
-            results[name].append(cluster_metrics(y, pred))
-            ml, cl = constraint_rates(pred, pairs, must)
-            rho = [None] * 3 if name.startswith("mean") else edge_rho(guide, x, t1, pairs, must)
-            diag[name].append(
-                {
-                    "must": ml,
-                    "cannot": cl,
-                    "rho_ml": rho[0],
-                    "rho_cl": rho[1],
-                    "rho_other": rho[2],
-                    "elbo": final_elbo(model, guide, elbo, x),
-                }
-            )
-            print(f"seed {seed} {name:20s} {results[name][-1]} {diag[name][-1]}", flush=True)
-    meta = {"n": n, "epochs": epochs, "ae_epochs": ae_epochs, "weight": args.weight}
-    meta.update(batch_size=args.batch_size, lr=args.lr, cannot_edges=args.cannot_edges)
-    meta["estimator"] = args.estimator
-    meta["args"] = vars(args)
-    meta["pair_particles"] = args.pair_particles if args.estimator == "pairwise" else None
+    x_np, y = load_images(args.data, args.num_images, args.binarise)
+    x = torch.as_tensor(x_np, device=args.device)
+    names = [m for m in args.methods.split(",") if m]
+    cols = [START, *names]
+    results, seconds, diag = ({k: [] for k in cols} for _ in range(3))
+    print(f"{len(y)} images, {args.num_constraints} constraints, methods {names}", flush=True)
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for name, (metrics, sec, d) in run_seed(seed, x, y, names, args).items():
+            results[name].append(metrics)
+            seconds[name].append(sec)
+            diag[name].append(d)
+        print(f"seed {seed} {START:20s} {results[START][-1]}", flush=True)
+    meta = {"n": len(y), "args": vars(args), "names": cols}
     if args.part:
         Path(args.part).write_text(
-            json.dumps(
-                {"names": names, "raw": results, "seconds": seconds, "diagnostics": diag, **meta},
-                default=float,
-            )
+            json.dumps({"raw": results, "seconds": seconds, "diagnostics": diag, **meta})
         )
         return None
-    return summarise(names, results, seconds, diag, meta, write=not (args.smoke or args.no_write))
+    write = not (args.smoke or args.no_write)
+    return summarise(cols, results, seconds, diag, meta, write=write)
 
 
 def merge(paths):
@@ -333,9 +379,7 @@ def merge(paths):
     parts = [json.loads(Path(p).read_text()) for p in paths]
     names = parts[0]["names"]
     cat = lambda key: {k: sum((p[key][k] for p in parts), []) for k in names}  # noqa: E731
-    keys = ("n", "epochs", "ae_epochs", "weight", "estimator", "pair_particles")
-    keys += ("batch_size", "lr", "cannot_edges")
-    meta = {k: parts[0].get(k) for k in keys}
+    meta = {k: parts[0][k] for k in ("n", "args", "names")}
     return summarise(names, cat("raw"), cat("seconds"), cat("diagnostics"), meta, write=True)
 
 
@@ -348,6 +392,61 @@ def paired(results, name, base):
         se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
         out[m] = f"{int((d > 0).sum())}/{len(d)}, {d.mean():+.2f} ± {se:.2f}"
     return out
+
+
+def describe(meta, seeds):
+    """The setup under the table: the run's settings beside the protocol's."""
+    a = meta["args"]
+    data = {"all": "MNIST images (train + test)", "train": "MNIST training images"}
+    what = data.get(a["data"], "MNIST test images")
+    subset = "a random subset of " if a["num_images"] else "all "
+    pixels = "bits (pixels >= 0.5)" if a["binarise"] else "grey levels"
+    enc_h, dec_h, act = ARCHS[a["arch"]]
+    batches = (
+        "DC-GMM's batches (shuffled images, then the constraint pairs half a batch at a time)"
+        if a["batches"] == "dcgmm"
+        else "chunks of a DFS of T1 (which holds the constraint pairs)"
+    )
+    sched = f"lr {a['lr']:g}" + (
+        f" x {a['lr_decay']:g} every {a['lr_decay_every']} epochs" if a["lr_decay"] != 1 else ""
+    )
+    text = (
+        f"\n{seeds} seed(s) on {meta['n']:,} images ({subset}{what}), {pixels}, on "
+        f"{a['device']}. Networks: encoder 784-{'-'.join(map(str, enc_h))}-10, decoder "
+        f"10-{'-'.join(map(str, dec_h))}-784, {act}. Start: {a['ae_epochs']} autoencoder "
+        f"epochs (Adam {a['ae_lr']:g}, batches of {a['ae_batch_size']}"
+        f"{', input dropout ' + format(a['ae_dropout'], 'g') if a.get('ae_dropout') else ''}"
+        f"{', one start for all seeds' if a['shared_pretrain'] else ''}), then a diagonal "
+        f"GMM on the codes ({a['gmm_inits']} inits); mixture weights "
+        f"{'uniform, fixed' if a['cluster_weights'] == 'uniform' else 'from the GMM, learned'}"
+        f". {a['num_constraints']:,} random constraints, W_ij = ±{a['weight']:g} (±"
+        f"{2 * a['weight']:g} a pair in the model). {a['epochs']} epochs of Adam ({sched}) "
+        f"over {batches}, batches of {a['batch_size']}. "
+        "Row 'AE + GMM (start)': the mixture's assignment of the pretrained codes, before "
+        "any ELBO step; its 's / epoch' is the pretraining's. 'seeds won, paired diff': "
+        "seeds where the method beats mean-field on that metric, and the mean paired "
+        "difference ± its standard error. 'kept': constraints the predicted clusters "
+        f"satisfy; 'ELBO / image': the final training objective ({a['elbo_draws']} draws); "
+        "'rho': the learned edge correlation (mean over edges and latent dimensions) on "
+        "the must-link, cannot-link and other edges of T1. 's / epoch (paper)': Sec. 4.2, "
+        "GeForce RTX 3090.\n"
+    )
+    if a["estimator"] == "pairwise":
+        text += (
+            f"Estimator: PairwiseELBO for every method (one independent draw of the "
+            f"marginals for the per-instance terms, {a['pair_particles']} draws of q for "
+            "the constraint term, exact entropy; same settings for both guides).\n"
+        )
+    rows = [
+        {"setting": k, "before issue 40": b, "protocol (defaults)": p, "source": src}
+        for k, b, p, src in PROTOCOL
+    ]
+    return (
+        text
+        + "\nThe protocol and its sources:\n\n"
+        + markdown_table(rows)
+        + (f"\n{PROTOCOL_NOTES}\n")
+    )
 
 
 def summarise(names, results, seconds, diag, meta, write):
@@ -364,10 +463,11 @@ def summarise(names, results, seconds, diag, meta, write):
             row[f"{m} (paper)"] = PAPER[name][m]
         if base is not None:
             for m, txt in paired(results, name, base).items():
-                row[f"{m}: seeds won, paired diff"] = txt if name != base else ""
-        ref = seconds[base] if base is not None else seconds[name]
+                row[f"{m}: seeds won, paired diff"] = txt if name not in (base, START) else ""
         row["s / epoch"] = float(np.mean(seconds[name]))
-        row["ratio to MF"] = sum(seconds[name]) / sum(ref)
+        row["s / epoch (paper)"] = PAPER[name]["s / epoch"]
+        if base is not None and name != START:
+            row["ratio to MF"] = sum(seconds[name]) / sum(seconds[base])
         row["must-links kept %"] = float(np.mean([d["must"] for d in diag[name]]))
         row["cannot-links kept %"] = float(np.mean([d["cannot"] for d in diag[name]]))
         for col, k in (
@@ -379,37 +479,21 @@ def summarise(names, results, seconds, diag, meta, write):
             vals = [d[k] for d in diag[name] if d.get(k) is not None]
             row[col] = float(np.mean(vals)) if vals else None
         rows.append(row)
-    md = markdown_table(rows) + (
-        f"\n{seeds} seed(s); the first {meta['n']} MNIST test images (the paper: all 70,000 "
-        f"MNIST images); 6,000 constraints of weight ±{meta['weight']:g}; {meta['epochs']} "
-        f"epochs of Adam (lr {meta['lr']:g}) over batches of {meta['batch_size']} (chunks of "
-        f"T1, which holds the must-links{' and cannot-links' if meta['cannot_edges'] else ''}"
-        f"; the same batches for every method) after {meta['ae_epochs']} autoencoder epochs. "
-        "'seeds won, "
-        "paired diff': seeds where the method beats mean-field on that metric, and the mean "
-        "paired difference ± its standard error. 'kept': constraints the predicted clusters "
-        "satisfy; 'ELBO / image': the final training objective (8 draws); 'rho': the "
-        "learned edge correlation (mean over edges and latent dimensions) on the "
-        "must-link, cannot-link and other edges of T1. Speed: one torch thread, with "
-        "another run on the second core.\n"
-    )
-    est = meta.get("estimator") or "trace"
-    if est == "pairwise":
-        md += (
-            f"Estimator: PairwiseELBO for every method (one independent draw of the "
-            f"marginals for the per-instance terms, {meta['pair_particles']} draws of q for "
-            "the constraint term, exact entropy; same settings for both guides).\n"
-        )
+    md = markdown_table(rows, columns=list(max(rows, key=len))) + describe(meta, seeds)
     print(md)
     if write:
-        name = "treevi_clustering" if est == "trace" else f"treevi_clustering_{est}"
-        if meta["weight"] != 1e4:  # the paper's weight keeps the plain name
-            name += f"_w{meta['weight']:g}"
-        write_results(
-            name,
-            {"rows": rows, "raw": results, "seconds": seconds, "diagnostics": diag, **meta},
-            md,
-        )
+        a = meta["args"]
+        name = a["name"]
+        if name is None:
+            name = {"methods": "treevi_clustering", "diagnose": "treevi_clustering_stages"}.get(
+                a["stage"], "treevi_clustering_start"
+            )
+            if a["estimator"] != "trace":
+                name += f"_{a['estimator']}"
+            if a["weight"] != 1e4:  # the paper's weight keeps the plain name
+                name += f"_w{a['weight']:g}"
+        payload = {"rows": rows, "raw": results, "seconds": seconds, "diagnostics": diag}
+        write_results(name, payload | meta, md, device=a["device"])
     return rows
 
 

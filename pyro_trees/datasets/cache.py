@@ -41,11 +41,13 @@ class RemoteFile:
     """One public file of the cache.
 
     :param str relpath: path relative to :func:`data_home`, with ``/`` separators.
-    :param str sha256: hex SHA-256 of the file.
+    :param str sha256: hex SHA-256 of the file as the first of ``urls`` serves it.
     :param tuple urls: addresses to download from, tried in order (empty when the file
         cannot be downloaded as such).
     :param member: when set, the URLs point to a zip archive and the file is this member.
     :param str note: how to obtain the file when there is no direct URL.
+    :param tuple also_sha256: digests of other copies accepted as the same file: the same
+        content packed differently (a file gzipped again has another hash).
 
     .. rubric:: Examples
 
@@ -62,6 +64,15 @@ class RemoteFile:
     urls: tuple[str, ...]
     member: str | None = None
     note: str = ""
+    also_sha256: tuple[str, ...] = ()
+
+    def accepts(self, digest: str) -> bool:
+        """Whether ``digest`` is the file's SHA-256 or one of :attr:`also_sha256`."""
+        return digest == self.sha256 or digest in self.also_sha256
+
+    def expected(self) -> str:
+        """The accepted digests, for messages."""
+        return " or ".join((self.sha256, *self.also_sha256))
 
 
 def _github(repo: str) -> str:
@@ -110,17 +121,18 @@ def _remote(origin, path: str | None) -> tuple[tuple[str, ...], str | None]:
 
 
 def _build_registry() -> dict[str, RemoteFile]:
-    """Read ``registry.csv`` (shipped with the package): one row per file, its SHA-256,
-    the origin's key in :data:`_ORIGINS` and its path there (empty: not downloadable)."""
+    """Read ``registry.csv`` (shipped with the package): one row per file, its SHA-256
+    (the origin's copy first, then any other accepted copy, separated by spaces), the
+    origin's key in :data:`_ORIGINS` and its path there (empty: not downloadable)."""
     registry = {}
     text = importlib.resources.files(__package__).joinpath("registry.csv").read_text()
     for row in csv.DictReader(io.StringIO(text)):
-        relpath, digest = row["relpath"], row["sha256"]
-        if len(digest) != 64 or relpath in registry:
+        relpath, (digest, *also) = row["relpath"], row["sha256"].split(" ")
+        if any(len(d) != 64 for d in (digest, *also)) or relpath in registry:
             raise RuntimeError(f"registry.csv: bad or repeated row for {relpath!r}")
         urls, member = _remote(_ORIGINS[row["origin"]], row["path_at_origin"] or None)
         note = _CORA_NOTE if relpath == "cora/cora.npz" else ""
-        registry[relpath] = RemoteFile(relpath, digest, urls, member, note)
+        registry[relpath] = RemoteFile(relpath, digest, urls, member, note, tuple(also))
     return dict(sorted(registry.items()))
 
 
@@ -159,10 +171,10 @@ def _verify(entry: RemoteFile, path: pathlib.Path) -> None:
     if key in _VERIFIED:
         return
     actual = sha256sum(path)
-    if actual != entry.sha256:
+    if not entry.accepts(actual):
         raise ValueError(
             f"checksum mismatch for {path} ({entry.relpath}): expected SHA-256 "
-            f"{entry.sha256}, got {actual}; the file is corrupt or a different version: "
+            f"{entry.expected()}, got {actual}; the file is corrupt or a different version: "
             f"delete it and obtain it again"
         )
     _VERIFIED.add(key)
@@ -265,10 +277,10 @@ def fetch(relpath: str, *, force: bool = False, timeout: float = 60.0) -> pathli
                 ) from exc
             tmp_file.write_bytes(data)
         actual = sha256sum(tmp_file)
-        if actual != entry.sha256:
+        if not entry.accepts(actual):
             raise ValueError(
                 f"checksum mismatch for the download of {relpath} from {url}: "
-                f"expected SHA-256 {entry.sha256}, got {actual}; not saved to {path}"
+                f"expected SHA-256 {entry.expected()}, got {actual}; not saved to {path}"
             )
         os.replace(tmp_file, path)
     _verify(entry, path)

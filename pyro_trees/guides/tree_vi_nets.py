@@ -10,10 +10,16 @@ from torch import nn
 __all__ = ["GaussianEncoder", "GroupEncoder", "PairNet"]
 
 
-def _mlp(sizes):
+_ACTIVATIONS = {"softplus": nn.Softplus, "relu": nn.ReLU}
+
+
+def _mlp(sizes, activation: str = "softplus"):
+    """Linear layers of ``sizes`` with ``activation`` between them (none after the last)."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(_ACTIVATIONS)}; got {activation!r}")
     layers = []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-        layers += [nn.Linear(a, b), nn.Softplus()]
+        layers += [nn.Linear(a, b), _ACTIVATIONS[activation]()]
     return nn.Sequential(*layers[:-1])
 
 
@@ -23,6 +29,10 @@ class GaussianEncoder(nn.Module):
     :param int in_features: ``F``.
     :param int latent_dim: ``D``.
     :param hidden_sizes: sizes of the hidden layers (``()`` for an affine encoder).
+    :param str activation: ``"softplus"`` or ``"relu"`` (VaDE's and DC-GMM's
+        ``784-500-500-2000-10`` encoder), between the layers.
+
+    The last layer gives ``loc`` and, through a softplus, ``scale``.
 
     .. rubric:: Examples
 
@@ -34,9 +44,11 @@ class GaussianEncoder(nn.Module):
     (torch.Size([10, 2]), True)
     """
 
-    def __init__(self, in_features: int, latent_dim: int, hidden_sizes=(64,)):
+    def __init__(
+        self, in_features: int, latent_dim: int, hidden_sizes=(64,), activation="softplus"
+    ):
         super().__init__()
-        self.net = _mlp([in_features, *hidden_sizes, 2 * latent_dim])
+        self.net = _mlp([in_features, *hidden_sizes, 2 * latent_dim], activation)
         self.latent_dim = latent_dim
 
     def forward(self, x):

@@ -20,6 +20,8 @@ from pyro_trees.validation import as_tensor
 
 __all__ = ["ConstrainedClusteringVAE"]
 
+_ACTIVATIONS = {"softplus": nn.Softplus, "relu": nn.ReLU}
+
 
 class ConstrainedClusteringVAE(PyroModule):
     """Constrained clustering in the DC-GMM / VaDE style (Sec. 4.2, eq. 19).
@@ -28,7 +30,7 @@ class ConstrainedClusteringVAE(PyroModule):
 
         c_i ~ Categorical(pi)           (marginalised exactly)
         z_i | c_i ~ N(mu_c, diag sigma_c^2)   # site "z", event (|B|, D): a Gaussian mixture
-        factor  sum_{i<j in B} W_ij [c_i = c_j]  # pairwise prior of eq. 19
+        factor  sum_{(i,j) listed, in B} W_ij [c_i = c_j]  # pairwise prior of eq. 19
         x_i | z_i ~ Bernoulli(decoder(z_i))     # site "x", event (|B|, F)
 
     The pairwise prior ``p(c | W) ∝ prod_i pi_{c_i} h_i(c, W)`` with
@@ -36,13 +38,26 @@ class ConstrainedClusteringVAE(PyroModule):
     ``W_ij < 0``) enters, as in DC-GMM, through its expectation under the cluster
     posterior ``q(c_i | z_i) = p(c_i | z_i)`` (Bayes' rule under the mixture):
     ``sum_ij W_ij sum_k q_ik q_jk`` (a ``pyro.factor``); its normaliser ``Omega(pi)`` is
-    dropped, as DC-GMM does. Only constraints with both ends in the batch count (those
+    dropped, as DC-GMM does. Each listed pair counts once: eq. 19's sum runs over
+    ordered pairs (``h_i`` and ``h_j`` both hold ``W_ij``), so a symmetric ``W`` of
+    entries ``±w`` is ``weights=±2w`` on unordered pairs (DC-GMM's code sums both
+    orders). Only constraints with both ends in the batch count (those
     leaving it are dropped); they are found in ``O(|B| log |B| + c_B log |B|)``, with
     ``c_B`` the constraints whose first instance is in the batch, not ``O(#constraints)``.
+
+    ``x`` may hold grey levels in ``[0, 1]`` rather than bits: the log-likelihood is
+    then the negative binary cross-entropy of the decoder's logits, as VaDE and DC-GMM
+    train on MNIST's pixel intensities (not a normalised density for such ``x``).
 
     :param int in_features: ``F``.
     :param int num_clusters: ``K``.
     :param int latent_dim: ``D``.
+    :param hidden_sizes: the decoder's hidden layers, from ``z`` to ``x`` (DC-GMM's
+        ``(2000, 500, 500)``).
+    :param str activation: ``"softplus"`` or ``"relu"`` (VaDE, DC-GMM) between the
+        decoder's layers.
+    :param bool learn_cluster_weights: learn the mixture weights ``pi`` (VaDE); ``False``
+        keeps them uniform, a buffer ``cluster_logits`` of zeros (DC-GMM).
     :param constraints: ``(C, 2)`` integer pairs.
     :param weights: ``(C,)`` values
         ``W_ij`` (positive must-link, negative cannot-link; the paper uses ``±1e4``).
@@ -76,6 +91,8 @@ class ConstrainedClusteringVAE(PyroModule):
         *,
         latent_dim: int = 10,
         hidden_sizes=(256,),
+        activation: str = "softplus",
+        learn_cluster_weights: bool = True,
         constraints=None,
         weights=None,
         num_nodes: int | None = None,
@@ -115,12 +132,19 @@ class ConstrainedClusteringVAE(PyroModule):
         self.register_buffer("_by_first_ptr", ptr)
         self.register_buffer("_by_first", torch.argsort(pairs[:, 0], stable=True))
         self.num_clusters, self.latent_dim, self.in_features = num_clusters, latent_dim, in_features
-        self.cluster_logits = nn.Parameter(torch.zeros(num_clusters))
+        if learn_cluster_weights:
+            self.cluster_logits = nn.Parameter(torch.zeros(num_clusters))
+        else:
+            self.register_buffer("cluster_logits", torch.zeros(num_clusters))
         self.cluster_loc = nn.Parameter(torch.randn(num_clusters, latent_dim))
         self.cluster_log_scale = nn.Parameter(torch.zeros(num_clusters, latent_dim))
+        if activation not in _ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {', '.join(_ACTIVATIONS)}; got {activation!r}"
+            )
         layers, sizes = [], [latent_dim, *hidden_sizes, in_features]
         for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(a, b), nn.Softplus()]
+            layers += [nn.Linear(a, b), _ACTIVATIONS[activation]()]
         self.decoder = nn.Sequential(*layers[:-1])
 
     def _components(self):
@@ -197,11 +221,13 @@ class ConstrainedClusteringVAE(PyroModule):
             ``"z"`` has event shape ``(B, D)``.
         :raises ValueError: if ``x`` is not ``(N, F)``, ``idx`` is out of range, a
             constraint names an instance beyond the ``N`` rows, or a row of the batch is
-            not finite (only the batch's rows are scanned).
+            not finite or leaves ``[0, 1]`` (only the batch's rows are scanned).
         """
         x = as_tensor(x, "x")
         n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
         xb, idx = instance_rows(x, idx, n_all, self.in_features)
+        if bool(((xb < 0) | (xb > 1)).any()):
+            raise ValueError("x must lie in [0, 1] (bits or grey levels)")
         self._check_constraints(n_all, "x")
         prepare(self, xb)
         n = xb.shape[-2]
@@ -213,4 +239,6 @@ class ConstrainedClusteringVAE(PyroModule):
             pyro.factor("constraints", self.pairwise_log_factor(z, idx=idx))
         logits = self.decoder(z)
         obs = None if predicting() else xb
-        return pyro.sample("x", dist.Bernoulli(logits=logits).to_event(2), obs=obs)
+        # grey levels are scored by their binary cross-entropy: no support check
+        like = dist.Bernoulli(logits=logits, validate_args=False)
+        return pyro.sample("x", like.to_event(2), obs=obs)

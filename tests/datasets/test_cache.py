@@ -29,10 +29,11 @@ def test_data_home(monkeypatch, tmp_path):
 
 
 def test_registry():
-    assert len(REGISTRY) == 67 + 42
+    assert len(REGISTRY) == 68 + 42
     for relpath, entry in REGISTRY.items():
         assert entry.relpath == relpath
-        assert len(entry.sha256) == 64 and int(entry.sha256, 16) >= 0
+        for digest in (entry.sha256, *entry.also_sha256):
+            assert len(digest) == 64 and int(digest, 16) >= 0
         if relpath != "cora/cora.npz":
             assert entry.urls and all(u.startswith("https://") for u in entry.urls)
     assert REGISTRY[UCI_DATA].urls == (
@@ -56,6 +57,44 @@ def test_missing_file_says_where(tmp_cache):
     # Loaders pass the error on.
     with pytest.raises(FileNotFoundError, match="uci_datasets"):
         load_uci("housing")
+
+
+def test_missing_mnist_file_is_named(tmp_cache):
+    # A cache with the test set but not the training images: load_mnist names the file.
+    from pyro_trees.datasets import load_mnist
+
+    (tmp_cache / "mnist").mkdir()
+    with pytest.raises(FileNotFoundError) as info:
+        load_mnist(verify=False)
+    message = str(info.value)
+    assert "mnist/train-images-idx3-ubyte.gz" in message
+    assert str(tmp_cache / "mnist" / "train-images-idx3-ubyte.gz") in message
+    assert "https://" in message
+
+
+def test_other_accepted_copy(tmp_cache, monkeypatch):
+    # A file may be accepted in more than one packing (train-images-idx3-ubyte.gz gzipped
+    # again has another hash); any other content is refused, naming both digests.
+    relpath = "uci/LICENSE"
+    origin, copy = b"as the origin serves it", b"the same, packed again"
+    digests = [hashlib.sha256(c).hexdigest() for c in (origin, copy)]
+    entry = cache_module.RemoteFile(relpath, digests[0], (), also_sha256=(digests[1],))
+    monkeypatch.setitem(REGISTRY, relpath, entry)
+    target = tmp_cache / relpath
+    target.parent.mkdir(parents=True)
+    for content in (origin, copy):
+        target.write_bytes(content)
+        assert cached_path(relpath) == target
+    target.write_bytes(b"something else")
+    with pytest.raises(ValueError, match=f"expected SHA-256 {digests[0]} or {digests[1]}"):
+        cached_path(relpath)
+
+
+def test_mnist_training_images_registered():
+    entry = REGISTRY["mnist/train-images-idx3-ubyte.gz"]
+    # the original site's .gz, then the re-gzipped copy of the offline cache (same IDX bytes)
+    assert entry.sha256.startswith("440fcabf") and entry.also_sha256[0].startswith("0b367032")
+    assert entry.urls[0] == "https://yann.lecun.com/exdb/mnist/train-images-idx3-ubyte.gz"
 
 
 def test_unknown_file():

@@ -10,6 +10,7 @@ from pyro_trees.datasets import (
     load_cora,
     load_ihdp,
     load_kin8nm,
+    load_mnist,
     load_mnist_subset,
     load_mnist_test,
     load_movielens_small,
@@ -114,6 +115,35 @@ def test_load_mnist():
     assert X.shape == (10000, 784) and X.dtype == np.float32 and y.shape == (10000,)
     assert X.min() == 0.0 and X.max() == 1.0 and set(np.unique(y)) == set(range(10))
     assert load_mnist_test(flatten=False)[0].shape == (10000, 28, 28)
+
+
+# images per digit 0..9, as published with the IDX files
+MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+@pytest.mark.skipif(
+    not (data_home() / "mnist" / "train-images-idx3-ubyte.gz").is_file(),
+    reason=f"no {data_home() / 'mnist' / 'train-images-idx3-ubyte.gz'}: the cache lacks "
+    "the 60,000 MNIST training images",
+)
+def test_load_mnist_all():
+    X, y = load_mnist()
+    assert X.shape == (70000, 784) and X.dtype == np.float32
+    assert y.shape == (70000,) and y.dtype == np.int64
+    assert X.min() == 0.0 and X.max() == 1.0
+    # grey levels, not binarised
+    assert len(np.unique(X[:100])) > 100
+    assert np.bincount(y[:60000]).tolist() == MNIST_TRAIN_COUNTS
+    assert np.bincount(y[60000:]).tolist() == MNIST_TEST_COUNTS
+    X_test, y_test = load_mnist("test")
+    np.testing.assert_array_equal(X[60000:], X_test)
+    np.testing.assert_array_equal(y[60000:], y_test)
+    X_train, y_train = load_mnist("train", flatten=False)
+    assert X_train.shape == (60000, 28, 28) and y_train.shape == (60000,)
+    np.testing.assert_array_equal(X_train.reshape(60000, -1), X[:60000])
+    with pytest.raises(ValueError, match="split must be 'all', 'train' or 'test'"):
+        load_mnist("valid")
 
 
 def test_load_movielens_small():

@@ -168,6 +168,52 @@ def test_constrained_clustering_rejects_out_of_range_constraints_and_bad_x():
         sized(bad)
 
 
+def test_constrained_clustering_paper_settings_and_grey_levels():
+    """DC-GMM's settings: ReLU decoder, uniform fixed mixture weights, and grey levels
+    scored by their binary cross-entropy."""
+    import pyro
+    from pyro.infer import SVI, Trace_ELBO
+
+    from pyro_trees.guides import GaussianEncoder, TreeVIGuide
+    from pyro_trees.models import ConstrainedClusteringVAE
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(10, 8, generator=g)  # grey levels in [0, 1]
+    pairs, w = torch.tensor([[0, 1], [2, 3]]), torch.tensor([2.0, -2.0])
+    model = ConstrainedClusteringVAE(
+        8,
+        3,
+        latent_dim=2,
+        hidden_sizes=(6, 5),
+        activation="relu",
+        learn_cluster_weights=False,
+        constraints=pairs,
+        weights=w,
+    )
+    assert [type(m).__name__ for m in model.decoder] == [
+        "Linear", "ReLU", "Linear", "ReLU", "Linear"
+    ]  # fmt: skip
+    assert "cluster_logits" in dict(model.named_buffers())
+    assert "cluster_logits" not in dict(model.named_parameters())
+    tr = poutine.trace(model).get_trace(x)
+    logits = model.decoder(tr.nodes["z"]["value"])
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, x, reduction="sum")
+    assert torch.allclose(tr.nodes["x"]["fn"].log_prob(x), -bce)
+    pyro.clear_param_store()
+    guide = TreeVIGuide(GaussianEncoder(8, 2, (6,), activation="relu"), None)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+    for _ in range(3):
+        assert torch.isfinite(torch.tensor(svi.step(x)))
+    assert torch.equal(model.cluster_logits, torch.zeros(3))  # stays uniform
+    assert not any(k.endswith("cluster_logits") for k in pyro.get_param_store())
+    with pytest.raises(ValueError, match=r"x must lie in \[0, 1\]"):
+        model(x * 2)
+    with pytest.raises(ValueError, match="activation must be one of softplus, relu"):
+        ConstrainedClusteringVAE(8, 3, activation="tanh")
+    with pytest.raises(ValueError, match="activation must be one of softplus, relu"):
+        GaussianEncoder(8, 2, activation="tanh")
+
+
 def _dense_reference(edges, n):
     """The dense adjacency the model used to store (before the sparse layout)."""
     a = torch.zeros(n, n)
