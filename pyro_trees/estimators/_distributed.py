@@ -32,8 +32,8 @@ import torch.distributed as dist
 from pyro_trees.infer import collective as _collective
 from pyro_trees.infer import comm_device as _comm_device
 from pyro_trees.infer import rank_subsample, world
-from pyro_trees.infer.vart_elbo import VaRTELBO, vart_elbo
-from pyro_trees.infer.vart_forest_elbo import VaRTForestELBO, vart_forest_elbo
+from pyro_trees.infer.vart_elbo import VaRTELBO
+from pyro_trees.infer.vart_forest_elbo import VaRTForestELBO
 
 __all__ = ["RankRows", "RankVaRTELBO", "Ranks", "fit_args", "rank_fit"]
 
@@ -262,9 +262,7 @@ def fit_args(ranks: Ranks, *tensors) -> tuple:
 class _ReadsRankRows:
     """A VaRT loss (tree or forest) reading this rank's rows of :class:`RankRows`
     (``subsample_size`` per rank); called without ``x``, it reads ``data`` (this rank's
-    shard, see :func:`fit_args`). ``_elbo`` is the ELBO function of the family."""
-
-    _elbo = None
+    shard, see :func:`fit_args`); the family's ELBO function is the loss's ``_elbo``."""
 
     def __init__(self, rows: RankRows, data: tuple | None = None):
         super().__init__()
@@ -284,11 +282,7 @@ class _ReadsRankRows:
 class RankVaRTELBO(_ReadsRankRows, VaRTELBO):
     """:class:`~pyro_trees.infer.VaRTELBO` reading this rank's rows of :class:`RankRows`."""
 
-    _elbo = staticmethod(vart_elbo)
-
 
 class RankVaRTForestELBO(_ReadsRankRows, VaRTForestELBO):
     """:class:`~pyro_trees.infer.VaRTForestELBO` reading this rank's rows of
     :class:`RankRows`."""
-
-    _elbo = staticmethod(vart_forest_elbo)

@@ -139,15 +139,20 @@ class CompiledLoss:
 
 
 class CompilesVaRTLoss:
-    """What the VaRT losses (one tree, a forest) share to compile: the option, the
-    completeness check and the step's draws. A loss sets ``_program`` (its tensor
-    program ``(model, guide, xb, yb, q, noise, temperature, num_rows) -> ELBO``: the
-    batch, its draws and the rows it stands for, ``None`` for a full batch).
+    """What the VaRT losses (one tree, a forest) share: the checks of
+    ``differentiable_loss``, the option to compile, the completeness check and the
+    step's draws. A loss sets ``_model_cls`` (the model class it scores, named
+    ``_model_name`` in errors), ``_elbo`` (the eager ELBO function) and ``_program``
+    (its tensor program ``(model, guide, xb, yb, q, noise, temperature, num_rows) ->
+    ELBO``: the batch, its draws and the rows it stands for, ``None`` for a full batch).
 
     :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
     :param mode: ``torch.compile``'s ``mode``.
     """
 
+    _model_cls: type = object
+    _model_name: str = ""
+    _elbo: Callable = None
     _program: Callable = None
 
     def __init__(self, *args, compile: bool | str = False, mode: str | None = None, **kwargs):
@@ -183,6 +188,22 @@ class CompilesVaRTLoss:
             num_rows = torch.tensor(float(n), dtype=x.dtype, device=x.device)
         temperature = torch.tensor(float(guide.temperature), dtype=x.dtype, device=x.device)
         return self._compiled(model, guide, x, y, q, noise, temperature, num_rows)
+
+    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
+        """Negative ELBO estimate, differentiable in the guide's parameters."""
+        name = type(self).__name__
+        if not isinstance(model, self._model_cls):
+            raise ValueError(f"{name} needs {self._model_name}, got {type(model).__name__}")
+        if y is None:
+            raise ValueError(f"{name} needs the targets y")
+        model._check_x(x, y)
+        value = self._compiled_elbo(model, guide, x, y, subsample_size)
+        if value is None:
+            value = type(self)._elbo(model, guide, x, y, subsample_size)
+        return -value
 
     def __getstate__(self):
         state = dict(self.__dict__)

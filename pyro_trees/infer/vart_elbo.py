@@ -219,20 +219,7 @@ class VaRTELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     (torch.Size([]), True)
     """
 
-    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
-        """Negative ELBO estimate, differentiable in the guide's parameters."""
-        if not isinstance(model, VaRT):
-            raise ValueError(f"VaRTELBO needs a VaRT model, got {type(model).__name__}")
-        if y is None:
-            raise ValueError("VaRTELBO needs the targets y")
-        model._check_x(x, y)
-        value = self._compiled_elbo(model, guide, x, y, subsample_size)
-        if value is None:
-            value = vart_elbo(model, guide, x, y, subsample_size)
-        return -value
-
-
-VaRTELBO._program = staticmethod(_vart_program)
+    _model_cls = VaRT
+    _model_name = "a VaRT model"
+    _elbo = staticmethod(vart_elbo)
+    _program = staticmethod(_vart_program)

@@ -157,20 +157,7 @@ class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     True
     """
 
-    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
-        """Negative ELBO estimate, differentiable in the guide's parameters."""
-        if not isinstance(model, VaRTForest):
-            raise ValueError(f"VaRTForestELBO needs a VaRTForest, got {type(model).__name__}")
-        if y is None:
-            raise ValueError("VaRTForestELBO needs the targets y")
-        model._check_x(x, y)
-        value = self._compiled_elbo(model, guide, x, y, subsample_size)
-        if value is None:
-            value = vart_forest_elbo(model, guide, x, y, subsample_size)
-        return -value
-
-
-VaRTForestELBO._program = staticmethod(_vart_forest_program)
+    _model_cls = VaRTForest
+    _model_name = "a VaRTForest"
+    _elbo = staticmethod(vart_forest_elbo)
+    _program = staticmethod(_vart_forest_program)
