@@ -1,11 +1,13 @@
 """The compiled VaRT losses equal the eager ones on the same draws; compilation failures
 fall back; the estimators' rule for when to compile."""
 
+import math
 import pickle
 
 import pyro
 import pytest
 import torch
+from pyro.infer import SVI
 
 from pyro_trees.guides import VaRTForestGuide, VaRTGuide
 from pyro_trees.infer import VaRTELBO, VaRTForestELBO, compiled, fit
@@ -112,6 +114,13 @@ def test_fit_and_svi_train_through_a_compiled_loss_and_it_pickles():
             guide.params(x)
             results[name] = fit(model, guide, x, y, loss=loss, num_steps=15, seed=0, progress=False)
     assert results["compiled"].losses == pytest.approx(results["eager"].losses, rel=1e-9)
+    # plain Pyro: SVI.step goes through the same differentiable_loss
+    with pyro.settings.context(module_local_params=True):
+        model = VaRT(3)
+        guide = VaRTGuide(model, 2)
+        guide.params(x)
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), VaRTELBO(compile=BACKEND))
+        assert all(math.isfinite(svi.step(x, y)) for _ in range(3))
     restored = pickle.loads(pickle.dumps(VaRTELBO(compile=BACKEND)))
     assert restored.compile == BACKEND and restored._compiled.failed is None
 
