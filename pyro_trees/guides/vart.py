@@ -125,6 +125,23 @@ class RelaxedSplitGuide:
         if self.init == "data":
             self.init_splits_from_data(x)
 
+    def noise(self, params: dict) -> dict:
+        """The random draws behind one ``rsample`` from parameters ``params`` (the
+        guide's ``params(x)``), in the order it draws them, each of its parameter's
+        shape (a leading dimension of trees in a forest): ``"split"`` clamped uniforms,
+        ``"beta"``, ``"theta"`` and ``"log_sigma"`` standard normals and, with missing
+        inputs, ``"rho"`` (a reparameterised Beta draw)."""
+        q = params
+        out = {
+            "split": clamp_probs(torch.rand_like(q["split_logits"])),
+            "beta": torch.randn_like(q["beta_loc"]),
+            "theta": torch.randn_like(q["theta_loc"]),
+            "log_sigma": torch.randn_like(q["log_sigma_loc"]),
+        }
+        if "rho_a" in q:  # where a missing input goes, drawn last
+            out["rho"] = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
+        return out
+
     @torch.no_grad()
     def init_splits_from_data(
         self, x: torch.Tensor, sharpness: float = 1.0, generator: torch.Generator | None = None
@@ -386,23 +403,6 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         ``sites(params, noise(params), temperature)``."""
         q = self.params(x) if params is None else params
         return self.sites(q, self.noise(q), self.temperature)
-
-    def noise(self, params: dict) -> dict:
-        """The random draws behind one :meth:`rsample` from parameters ``params``
-        (:meth:`params`), in the order it draws them: ``"split"`` clamped uniforms
-        ``(M_int,)``, ``"beta"`` ``(M_int, L + 1)``, ``"theta"`` ``(M, L + 1)`` and
-        ``"log_sigma"`` ``(M,)`` standard normals and, with missing inputs, ``"rho"``
-        ``(M_int,)`` (a reparameterised Beta draw)."""
-        q = params
-        out = {
-            "split": clamp_probs(torch.rand_like(q["split_logits"])),
-            "beta": torch.randn_like(q["beta_loc"]),
-            "theta": torch.randn_like(q["theta_loc"]),
-            "log_sigma": torch.randn_like(q["log_sigma_loc"]),
-        }
-        if "rho_a" in q:
-            out["rho"] = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
-        return out
 
     def sites(self, params: dict, noise: dict, temperature) -> dict:
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``

@@ -17,7 +17,6 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroParam
 from torch.distributions import constraints
-from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
@@ -161,23 +160,6 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         ``sites(params, noise(params), temperature)``."""
         q = self.params(x) if params is None else params
         return self.sites(q, self.noise(q), self.temperature)
-
-    def noise(self, params: dict) -> dict:
-        """The random draws behind one :meth:`rsample` from parameters ``params``
-        (:meth:`params`), in the order it draws them: ``"split"`` clamped uniforms
-        ``(K, M_int)``, ``"beta"`` ``(K, M_int, L + 1)``, ``"theta"`` ``(K, M, L + 1)``
-        and ``"log_sigma"`` ``()`` standard normals and, with missing inputs, ``"rho"``
-        ``(K, M_int)`` (a reparameterised Beta draw)."""
-        q = params
-        out = {
-            "split": clamp_probs(torch.rand_like(q["split_logits"])),
-            "beta": torch.randn_like(q["beta_loc"]),
-            "theta": torch.randn_like(q["theta_loc"]),
-            "log_sigma": torch.randn_like(q["log_sigma_loc"]),
-        }
-        if "rho_a" in q:  # where a missing input goes, drawn last
-            out["rho"] = dist.Beta(q["rho_a"], q["rho_b"]).rsample()
-        return out
 
     def sites(self, params: dict, noise: dict, temperature) -> dict:
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``
