@@ -125,6 +125,17 @@ class RelaxedSplitGuide:
         if self.init == "data":
             self.init_splits_from_data(x)
 
+    def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:
+        """One reparameterised draw of every latent site, keyed like the sites of the
+        guide's ``forward`` (a leading dimension of trees in a forest): what the VaRT
+        ELBOs (:func:`~pyro_trees.infer.vart_elbo.vart_elbo`,
+        :func:`~pyro_trees.infer.vart_forest_elbo.vart_forest_elbo`) score, without
+        Pyro's bookkeeping. ``params``: the guide's ``params(x)``, when already read;
+        ``x`` only fixes dtype and device. The same as
+        ``sites(params, noise(params), temperature)``."""
+        q = self.params(x) if params is None else params
+        return self.sites(q, self.noise(q), self.temperature)
+
     def noise(self, params: dict) -> dict:
         """The random draws behind one ``rsample`` from parameters ``params`` (the
         guide's ``params(x)``), in the order it draws them, each of its parameter's
@@ -393,16 +404,6 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
                 self.rho_logits, self.rho_concentration, opts
             )
         return q
-
-    def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:
-        """One reparameterised draw of every latent site, keyed like the sites of
-        :meth:`forward` (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma_d`` and, with
-        missing inputs, ``rho_d``): what :func:`~pyro_trees.infer.vart_elbo.vart_elbo`
-        scores, without Pyro's bookkeeping. ``params``: :meth:`params`, when already
-        read; ``x`` only fixes dtype and device. The same as
-        ``sites(params, noise(params), temperature)``."""
-        q = self.params(x) if params is None else params
-        return self.sites(q, self.noise(q), self.temperature)
 
     def sites(self, params: dict, noise: dict, temperature) -> dict:
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``

@@ -151,16 +151,6 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         q["theta_loc"] = q["theta_loc"] / self.num_trees
         return q
 
-    def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:
-        """One reparameterised draw of every site, keyed like the sites of
-        :meth:`forward` (``split_d``, ``beta_d``, ``theta_d``, ``log_sigma`` and, with
-        missing inputs, ``rho_d``; ``K`` trees in the leading dimension): what
-        :func:`~pyro_trees.infer.vart_forest_elbo.vart_forest_elbo` scores, without
-        Pyro's bookkeeping. ``params``: :meth:`params`, when already read. The same as
-        ``sites(params, noise(params), temperature)``."""
-        q = self.params(x) if params is None else params
-        return self.sites(q, self.noise(q), self.temperature)
-
     def sites(self, params: dict, noise: dict, temperature) -> dict:
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``
         (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim

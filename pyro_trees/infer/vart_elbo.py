@@ -81,7 +81,7 @@ def vart_elbo(
     them.
 
     :param values: the guide's draws keyed by site name (as
-        :meth:`VaRTGuide.rsample <pyro_trees.guides.VaRTGuide.rsample>` returns them);
+        :meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.rsample` returns them);
         drawn afresh when ``None``.
     :param subsample: indices of the minibatch; drawn like ``pyro.plate`` draws them
         (``torch.randperm(N)[:B]``) when ``None`` and ``subsample_size < N``.

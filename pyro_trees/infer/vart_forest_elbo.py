@@ -48,7 +48,7 @@ def vart_forest_elbo(
     the node weights of eqs. 23-29.
 
     :param values: the guide's draws by site name
-        (:meth:`VaRTForestGuide.rsample <pyro_trees.guides.VaRTForestGuide.rsample>`);
+        (:meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.rsample`);
         drawn afresh when ``None``.
     :param subsample: minibatch indices; drawn as ``pyro.plate`` draws them when
         ``None`` and ``subsample_size < N``.
