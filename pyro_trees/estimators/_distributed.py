@@ -32,10 +32,19 @@ import torch.distributed as dist
 from pyro_trees.infer import collective as _collective
 from pyro_trees.infer import comm_device as _comm_device
 from pyro_trees.infer import rank_subsample, world
+from pyro_trees.infer.hme_elbo import HMEELBO
 from pyro_trees.infer.vart_elbo import VaRTELBO
 from pyro_trees.infer.vart_forest_elbo import VaRTForestELBO
 
-__all__ = ["RankRows", "RankVaRTELBO", "Ranks", "fit_args", "rank_fit"]
+__all__ = [
+    "RankHMEELBO",
+    "RankRows",
+    "RankVaRTELBO",
+    "RankVaRTForestELBO",
+    "Ranks",
+    "fit_args",
+    "rank_fit",
+]
 
 
 def _checksum(y):
@@ -260,12 +269,12 @@ def fit_args(ranks: Ranks, *tensors) -> tuple:
 
 
 class _ReadsRankRows:
-    """A VaRT loss (tree or forest) reading this rank's rows of :class:`RankRows`
+    """A loss of ours (VaRT tree or forest, HME) reading this rank's rows of :class:`RankRows`
     (``subsample_size`` per rank); called without ``x``, it reads ``data`` (this rank's
     shard, see :func:`fit_args`); the family's ELBO function is the loss's ``_elbo``."""
 
-    def __init__(self, rows: RankRows, data: tuple | None = None):
-        super().__init__()
+    def __init__(self, rows: RankRows, data: tuple | None = None, **kwargs):
+        super().__init__(**kwargs)
         self.rows, self.data = rows, data
 
     def differentiable_loss(self, model, guide, x=None, y=None, subsample_size=None):
@@ -274,9 +283,9 @@ class _ReadsRankRows:
         idx, num_rows = self.rows(x.shape[0], subsample_size)
         if idx is None:
             return super().differentiable_loss(model, guide, x, y, subsample_size)
-        model._check_x(x, y)
+        self._check(model, guide, x, y)
         idx = idx.to(x.device)
-        return -type(self)._elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
+        return -self._elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
 
 
 class RankVaRTELBO(_ReadsRankRows, VaRTELBO):
@@ -286,3 +295,7 @@ class RankVaRTELBO(_ReadsRankRows, VaRTELBO):
 class RankVaRTForestELBO(_ReadsRankRows, VaRTForestELBO):
     """:class:`~pyro_trees.infer.VaRTForestELBO` reading this rank's rows of
     :class:`RankRows`."""
+
+
+class RankHMEELBO(_ReadsRankRows, HMEELBO):
+    """:class:`~pyro_trees.infer.HMEELBO` reading this rank's rows of :class:`RankRows`."""

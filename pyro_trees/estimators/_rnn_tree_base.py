@@ -5,7 +5,6 @@ the initial tree, the closed-form loss, routing and rules.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import numpy as np
@@ -13,7 +12,6 @@ import torch
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees import trees
-from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.estimators._constraints import (
     EARLY_STOPPING,
     SEED_AND_DEVICE,
@@ -23,11 +21,13 @@ from pyro_trees.estimators._constraints import (
     OneOf,
     Real,
 )
-from pyro_trees.estimators._distributed import RankRows
+from pyro_trees.estimators._distributed import RankHMEELBO, RankRows
 from pyro_trees.estimators._missing import MissingInputs
 from pyro_trees.estimators._template import HeldOut, HeldOutRule, SVIEstimator, run_svi
 from pyro_trees.guides.hme import RNNTreeGuide
+from pyro_trees.infer.compiled import should_compile
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
+from pyro_trees.infer.hme_elbo import HMEELBO
 from pyro_trees.models.hme import HME
 from pyro_trees.validation import resolve_dtype
 
@@ -37,56 +37,6 @@ _MIN_VALIDATION = 5
 _START_MARGIN = 0.05
 _AUTO_STEPS = 300
 _AUTO_PATIENCE = 5
-
-
-class _ClosedFormTreeELBO(torch.nn.Module):
-    r"""The negative :class:`~pyro_trees.infer.TreeELBO` of an :class:`HME` with the
-    :class:`RNNTreeGuide`, summed over the leaves in closed form:
-
-    .. math:: -\sum_n \sum_\ell q_{n\ell} \log p(y_n \mid \ell)
-        + w_H \sum_n \mathrm{KL}(q_n \,\|\, \mathrm{Unif})
-        - w_B\, \mathbb{E}_q[\log c(M)].
-
-    The same value and gradients as Pyro's enumerated ELBO (the routing site is the
-    only latent variable and its guide is exact), without the tracing, which costs
-    more than the arithmetic on small data. Called as ``loss(x, y, subsample_size)``;
-    :func:`~pyro_trees.infer.fit` takes ``lambda model, guide: _ClosedFormTreeELBO(...)``
-    as its ``loss``.
-    """
-
-    def __init__(
-        self, model, guide, *, balance_weight: float, entropy_weight: float, rows=None, data=None
-    ):
-        super().__init__()
-        self.model, self.guide, self.rows, self.data = model, guide, rows, data
-        self.balance_weight = float(balance_weight)
-        self.entropy_weight = float(entropy_weight)
-
-    def forward(self, x=None, y=None, subsample_size: int | None = None):
-        if x is None:  # sharded under torchrun: this rank's rows (fit_args)
-            x, y = self.data
-        n = x.shape[0]
-        scale = 1.0
-        idx, num_rows = (None, None) if self.rows is None else self.rows(n, subsample_size)
-        if idx is not None:  # under torchrun: this rank's rows (RankRows)
-            idx = idx.to(x.device)
-            x, y, scale = x[idx], y[idx], num_rows / idx.shape[0]
-        elif subsample_size is not None and subsample_size < n:
-            idx = torch.randperm(n, device=x.device)[:subsample_size]
-            x, y, scale = x[idx], y[idx], n / subsample_size
-        log_q = self.guide.tree(x)  # (B, 2**D), normalised
-        depth = self.model.depth
-        leaves = torch.arange(2**depth, device=x.device).unsqueeze(-1)  # (2**D, 1)
-        loglik = self.model.expert(x, leaves).log_prob(y)  # (2**D, B)
-        q = log_q.exp()
-        elbo = (q * loglik.T).sum()
-        if self.entropy_weight:
-            kl = (q * log_q).sum(-1) + depth * math.log(2.0)
-            elbo = elbo - self.entropy_weight * kl.sum()
-        elbo = scale * elbo
-        if self.balance_weight:
-            elbo = elbo + self.balance_weight * expected_log_coupling(log_q, depth, scale=scale)
-        return -elbo
 
 
 class _RNNTreeBase(MissingInputs, SVIEstimator):
@@ -344,13 +294,15 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
         raise NotImplementedError
 
     def _loss(self, data=None):
-        """The closed-form loss; under ``torchrun`` it reads this rank's rows of ``data``
-        (:class:`~pyro_trees.estimators._distributed.RankRows`)."""
+        """The closed-form loss (:class:`~pyro_trees.infer.HMEELBO`), compiled where
+        :func:`~pyro_trees.infer.should_compile` says; under ``torchrun`` it reads this
+        rank's rows of ``data`` (:class:`~pyro_trees.estimators._distributed.RankRows`)."""
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
         ranks = self.ranks_
-        weights["rows"] = RankRows(ranks, self.seed_) if ranks.size > 1 else None
-        weights["data"] = data
-        return lambda model, guide: _ClosedFormTreeELBO(model, guide, **weights)
+        if ranks.size > 1:
+            return RankHMEELBO(RankRows(ranks, self.seed_), data, **weights)
+        steps = self._num_steps(True)
+        return HMEELBO(**weights, compile=should_compile(self.device_, steps, self.batch_size))
 
     @torch.no_grad()
     def _collapse(self, Xs: torch.Tensor, y: torch.Tensor) -> str | None:

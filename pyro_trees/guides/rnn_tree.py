@@ -405,6 +405,37 @@ class RNNTree(PyroModule):
             return (log_right - log_left).reshape(*x.shape[:-1], -1)  # (N, 2**D - 1)
         raise ValueError(f"feedback must be 'soft' or 'hard', got {feedback!r}")
 
+    def node_params(self, dtype=None) -> dict:
+        """Every learnt tensor that hard-feedback routing reads, read once: the per-node
+        heads ``log_dim``, ``w0``, ``w1`` ``(2**D - 1, L)`` (from :meth:`node_states`)
+        and the input scaling ``x_loc``, ``x_scale`` ``(L,)``. A compiled loss takes them
+        as inputs (:meth:`leaf_log_probs_of`), so that the program reads no module.
+
+        :param dtype: the dtype of the returned tensors (default: the parameters').
+        """
+        log_dim, w0, w1 = self._node_heads(dtype)
+        dtype = log_dim.dtype
+        return {
+            "log_dim": log_dim,
+            "w0": w0,
+            "w1": w1,
+            "x_loc": self.x_loc.to(dtype),
+            "x_scale": self.x_scale.to(dtype),
+        }
+
+    @staticmethod
+    def leaf_log_probs_of(x: torch.Tensor, params: dict) -> torch.Tensor:
+        """Hard-feedback leaf log-probabilities ``(N, 2**D)`` of complete rows ``x``
+        ``(N, L)`` (no NaN) from :meth:`node_params`: :meth:`forward`'s values, written
+        as one expression in log space over ``(N, 2**D - 1, L)`` that ``torch.compile``
+        fuses (the eager :meth:`forward` computes them blockwise, within a memory bound,
+        and also routes missing inputs)."""
+        xs = (x - params["x_loc"]) / params["x_scale"]
+        log_right, log_left = _log_right_left(
+            xs.unsqueeze(-2), params["log_dim"], params["w0"], params["w1"]
+        )
+        return trees.leaf_log_probs(log_right - log_left)
+
     def _missing_logits(self) -> torch.Tensor | None:
         """``missing_logits`` (``None`` for a tree pickled before missing inputs)."""
         return getattr(self, "missing_logits", None)

@@ -58,6 +58,9 @@ from pyro_trees.infer.fit import (
 from pyro_trees.infer.fused_adam import (
     FusedClippedAdam,
 )
+from pyro_trees.infer.hme_elbo import (
+    HMEELBO,
+)
 from pyro_trees.infer.restarts import (
     RestartsResult,
     elbo_estimate,
@@ -102,6 +105,7 @@ __all__ = [
     "EarlyStopping",
     "FitResult",
     "FusedClippedAdam",
+    "HMEELBO",
     "LearnedTree",
     "MixtureTreeELBO",
     "ModelSelection",

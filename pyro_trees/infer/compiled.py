@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["CompiledLoss", "CompilesVaRTLoss", "should_compile"]
+__all__ = ["CompiledLoss", "CompilesLoss", "CompilesVaRTLoss", "should_compile"]
 
 #: compiled functions shared by every CompiledLoss of the process: (program, backend, mode)
 _COMPILED: dict = {}
@@ -138,21 +138,16 @@ class CompiledLoss:
         self.__init__(state["program"], state["backend"], state["mode"])
 
 
-class CompilesVaRTLoss:
-    """What the VaRT losses (one tree, a forest) share: the checks of
-    ``differentiable_loss``, the option to compile, the completeness check and the
-    step's draws. A loss sets ``_model_cls`` (the model class it scores, named
-    ``_model_name`` in errors), ``_elbo`` (the eager ELBO function) and ``_program``
-    (its tensor program ``(model, guide, xb, yb, q, noise, temperature, num_rows) ->
-    ELBO``: the batch, its draws and the rows it stands for, ``None`` for a full batch).
+class CompilesLoss:
+    """What the compiled losses of the package share: ``compile`` and ``mode``, the
+    :class:`CompiledLoss` of the class's ``_program`` (``None`` when eager), and a check
+    that the inputs are complete (a program runs on complete inputs; missing ones take
+    the eager path), cached for the tensor the fit passes at every step.
 
     :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
     :param mode: ``torch.compile``'s ``mode``.
     """
 
-    _model_cls: type = object
-    _model_name: str = ""
-    _elbo: Callable = None
     _program: Callable = None
 
     def __init__(self, *args, compile: bool | str = False, mode: str | None = None, **kwargs):
@@ -170,6 +165,31 @@ class CompilesVaRTLoss:
         complete = not bool(torch.isnan(x).any())
         self._checked = (weakref.ref(x), x._version, complete)
         return complete
+
+    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_checked"] = None
+        return state
+
+
+class CompilesVaRTLoss(CompilesLoss):
+    """What the VaRT losses (one tree, a forest) share: the checks of
+    ``differentiable_loss`` and the step's draws. A loss sets ``_model_cls`` (the model
+    class it scores, named ``_model_name`` in errors), ``_elbo`` (the eager ELBO
+    function) and ``_program`` (its tensor program ``(model, guide, xb, yb, q, noise,
+    temperature, num_rows) -> ELBO``: the batch, its draws and the rows it stands for,
+    ``None`` for a full batch).
+
+    :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
+    :param mode: ``torch.compile``'s ``mode``.
+    """
+
+    _model_cls: type = object
+    _model_name: str = ""
+    _elbo: Callable = None
 
     def _compiled_elbo(self, model, guide, x, y, subsample_size):
         """The ELBO through the compiled program, or ``None`` where it does not apply
@@ -189,23 +209,19 @@ class CompilesVaRTLoss:
         temperature = torch.tensor(float(guide.temperature), dtype=x.dtype, device=x.device)
         return self._compiled(model, guide, x, y, q, noise, temperature, num_rows)
 
-    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
-        """Negative ELBO estimate, differentiable in the guide's parameters."""
+    def _check(self, model, guide, x, y) -> None:
+        """The checks of every call: the model's class, the targets, ``x``'s shape."""
         name = type(self).__name__
         if not isinstance(model, self._model_cls):
             raise ValueError(f"{name} needs {self._model_name}, got {type(model).__name__}")
         if y is None:
             raise ValueError(f"{name} needs the targets y")
         model._check_x(x, y)
+
+    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
+        """Negative ELBO estimate, differentiable in the guide's parameters."""
+        self._check(model, guide, x, y)
         value = self._compiled_elbo(model, guide, x, y, subsample_size)
         if value is None:
             value = type(self)._elbo(model, guide, x, y, subsample_size)
         return -value
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_checked"] = None
-        return state

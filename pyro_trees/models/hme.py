@@ -30,6 +30,8 @@ plate ``"data"`` (``dim=-1``) is owned by this class and by the guide.
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -43,6 +45,9 @@ from pyro_trees._tree_start import balanced_start, check_init, input_scaling
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 
 __all__ = ["HME"]
+
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class HME(PyroModule):
@@ -210,6 +215,41 @@ class HME(PyroModule):
         if self.num_outputs == 1:
             return dist.Normal(out[..., 0], scale[0]).expand(batch_shape)
         return dist.Normal(out, scale).to_event(1).expand(batch_shape)
+
+    def expert_params(self) -> dict:
+        """Every learnt tensor of the experts, read once: ``leaf_loc`` ``(2**D, width)``,
+        ``leaf_weight`` ``(2**D, L, width)`` (linear experts) and the noise ``scale``
+        ``(num_outputs,)`` (regression). A compiled loss takes them as inputs
+        (:meth:`leaf_log_likelihood`), so that the program reads no module."""
+        params = {"leaf_loc": self.leaf_loc}
+        if self.experts == "linear":
+            params["leaf_weight"] = self.leaf_weight
+        if self.likelihood == "gaussian":
+            params["scale"] = self.scale()
+        return params
+
+    def leaf_log_likelihood(self, x: torch.Tensor, y: torch.Tensor, params=None) -> torch.Tensor:
+        """``log p(y_n | leaf l)`` for every row and leaf, ``(N, 2**D)``: the log-densities
+        of :meth:`expert` at every leaf, as plain tensor operations.
+
+        :param x: ``(N, L)`` inputs (a linear expert reads a missing value as 0).
+        :param y: targets as in :meth:`forward`.
+        :param dict params: :meth:`expert_params` (default: read them now).
+        """
+        params = self.expert_params() if params is None else params
+        loc = params["leaf_loc"].to(x.dtype)  # (2**D, width)
+        if self.experts == "linear":
+            x0 = torch.where(torch.isnan(x), torch.zeros_like(x), x)
+            out = torch.einsum("nf,lfo->nlo", x0, params["leaf_weight"].to(x.dtype)) + loc
+        else:
+            out = loc.unsqueeze(0)  # (1, 2**D, width)
+        if self.likelihood == "categorical":
+            log_p = out.log_softmax(-1).expand(y.shape[0], -1, -1)  # (N, 2**D, K)
+            index = y.long().reshape(-1, 1, 1).expand(-1, log_p.shape[1], 1)
+            return log_p.gather(-1, index).squeeze(-1)
+        scale = params["scale"].to(x.dtype)
+        z = (y.reshape(y.shape[0], 1, -1).to(x.dtype) - out) / scale
+        return (-0.5 * z * z - scale.log() - _HALF_LOG_2PI).sum(-1)
 
     @torch.no_grad()
     def expert_m_step(

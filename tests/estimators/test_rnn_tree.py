@@ -221,40 +221,6 @@ def test_refit_leaves_predicts_each_leafs_majority_class(parity_fit):
             assert (pred[leaf == k] == counts.argmax()).all()
 
 
-def test_closed_form_loss_matches_tree_elbo():
-    from pyro_trees.estimators._rnn_tree_base import _ClosedFormTreeELBO
-    from pyro_trees.guides import RNNTreeGuide
-    from pyro_trees.infer import TreeELBO
-    from pyro_trees.infer.fit import isolated_params
-    from pyro_trees.models import HME
-
-    torch.manual_seed(0)
-    x = torch.randn(40, 3, dtype=torch.float64)
-    for y, kw in [
-        (torch.randn(40, dtype=torch.float64), {"noise_scale": None}),
-        (torch.randint(0, 3, (40,)), {"likelihood": "categorical", "num_classes": 3}),
-    ]:
-        model = HME(3, 2, **kw).double()
-        guide = RNNTreeGuide(3, 2, feedback="hard").double()
-        params = list(model.parameters()) + list(guide.parameters())
-        for weights in (
-            {"balance_weight": 1.0, "entropy_weight": -1.0},
-            {
-                "balance_weight": 0.5,
-                "entropy_weight": 1.0,
-            },
-        ):
-            with isolated_params():
-                a = TreeELBO(**weights)(model, guide)(x, y)
-                b = _ClosedFormTreeELBO(model, guide, **weights)(x, y)
-                ga = torch.autograd.grad(a, params, allow_unused=True)
-                gb = torch.autograd.grad(b, params, allow_unused=True)
-            torch.testing.assert_close(a, b)
-            for p, q in zip(ga, gb, strict=True):
-                if p is not None:
-                    torch.testing.assert_close(p, q)
-
-
 def test_defaults_fit_real_data_and_cure_a_collapse():
     from sklearn.datasets import load_breast_cancer
 

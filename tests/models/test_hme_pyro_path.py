@@ -14,9 +14,8 @@ from pyro_trees.datasets import make_pulse, make_steps
 
 # imported here, not in a test: importing scikit-learn sets KMP_* variables, which the
 # hygiene fixture would count as a test's change of the environment
-from pyro_trees.estimators._rnn_tree_base import _ClosedFormTreeELBO
 from pyro_trees.guides import RNNTree, RNNTreeGuide
-from pyro_trees.infer import TreeELBO
+from pyro_trees.infer import HMEELBO, TreeELBO
 from pyro_trees.models import HME
 
 
@@ -64,9 +63,9 @@ def test_the_snippet_keeps_improving_on_step_functions_it_never_saw():
     seeds 0-9 x 3 seeds, 0.038 at most, lower than after 100 steps in 30/30. With the
     former fixed sigma = 1 the same loop went from 0.13 to 0.26 on seed 0.
 
-    For speed it runs the loop with the closed-form TreeELBO the estimators use (the same
-    value and gradients, ``tests/estimators/test_rnn_tree.py``) and torch's Adam (what
-    ``pyro.optim.Adam`` wraps), and reads the predictive mean exactly, ``q(leaf | x)``
+    For speed it runs the loop with the closed-form TreeELBO the estimators use
+    (``HMEELBO``: the same value and gradients, ``tests/infer/test_hme_elbo.py``) and
+    torch's Adam (what ``pyro.optim.Adam`` wraps), and reads the predictive mean exactly, ``q(leaf | x)``
     times the experts' means; ``python -m benchmarks.pyro_path`` runs the snippet as
     printed, ``Predictive`` included.
     """
@@ -77,7 +76,7 @@ def test_the_snippet_keeps_improving_on_step_functions_it_never_saw():
         model, guide = HME(1, 3), RNNTreeGuide(1, 3)
         poutine.trace(guide).get_trace(x, y)  # the lazy start of the first svi.step
         poutine.trace(model).get_trace(x, y)
-        loss = _ClosedFormTreeELBO(model, guide, balance_weight=1.0, entropy_weight=1.0)
+        loss = HMEELBO()(model, guide)
         optim = torch.optim.Adam([*model.parameters(), *guide.parameters()], lr=0.01)
         mse = {}
         for step in range(1, 601):
