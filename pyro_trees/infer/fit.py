@@ -40,6 +40,10 @@ __all__ = [
     "train_steps",
 ]
 
+#: steps between reads of the loss in a fit without early stopping, callback, progress
+#: bar or checkpoints (see :func:`train_steps`)
+_READ_EVERY = 50
+
 _OPTIMIZERS = {
     "clipped_adam": FusedClippedAdam,
     "adam": torch.optim.Adam,
@@ -242,9 +246,11 @@ class EarlyStopping:
                 m.load_state_dict(s)
 
 
-def train_steps(step_fn, start: int, stop: int, result: FitResult, *, after_step=None, bar=None):
-    """The loop: ``step_fn()`` (one gradient step, returning the loss) for steps
-    ``start..stop-1``, recording losses in ``result``.
+def train_steps(
+    step_fn, start: int, stop: int, result: FitResult, *, after_step=None, bar=None, read_every=1
+):
+    """The loop: ``step_fn()`` (one gradient step, returning the loss: a float or a 0-dim
+    tensor) for steps ``start..stop-1``, recording losses in ``result``.
 
     Ends early on a non-finite loss (``result.stopped = "non_finite"``) and when
     ``after_step(step, loss)`` returns ``True`` (its reason is already in ``result``).
@@ -253,20 +259,47 @@ def train_steps(step_fn, start: int, stop: int, result: FitResult, *, after_step
     ``KeyboardInterrupt``, with ``result`` holding the finished steps.
 
     :param bar: a tqdm bar to advance, or ``None``.
+    :param int read_every: read the losses back every ``read_every`` steps (after steps
+        whose count is a multiple of it, and after the last): on a GPU reading a loss
+        waits for the step to finish, so a loop that reads every step never runs ahead
+        of the device. Between reads ``after_step`` receives ``None`` for the loss, and
+        a non-finite loss stops the loop at the next read (``result.losses`` ends at it).
     """
-    for step in range(start, stop):
-        loss_value = step_fn()
-        result.losses.append(loss_value)
-        if not math.isfinite(loss_value):
-            result.stopped = "non_finite"
-            break
-        if bar is not None:
-            bar.update(1)
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{loss_value:.4g}")
-        if after_step is not None and after_step(step, loss_value):
-            break
-        raise_if_interrupted()
+    pending: list = []
+
+    def read() -> bool:
+        """Move the pending losses into ``result``; ``False`` at a non-finite one."""
+        if not pending:
+            return True
+        if all(isinstance(v, torch.Tensor) for v in pending):
+            values = torch.stack(pending).tolist()  # one wait for the device
+        else:
+            values = [float(v) for v in pending]
+        pending.clear()
+        for value in values:
+            result.losses.append(value)
+            if not math.isfinite(value):
+                result.stopped = "non_finite"
+                return False
+        return True
+
+    try:
+        for step in range(start, stop):
+            pending.append(step_fn())
+            loss_value = None
+            if read_every <= 1 or (step + 1) % read_every == 0 or step + 1 == stop:
+                if not read():
+                    break
+                loss_value = result.losses[-1]
+            if bar is not None:
+                bar.update(1)
+                if step % 10 == 0 and loss_value is not None:
+                    bar.set_postfix(loss=f"{loss_value:.4g}")
+            if after_step is not None and after_step(step, loss_value):
+                break
+            raise_if_interrupted()
+    finally:
+        read()
 
 
 def fit(
@@ -350,6 +383,13 @@ def fit(
     with the model and guide holding the parameters of the last finished step.
     Resuming from that checkpoint continues exactly as the uninterrupted run would
     have. A second Ctrl-C stops at once, without writing a checkpoint.
+
+    **Reading the loss.** A step's loss is read back from the device only where
+    something looks at it: every step with ``callback``, ``progress``, ``checkpoint`` or
+    several processes; otherwise at early stopping's evaluations (every ``eval_every``
+    steps), or every 50 steps without early stopping (on a GPU each read waits for the
+    step to finish). ``result.losses`` holds every step's loss either way; a non-finite
+    loss ends the run at the next read.
 
     **Threads.** Pyro's handler stack, param store and random streams are
     process-wide: ``fit`` holds :func:`~pyro_trees.infer.exclusive` while it runs, so
@@ -450,15 +490,21 @@ def _train(
 
         mid_step = [False]  # a KeyboardInterrupt that lands inside a step leaves it half done
 
-        def step_fn() -> float:
+        # a loop that nothing watches step by step reads its losses at the evaluations
+        watched = callback is not None or saver is not None or progress or data.parallel
+        read_every = 1 if watched else (_READ_EVERY if stopping is None else stopping.eval_every)
+        steps_done = [start_step]
+
+        def step_fn() -> torch.Tensor | float:
             mid_step[0] = True
             optimizer.zero_grad()
-            value = data.loss(elbo, len(result.losses))
+            value = data.loss(elbo, steps_done[0])
             value.backward()
-            value = data.reduce(params, float(value.detach()))
+            value = data.reduce(params, float(value.detach())) if data.parallel else value.detach()
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
+            steps_done[0] += 1
             mid_step[0] = False
             return value
 
@@ -480,7 +526,15 @@ def _train(
             bar = tqdm(total=num_steps, initial=start_step, desc=desc, leave=False)
         t0 = time.perf_counter()
         try:
-            train_steps(step_fn, start_step, num_steps, result, after_step=after_step, bar=bar)
+            train_steps(
+                step_fn,
+                start_step,
+                num_steps,
+                result,
+                after_step=after_step,
+                bar=bar,
+                read_every=read_every,
+            )
         except KeyboardInterrupt:
             # Held to the end of a step (or raised by the callback, after its step):
             # the checkpoint then holds the state after the last finished step, and

@@ -422,6 +422,55 @@ def test_train_steps_alone_stops_on_a_non_finite_loss_and_on_request():
     assert result.num_steps == 4 and result.stopped == "num_steps"
 
 
+def test_train_steps_reads_losses_every_few_steps_and_stops_at_the_read_after_a_nan():
+    from pyro_trees.infer import FitResult, train_steps
+
+    values = [1.0, 0.9, 0.8, 0.7, 0.6, float("nan"), 0.4, 0.3, 0.2]
+    steps, seen = iter(values), []
+    result = FitResult()
+
+    def after_step(step, loss):
+        seen.append(loss)
+        return False
+
+    train_steps(
+        lambda: torch.tensor(next(steps), dtype=torch.float64),
+        0,
+        9,
+        result,
+        after_step=after_step,
+        read_every=4,
+    )
+    # read after steps 4 and 8 (counts): the NaN of step 6 stops the loop at the second
+    # read, with the losses up to it; between reads after_step sees no loss
+    assert seen == [None, None, None, 0.7, None, None, None]
+    assert result.stopped == "non_finite" and len(result.losses) == 6
+    assert math.isnan(result.losses[-1]) and result.losses[:5] == values[:5]
+    # a request to stop between reads keeps every loss taken
+    result = FitResult()
+    train_steps(
+        lambda: torch.tensor(2.0),
+        0,
+        10,
+        result,
+        after_step=lambda step, loss: step == 5,
+        read_every=4,
+    )
+    assert result.losses == [2.0] * 6 and result.stopped == "num_steps"
+
+
+def test_fit_records_the_same_losses_when_it_reads_them_every_step_or_in_blocks():
+    """A fit read in blocks (nothing watches each step) and one read every step (a
+    callback) take the same steps and record the same losses."""
+    runs = []
+    for callback in (None, lambda step, loss: False):
+        pyro.set_rng_seed(0)
+        model, guide, x, y = _problem()
+        runs.append(fit(model, guide, x, y, loss=TreeELBO(), num_steps=70, callback=callback))
+    assert len(runs[0].losses) == 70
+    assert runs[0].losses == runs[1].losses
+
+
 def test_checkpoint_alone_writes_every_n_steps(tmp_path):
     from pyro_trees.infer import Checkpoint
 

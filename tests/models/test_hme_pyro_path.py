@@ -65,9 +65,9 @@ def test_the_snippet_keeps_improving_on_step_functions_it_never_saw():
 
     For speed it runs the loop with the closed-form TreeELBO the estimators use
     (``HMEELBO``: the same value and gradients, ``tests/infer/test_hme_elbo.py``) and
-    torch's Adam (what ``pyro.optim.Adam`` wraps), and reads the predictive mean exactly, ``q(leaf | x)``
-    times the experts' means; ``python -m benchmarks.pyro_path`` runs the snippet as
-    printed, ``Predictive`` included.
+    torch's Adam (what ``pyro.optim.Adam`` wraps), and reads the predictive mean
+    exactly, ``q(leaf | x)`` times the experts' means; ``python -m benchmarks.pyro_path``
+    runs the snippet as printed, ``Predictive`` included.
     """
     for seed in range(3):
         pyro.clear_param_store()  # else the second model adopts the first one's parameters
