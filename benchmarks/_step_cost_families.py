@@ -44,11 +44,11 @@ def _data(rows: int, dtype=torch.float32):
 def hme(rows: int, quick: bool) -> Setup:
     """HME + RNN-Tree guide at ``RNNTreeRegressor``'s defaults (depth 3, GRU width 32,
     hard feedback, constant experts, Adam at 0.03 with its exponential decay to 0.1x,
-    full batch). Loss: :class:`~pyro_trees.infer.TreeELBO` (entropy weight -1, balance
-    weight 1, the estimator's weights); the estimator itself trains with a private
-    closed-form version of the same ELBO (same value and gradients, no tracing)."""
+    full batch). Loss: :class:`~pyro_trees.infer.HMEELBO` (entropy weight -1, balance
+    weight 1), the closed-form :class:`~pyro_trees.infer.TreeELBO` the estimator
+    trains with."""
     from pyro_trees.guides import RNNTreeGuide
-    from pyro_trees.infer import TreeELBO
+    from pyro_trees.infer import HMEELBO
     from pyro_trees.models import HME
 
     x, y = _data(rows)
@@ -59,13 +59,13 @@ def hme(rows: int, quick: bool) -> Setup:
         guide,
         (x, y),
         dict(
-            loss=TreeELBO(balance_weight=1.0, entropy_weight=-1.0),
+            loss=HMEELBO(balance_weight=1.0, entropy_weight=-1.0),
             optim="adam",
             lr=0.03,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma),
         ),
         batch=rows,
-        note="TreeELBO",
+        note="HMEELBO",
     )
 
 

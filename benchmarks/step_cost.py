@@ -58,7 +58,7 @@ raises (e.g. out of memory) is a ``failed`` row with the error.
 **Modes**: ``eager``, the family's training as its estimator runs it on the CPU; and
 ``compiled``, the same with the family's loss compiled (``compile=True``, the default
 ``inductor`` backend: :mod:`pyro_trees.infer.compiled`), where it has a compiled loss
-(the VaRT families; the others are ``n/a`` rows). A compiled cell's ``first s`` is its
+(the VaRT families and the HME; the others are ``n/a`` rows). A compiled cell's ``first s`` is its
 first step, compilation included; its steps are timed after the warm-up steps, as the
 eager cells'. Rows of one batch size share one program, so a later cell of the same
 family and batch compiles nothing.
@@ -81,7 +81,7 @@ import torch
 from benchmarks._common import markdown_table, write_results
 from benchmarks._step_cost_families import FAMILIES, rows_per_step
 from pyro_trees.infer import fit, isolated_params
-from pyro_trees.infer.compiled import CompilesVaRTLoss
+from pyro_trees.infer.compiled import CompilesLoss
 
 ROWS = (1_000, 16_384, 131_072)
 QUICK_ROWS = (64,)
@@ -101,9 +101,12 @@ def mode_kwargs(mode: str, fit_kwargs: dict) -> dict | None:
     if mode == "eager":
         return fit_kwargs
     loss = fit_kwargs.get("loss")
-    if not isinstance(loss, CompilesVaRTLoss):
+    if not isinstance(loss, CompilesLoss):
         return None
-    return {**fit_kwargs, "loss": type(loss)(compile=True)}
+    weights = {
+        k: getattr(loss, k) for k in ("balance_weight", "entropy_weight") if hasattr(loss, k)
+    }
+    return {**fit_kwargs, "loss": type(loss)(**weights, compile=True)}
 
 
 # ----------------------------------------------------------------------------- counts

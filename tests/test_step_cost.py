@@ -60,11 +60,13 @@ def test_the_prediction_is_the_smaller_of_other_threads_and_scaled_rows():
 
 
 def test_the_compiled_mode_swaps_in_the_compiled_loss_or_says_there_is_none():
-    from pyro_trees.infer import TreeELBO, VaRTForestELBO
+    from pyro_trees.infer import HMEELBO, TreeELBO, VaRTForestELBO
 
     kwargs = step_cost.mode_kwargs("compiled", {"loss": VaRTForestELBO(), "lr": 0.03})
     assert kwargs["loss"].compile is True and kwargs["lr"] == 0.03
+    loss = step_cost.mode_kwargs("compiled", {"loss": HMEELBO(entropy_weight=-1.0)})["loss"]
+    assert loss.compile is True and loss.entropy_weight == -1.0  # the family's weights kept
     assert step_cost.mode_kwargs("compiled", {"loss": TreeELBO()}) is None
     assert step_cost.mode_kwargs("eager", {"loss": TreeELBO()})["loss"].__class__ is TreeELBO
-    record = step_cost.measure("hme", 64, threads=1, mode="compiled", max_timed=2, profiled=1)
+    record = step_cost.measure("treevi", 64, threads=1, mode="compiled", max_timed=2, profiled=1)
     assert record["status"] == "n/a" and "no compiled loss" in step_cost.table_row(record)["status"]

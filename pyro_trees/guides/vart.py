@@ -65,11 +65,13 @@ class TemperatureSchedule:
         return self.start * (self.end / self.start) ** frac
 
     def callback(self, guide: VaRTGuide):
-        """A ``fit`` callback setting ``guide.temperature`` after every step."""
+        """A ``fit`` callback setting ``guide.temperature`` after every step (it reads
+        no loss: ``reads_loss = False``, so ``fit`` need not read one every step)."""
 
-        def _cb(step: int, loss: float) -> None:
+        def _cb(step: int, loss: float | None) -> None:
             guide.temperature = self(step + 1)
 
+        _cb.reads_loss = False
         return _cb
 
 

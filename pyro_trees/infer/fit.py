@@ -371,7 +371,10 @@ def fit(
         the uninterrupted run would have. Pass the same ``lr_scheduler``; a checkpoint
         without a scheduler state (written by an older version) restarts the schedule
         from the saved learning rate.
-    :param callback: called as ``callback(step, loss)``; returning ``True`` stops.
+    :param callback: called as ``callback(step, loss)`` after every step; returning
+        ``True`` stops. A callback whose attribute ``reads_loss`` is ``False`` (such as
+        :meth:`TemperatureSchedule.callback <pyro_trees.guides.TemperatureSchedule.callback>`)
+        receives ``None`` for the loss between reads (see below).
     :param seed: seed for :func:`pyro.set_rng_seed`.
     :param device: move the model, the guide and tensor arguments there first.
     :param progress: show a tqdm progress bar with the loss (a string: its label).
@@ -385,11 +388,11 @@ def fit(
     have. A second Ctrl-C stops at once, without writing a checkpoint.
 
     **Reading the loss.** A step's loss is read back from the device only where
-    something looks at it: every step with ``callback``, ``progress``, ``checkpoint`` or
-    several processes; otherwise at early stopping's evaluations (every ``eval_every``
-    steps), or every 50 steps without early stopping (on a GPU each read waits for the
-    step to finish). ``result.losses`` holds every step's loss either way; a non-finite
-    loss ends the run at the next read.
+    something looks at it: every step with a ``callback`` that reads it, ``progress``,
+    ``checkpoint`` or several processes; otherwise at early stopping's evaluations
+    (every ``eval_every`` steps), or every 50 steps without early stopping (on a GPU
+    each read waits for the step to finish). ``result.losses`` holds every step's loss
+    either way; a non-finite loss ends the run at the next read.
 
     **Threads.** Pyro's handler stack, param store and random streams are
     process-wide: ``fit`` holds :func:`~pyro_trees.infer.exclusive` while it runs, so
@@ -491,7 +494,8 @@ def _train(
         mid_step = [False]  # a KeyboardInterrupt that lands inside a step leaves it half done
 
         # a loop that nothing watches step by step reads its losses at the evaluations
-        watched = callback is not None or saver is not None or progress or data.parallel
+        reads = callback is not None and getattr(callback, "reads_loss", True)
+        watched = reads or saver is not None or progress or data.parallel
         read_every = 1 if watched else (_READ_EVERY if stopping is None else stopping.eval_every)
         steps_done = [start_step]
 
