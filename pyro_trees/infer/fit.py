@@ -293,7 +293,7 @@ def train_steps(
                 loss_value = result.losses[-1]
             if bar is not None:
                 bar.update(1)
-                if step % 10 == 0 and loss_value is not None:
+                if loss_value is not None and (read_every > 1 or step % 10 == 0):
                     bar.set_postfix(loss=f"{loss_value:.4g}")
             if after_step is not None and after_step(step, loss_value):
                 break
@@ -388,11 +388,12 @@ def fit(
     have. A second Ctrl-C stops at once, without writing a checkpoint.
 
     **Reading the loss.** A step's loss is read back from the device only where
-    something looks at it: every step with a ``callback`` that reads it, ``progress``,
+    something looks at it: every step with a ``callback`` that reads it, a
     ``checkpoint`` or several processes; otherwise at early stopping's evaluations
     (every ``eval_every`` steps), or every 50 steps without early stopping (on a GPU
-    each read waits for the step to finish). ``result.losses`` holds every step's loss
-    either way; a non-finite loss ends the run at the next read.
+    each read waits for the step to finish; the progress bar shows the loss of the
+    last read). ``result.losses`` holds every step's loss either way; a non-finite loss
+    ends the run at the next read.
 
     **Threads.** Pyro's handler stack, param store and random streams are
     process-wide: ``fit`` holds :func:`~pyro_trees.infer.exclusive` while it runs, so
@@ -495,7 +496,7 @@ def _train(
 
         # a loop that nothing watches step by step reads its losses at the evaluations
         reads = callback is not None and getattr(callback, "reads_loss", True)
-        watched = reads or saver is not None or progress or data.parallel
+        watched = reads or saver is not None or data.parallel
         read_every = 1 if watched else (_READ_EVERY if stopping is None else stopping.eval_every)
         steps_done = [start_step]
 

@@ -462,13 +462,23 @@ def test_train_steps_reads_losses_every_few_steps_and_stops_at_the_read_after_a_
 def test_fit_records_the_same_losses_when_it_reads_them_every_step_or_in_blocks():
     """A fit read in blocks (nothing watches each step) and one read every step (a
     callback) take the same steps and record the same losses."""
+    seen = []
+
+    def quiet(step, loss):  # a callback that reads no loss (as a temperature schedule)
+        seen.append(loss)
+
+    quiet.reads_loss = False
     runs = []
-    for callback in (None, lambda step, loss: False):
+    for callback in (None, lambda step, loss: False, quiet):
         pyro.set_rng_seed(0)
         model, guide, x, y = _problem()
-        runs.append(fit(model, guide, x, y, loss=TreeELBO(), num_steps=70, callback=callback))
+        kwargs = {"num_steps": 70, "callback": callback}
+        runs.append(fit(model, guide, x, y, loss=TreeELBO(), **kwargs))
     assert len(runs[0].losses) == 70
-    assert runs[0].losses == runs[1].losses
+    assert runs[0].losses == runs[1].losses == runs[2].losses
+    # read after 50 steps and after the last: the quiet callback sees those two losses
+    assert [i for i, v in enumerate(seen) if v is not None] == [49, 69]
+    assert seen[49] == runs[2].losses[49]
 
 
 def test_checkpoint_alone_writes_every_n_steps(tmp_path):
