@@ -11,7 +11,7 @@ A loss of ours whose estimator is plain tensor code (:class:`~pyro_trees.infer.V
    takes them; and
 2. **the program**: everything else (the sites from the draws, the prior and guide log
    densities, the likelihood of the minibatch), a pure function of tensors that
-   :class:`CompiledLoss` compiles once per process and shape.
+   :class:`CompiledLoss` compiles once per process (see below).
 
 So the compiled loss equals the eager one on the same draws (tested), a seeded fit
 draws the same random numbers either way, and no random generator lives inside the
@@ -19,10 +19,12 @@ compiled program. Gradients flow through the program (AOTAutograd) into the eage
 parameter transforms.
 
 :class:`CompiledLoss` keeps one compiled function per program, backend and mode for the
-whole process, so that a grid search or cross-validation of same-shaped fits compiles
-once. When compilation fails (no C++ compiler for the CPU backend, an operation the
-compiler does not support), it warns once, says why, and runs the program eagerly from
-then on.
+whole process, so that a grid search or cross-validation compiles once: the first batch
+shape compiles a program for that shape, a second shape (another fold's rows, a smaller
+full batch) one program whose row count is symbolic, which every later shape reuses
+(``torch.compile``'s automatic dynamic shapes). When compilation fails (no C++ compiler
+for the CPU backend, an operation the compiler does not support), it warns once, says
+why, and runs the program eagerly from then on.
 
 :func:`should_compile` is the rule by which the estimators choose: compile where the
 saving outweighs the compilation (see its docstring).
@@ -53,7 +55,7 @@ def should_compile(device, num_steps: int, batch_rows: int | None = None) -> boo
     On CUDA a VaRT step is bound by kernel launches, not arithmetic: on an H100 an
     eager step took 10-27 ms whatever the batch, the same loss compiled 1-2 ms, after
     3.5-13.5 s of compilation (issue 38's measurements). Compiling pays after about
-    350-1,350 steps, and the program is reused by every later fit of the same shapes,
+    350-1,350 steps, and the program is reused by every later fit in the process,
     so fits of at least ``CUDA_MIN_STEPS`` steps compile (every VaRT estimator at its
     defaults); shorter ones stay eager. On CPU the saving is smaller (about a third of
     a depth-5 step of 2,048 rows; ``benchmarks/step_cost.py``) and compiling takes
@@ -102,7 +104,7 @@ class CompiledLoss:
         key = (self.program, self.backend, self.mode)
         fn = _COMPILED.get(key)
         if fn is None:
-            fn = torch.compile(self.program, backend=self.backend, mode=self.mode, dynamic=False)
+            fn = torch.compile(self.program, backend=self.backend, mode=self.mode, dynamic=None)
             _COMPILED[key] = fn
         return fn
 

@@ -66,6 +66,23 @@ def test_the_compiled_loss_equals_the_eager_one_on_the_same_draws(kind):
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
 
 
+def test_batches_of_new_sizes_stop_recompiling_after_the_second():
+    """Full batches of 30, 40 and 50 rows (three folds of a cross-validation): the
+    second size compiles a program with a symbolic row count, the third reuses it."""
+    graphs = []
+    with pyro.settings.context(module_local_params=True):
+        for n in (30, 40, 50):
+            x = torch.randn(n, 3, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+            model, guide, loss_cls = _pair("tree")
+            guide.temperature = 0.5
+            guide.params(x)
+            a, _ = _loss_and_grads(loss_cls(), model, guide, x, x[:, 0], None)
+            b, _ = _loss_and_grads(loss_cls(compile=BACKEND), model, guide, x, x[:, 0], None)
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-10)
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[2] == graphs[1]
+
+
 def test_missing_inputs_and_hard_splits_run_eagerly():
     x = torch.randn(30, 2, generator=torch.Generator().manual_seed(1))
     y = x[:, 0]
