@@ -1,6 +1,6 @@
 """The shared base of :class:`~pyro_trees.estimators.RNNTreeRegressor` and
 :class:`~pyro_trees.estimators.RNNTreeClassifier`: fitting with restarts and the choice of
-the initial tree, the closed-form loss, routing and rules.
+the initial tree, the loss (:class:`~pyro_trees.infer.HMEELBO`), routing and rules.
 """
 
 from __future__ import annotations

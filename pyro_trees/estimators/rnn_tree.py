@@ -1,5 +1,6 @@
 """Scikit-learn style RNN-Tree estimators: an HME with the tree-balance prior and the
-RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with :class:`~pyro_trees.infer.TreeELBO`.
+RNN-Tree guide, trained by :func:`~pyro_trees.infer.fit` with
+:class:`~pyro_trees.infer.HMEELBO` (:class:`~pyro_trees.infer.TreeELBO` in closed form).
 """
 
 from __future__ import annotations
