@@ -1,6 +1,6 @@
 """The GPU contract: every estimator and every model + guide pair of the Pyro contract
 trains on ``cuda`` and predicts there, finite and close to the CPU fit; the compiled VaRT
-losses equal the eager ones on the GPU. Every test is marked ``cuda`` and skips without
+and HME losses equal the eager ones on the GPU. Every test is marked ``cuda`` and skips without
 a CUDA device (tests/conftest.py)."""
 
 import numpy as np
@@ -118,3 +118,34 @@ def test_the_compiled_vart_losses_equal_the_eager_ones_on_cuda(forest, backend):
     assert torch.allclose(a, b, rtol=1e-4)
     for ga, gb in zip(grad_a, grad_b, strict=True):
         assert torch.allclose(ga, gb, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_compiled_hme_loss_equals_the_eager_one_on_cuda(backend):
+    from pyro import poutine
+
+    from pyro_trees.guides import RNNTreeGuide
+    from pyro_trees.infer import HMEELBO
+    from pyro_trees.infer.fit import isolated_params
+    from pyro_trees.models import HME
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(512, 3, device="cuda", generator=gen)
+    y = x[:, 0].sin()
+    with isolated_params():
+        model, guide = HME(3, 3), RNNTreeGuide(3, 3)
+        poutine.trace(guide).get_trace(x, y)  # the data-driven start, on x's device
+        poutine.trace(model).get_trace(x, y)
+        params = [*model.parameters(), *guide.parameters()]
+        values = []
+        for loss in (HMEELBO(entropy_weight=-1.0), HMEELBO(entropy_weight=-1.0, compile=backend)):
+            pyro.set_rng_seed(5)
+            value = loss.differentiable_loss(model, guide, x, y, 128)
+            grads = torch.autograd.grad(value, params, allow_unused=True)
+            values.append((value.detach(), grads))
+        assert loss._compiled.failed is None
+    (a, grad_a), (b, grad_b) = values
+    assert a.is_cuda and torch.allclose(a, b, rtol=1e-4)
+    for ga, gb in zip(grad_a, grad_b, strict=True):
+        if ga is not None:
+            assert torch.allclose(ga, gb, rtol=1e-3, atol=1e-4)
