@@ -138,6 +138,18 @@ class RelaxedSplitGuide:
         q = self.params(x) if params is None else params
         return self.sites(q, self.noise(q), self.temperature)
 
+    @staticmethod
+    def _relaxed(params: dict, noise: dict, temperature) -> tuple:
+        """``(split, beta, theta, log_sigma)`` from parameters, draws and temperature,
+        unsliced (a leading dimension of trees in a forest): what every ``sites``
+        slices into its sites."""
+        q = params
+        split = RelaxedSplitIndicator.relax(q["split_logits"], noise["split"], temperature)
+        beta = q["beta_loc"] + q["beta_scale"] * noise["beta"]
+        theta = q["theta_loc"] + q["theta_scale"] * noise["theta"]
+        log_sigma = q["log_sigma_loc"] + q["log_sigma_scale"] * noise["log_sigma"]
+        return split, beta, theta, log_sigma
+
     def noise(self, params: dict) -> dict:
         """The random draws behind one ``rsample`` from parameters ``params`` (the
         guide's ``params(x)``), in the order it draws them, each of its parameter's
@@ -411,11 +423,8 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``
         (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim
         tensor): plain tensor code, the part of a draw a compiled loss traces."""
-        q, depth, model = params, self.depth, self.model
-        split = RelaxedSplitIndicator.relax(q["split_logits"], noise["split"], temperature)
-        beta = q["beta_loc"] + q["beta_scale"] * noise["beta"]
-        theta = q["theta_loc"] + q["theta_scale"] * noise["theta"]
-        log_sigma = q["log_sigma_loc"] + q["log_sigma_scale"] * noise["log_sigma"]
+        depth, model = self.depth, self.model
+        split, beta, theta, log_sigma = self._relaxed(params, noise, temperature)
         rho = noise.get("rho")
         out = {}
         for d in range(depth + 1):

@@ -155,10 +155,8 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``
         (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim
         tensor): plain tensor code, the part of a draw a compiled loss traces."""
-        q, depth, model = params, self.depth, self.model
-        split = RelaxedSplitIndicator.relax(q["split_logits"], noise["split"], temperature)
-        beta = q["beta_loc"] + q["beta_scale"] * noise["beta"]
-        theta = q["theta_loc"] + q["theta_scale"] * noise["theta"]
+        depth, model = self.depth, self.model
+        split, beta, theta, log_sigma = self._relaxed(params, noise, temperature)
         out = {}
         for d in range(depth):
             sl = slice((1 << d) - 1, (2 << d) - 1)
@@ -166,8 +164,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
             out[model.site(f"beta_{d}")] = beta[:, sl]
         for d in range(depth + 1):
             out[model.site(f"theta_{d}")] = theta[:, (1 << d) - 1 : (2 << d) - 1]
-        ls = q["log_sigma_loc"] + q["log_sigma_scale"] * noise["log_sigma"]
-        out[model.site("log_sigma")] = ls
+        out[model.site("log_sigma")] = log_sigma
         if "rho" in noise:
             for d in range(depth):
                 out[model.site(f"rho_{d}")] = noise["rho"][:, (1 << d) - 1 : (2 << d) - 1]

@@ -40,8 +40,8 @@ __all__ = [
     "train_steps",
 ]
 
-#: steps between reads of the loss in a fit without early stopping, callback, progress
-#: bar or checkpoints (see :func:`train_steps`)
+#: steps between reads of the loss in a fit without early stopping, a callback that
+#: reads the loss, checkpoints or several processes (see :func:`fit`)
 _READ_EVERY = 50
 
 _OPTIMIZERS = {
