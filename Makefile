@@ -28,8 +28,13 @@ $(VENV)/.installed: setup.cfg setup.py pyproject.toml
 demo: install
 	$(BIN)/python -m pyro_trees.demo --out $(DEMO_OUT)
 
+# One pytest worker per core, at most four (each holds its own torch, about 1 GB), each
+# given whole test files so that a module's fitted fixtures are built once; the workers
+# split the cores between them (tests/conftest.py). TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
+
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # Builds the sdist and the wheel, installs the wheel into a fresh virtual environment outside
 # the repository (torch pinned by constraints.txt), imports every module, runs the README's

@@ -56,6 +56,19 @@ def _pyro_hygiene():
     assert not changed, f"the test left process-wide state changed: {changed}"
 
 
+def pytest_configure(config):
+    # under pytest-xdist (``make test`` runs one worker per core) each worker computes on
+    # its share of the cores: torch's default of every core per process would run
+    # workers x cores threads on the machine, and OpenMP threads that wait on each other
+    # slow every worker down; the processes a test starts (notebook kernels, torchrun
+    # ranks, the demo) inherit the same share through OMP_NUM_THREADS
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--reverse-order",
