@@ -413,15 +413,16 @@ class RNNTree(PyroModule):
 
         :param dtype: the dtype of the returned tensors (default: the parameters').
         """
-        log_dim, w0, w1 = self._node_heads(dtype)
-        dtype = log_dim.dtype
-        return {
-            "log_dim": log_dim,
-            "w0": w0,
-            "w1": w1,
-            "x_loc": self.x_loc.to(dtype),
-            "x_scale": self.x_scale.to(dtype),
-        }
+        with self._pyro_context:  # through Pyro's store, so that plain SVI trains them
+            log_dim, w0, w1 = self._node_heads(dtype)
+            dtype = log_dim.dtype
+            return {
+                "log_dim": log_dim,
+                "w0": w0,
+                "w1": w1,
+                "x_loc": self.x_loc.to(dtype),
+                "x_scale": self.x_scale.to(dtype),
+            }
 
     @staticmethod
     def leaf_log_probs_of(x: torch.Tensor, params: dict) -> torch.Tensor:

@@ -411,12 +411,13 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         lazy start, from ``x``, first), keyed by name and, with missing inputs,
         ``rho_a``, ``rho_b`` the Beta concentrations of ``rho`` ``(M_int,)``."""
         opts = {"dtype": x.dtype, "device": x.device}
-        self._ensure_started(x)
-        q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
-        if getattr(self, "missing", False):
-            q["rho_a"], q["rho_b"] = rho_concentrations(
-                self.rho_logits, self.rho_concentration, opts
-            )
+        with self._pyro_context:  # through Pyro's store, also when called from an ELBO
+            self._ensure_started(x)
+            q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
+            if getattr(self, "missing", False):
+                q["rho_a"], q["rho_b"] = rho_concentrations(
+                    self.rho_logits, self.rho_concentration, opts
+                )
         return q
 
     def sites(self, params: dict, noise: dict, temperature) -> dict:

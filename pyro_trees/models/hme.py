@@ -221,11 +221,12 @@ class HME(PyroModule):
         ``leaf_weight`` ``(2**D, L, width)`` (linear experts) and the noise ``scale``
         ``(num_outputs,)`` (regression). A compiled loss takes them as inputs
         (:meth:`leaf_log_likelihood`), so that the program reads no module."""
-        params = {"leaf_loc": self.leaf_loc}
-        if self.experts == "linear":
-            params["leaf_weight"] = self.leaf_weight
-        if self.likelihood == "gaussian":
-            params["scale"] = self.scale()
+        with self._pyro_context:  # through Pyro's store, so that plain SVI trains them
+            params = {"leaf_loc": self.leaf_loc}
+            if self.experts == "linear":
+                params["leaf_weight"] = self.leaf_weight
+            if self.likelihood == "gaussian":
+                params["scale"] = self.scale()
         return params
 
     def leaf_log_likelihood(self, x: torch.Tensor, y: torch.Tensor, params=None) -> torch.Tensor:

@@ -1,0 +1,84 @@
+"""Every loss of ours, under plain ``pyro.infer.SVI``, trains every parameter of the model
+and the guide, eager and compiled, with Pyro's global parameter store and with
+module-local parameters: ``SVI`` optimises only the parameters a loss reads through
+Pyro, so a parameter read outside the module's Pyro context would silently stay put."""
+
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI
+
+from pyro_trees.guides import RNNTreeGuide, VaRTForestGuide, VaRTGuide
+from pyro_trees.infer import HMEELBO, VaRTELBO, VaRTForestELBO
+from pyro_trees.infer.fit import isolated_params
+from pyro_trees.models import HME, VaRT, VaRTClassification, VaRTForest
+
+BACKEND = "aot_eager"  # traces and differentiates like inductor, without generating code
+
+
+def _data(classes: int = 0):
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(60, 3, generator=g, dtype=torch.float64)
+    if classes:
+        return x, (x[:, 0] * classes).long().clamp_max(classes - 1)
+    return x, torch.sin(4 * x[:, 0]) + 0.1 * torch.randn(60, generator=g, dtype=x.dtype)
+
+
+def _vart():
+    model = VaRT(3)
+    return model, VaRTGuide(model, 2), VaRTELBO, _data()
+
+
+def _vart_classification():
+    model = VaRTClassification(3, 3)
+    return model, VaRTGuide(model, 2), VaRTELBO, _data(3)
+
+
+def _forest():
+    model = VaRTForest(3, num_trees=3, depth=2)
+    return model, VaRTForestGuide(model), VaRTForestELBO, _data()
+
+
+def _hme():
+    return HME(3, 2, experts="linear").double(), RNNTreeGuide(3, 2).double(), HMEELBO, _data()
+
+
+def _trained(model, guide):
+    """Every trainable tensor of the model and guide, by name."""
+    out = {}
+    for who, module in (("model", model), ("guide", guide)):
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                out[f"{who}.{name}"] = p
+    return out
+
+
+# the HME and its RNN-Tree guide register parameters in Pyro's global store (under
+# TreeELBO too), so module-local parameters are not offered for that pair
+_CASES = [
+    pytest.param(build, local, id=f"{name}-{'module-local' if local else 'global store'}")
+    for name, build in (
+        ("vart", _vart),
+        ("classes", _vart_classification),
+        ("forest", _forest),
+        ("hme", _hme),
+    )
+    for local in (False, True)
+    if not (local and build is _hme)
+]
+
+
+@pytest.mark.parametrize("compile", [False, BACKEND], ids=["eager", "compiled"])
+@pytest.mark.parametrize(("build", "local"), _CASES)
+def test_svi_trains_every_parameter(build, local, compile):
+    with isolated_params(), pyro.settings.context(module_local_params=local):
+        model, guide, loss_cls, (x, y) = build()
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), loss_cls(compile=compile))
+        svi.step(x, y)  # the lazy starts
+        before = {k: v.detach().clone() for k, v in _trained(model, guide).items()}
+        assert before, "nothing to train"
+        for _ in range(3):
+            svi.step(x, y)
+        after = _trained(model, guide)
+        still = sorted(k for k, v in before.items() if torch.equal(v, after[k].detach()))
+        assert not still, f"{loss_cls.__name__} under plain SVI left {still} unchanged"
