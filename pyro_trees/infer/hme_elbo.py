@@ -162,6 +162,7 @@ class HMEELBO(CompilesLoss, DifferentiableLossELBO):
                 f"{name}: x must be (N, {model.in_features}) with as many rows as y; got "
                 f"{tuple(x.shape)} and {tuple(y.shape)}"
             )
+        model.check_y(y, x.shape[0])
         if not (guide.initialised and model.initialised):
             with torch.no_grad():
                 poutine.trace(guide).get_trace(x, y)

@@ -303,13 +303,28 @@ class HME(PyroModule):
             resid = (w.unsqueeze(-1) * (y2.unsqueeze(1) - loc) ** 2).sum((0, 1)) / y2.shape[0]
             self.noise_scale = resid.sqrt().clamp_min(1e-3 * y2.std(0).clamp_min(1e-12))
 
+    def check_y(self, y: torch.Tensor, n: int) -> None:
+        """Check that the targets ``y`` have the shape of the module's docstring for ``n``
+        rows: ``(n,)`` for class labels and one regression output, else
+        ``(n, num_outputs)``.
+
+        :raises ValueError: naming the shape expected and the shape given.
+        """
+        one = self.likelihood == "categorical" or self.num_outputs == 1
+        want = (n,) if one else (n, self.num_outputs)
+        if tuple(y.shape) != want:
+            what = "class labels" if self.likelihood == "categorical" else "targets"
+            raise ValueError(
+                f"y must hold the {what} of x's {n} rows with shape {want}; got {tuple(y.shape)}"
+            )
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Sample (or condition on) ``y`` for inputs ``x``; returns ``y``'s sample."""
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         n = x.shape[0]
-        if y is not None and y.shape[0] != n:
-            raise ValueError(f"x has {n} rows but y has {y.shape[0]}")
+        if y is not None:
+            self.check_y(y, n)
         if self._init_state != "done":
             self._lazy_init(x, y)
         with pyro.plate("data", n, subsample_size=subsample_size, dim=-1) as idx:

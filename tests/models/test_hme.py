@@ -61,6 +61,15 @@ def test_bad_arguments():
         model(torch.randn(5, 3))
     with pytest.raises(ValueError, match="rows"):
         model(torch.randn(5, 2), torch.randn(4))
+    # one output takes y as (N,), as the module says, not as a column
+    with pytest.raises(ValueError, match=r"shape \(5,\); got \(5, 1\)"):
+        model(torch.randn(5, 2), torch.randn(5, 1))
+    with pytest.raises(ValueError, match=r"shape \(5, 3\); got \(5,\)"):
+        HME(2, 2, num_outputs=3)(torch.randn(5, 2), torch.randn(5))
+    with pytest.raises(ValueError, match=r"class labels of x's 5 rows"):
+        HME(2, 2, likelihood="categorical", num_classes=3)(
+            torch.randn(5, 2), torch.zeros(5, 1, dtype=torch.long)
+        )
 
 
 def test_too_deep_a_tree_says_how_much_memory_the_experts_need():
