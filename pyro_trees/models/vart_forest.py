@@ -262,7 +262,9 @@ class VaRTForest(PyroModule):
             xb = x[idx]
             yb = None if y is None else y[idx].unsqueeze(0)
             f = forest_mean(forest, xb, keepdim=True)
-            pyro.deterministic(self.site("mean"), f)
+            # batch-shaped like "obs" (the summed trees dim, then the rows): Predictive
+            # returns both as (S, 1, N)
+            pyro.deterministic(self.site("mean"), f, event_dim=0)
             sigma = log_sigma.exp()
             if sigma.dim():  # outer plates: (..., 1, 1) lines up with (..., 1, N)
                 sigma = sigma.reshape(sigma.shape + (1,) * max(0, 2 - sigma.dim()))

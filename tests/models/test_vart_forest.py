@@ -19,8 +19,10 @@ def test_sites_and_shapes():
     assert "split_2" not in trace.nodes  # the truncation level holds leaves only
     assert trace.nodes["obs"]["value"].shape == (1, 7)
     assert model(x).shape == (7,)
-    draws = Predictive(model, num_samples=4, parallel=True)(x)
-    assert draws["obs"].shape == (4, 1, 7) and draws["theta_0"].shape == (4, 5, 1, 4)
+    for parallel in (True, False):
+        draws = Predictive(model, num_samples=4, parallel=parallel)(x)
+        assert draws["obs"].shape == draws["mean"].shape == (4, 1, 7)  # the guide page's
+        assert draws["theta_0"].shape == (4, 5, 1, 4)
 
 
 def test_named_sites():
