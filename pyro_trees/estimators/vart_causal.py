@@ -52,8 +52,8 @@ class VaRTCausal(BaseEstimator):
         defaults: depth 3, lambda 1e-3; every row trains, as above; one fit, as the IHDP
         figures of the VaRT guide page were measured: without held-out rows every
         further fit of ``num_fits`` trains all ``num_steps``). Only without ``regressor``.
-    :param random_state: seed of the default regressor (a given regressor keeps its
-        own ``random_state``).
+    :param random_state: seed of the default regressor, and of a given regressor whose
+        own ``random_state`` is ``None`` (one with a seed of its own keeps it).
     :param device: torch device of the default regressor.
     :param bool progress: show the default regressor's progress bar.
 
@@ -135,6 +135,9 @@ class VaRTCausal(BaseEstimator):
                     f"regressor must be a VaRTRegressor, got {type(self.regressor).__name__}"
                 )
             self.regressor_ = clone(self.regressor)
+            if self.regressor_.random_state is None and self.random_state is not None:
+                # a regressor without a seed of its own takes this estimator's
+                self.regressor_.set_params(random_state=self.random_state)
         XA = np.concatenate([X, A.astype(np.float64)[:, None]], axis=1)
         self.regressor_.fit(XA, y, sharded=sharded)
         self.sharded_ = sharded and self.regressor_.ranks_.size > 1

@@ -67,3 +67,15 @@ def test_forest_outcome_model():
     assert default.get_params()["num_trees"] == 4
     with pytest.raises(ValueError, match="num_trees"):
         VaRTCausal(reg, num_trees=4).fit(X, A, y)
+
+
+def test_random_state_seeds_a_given_regressor_without_one():
+    rng = np.random.default_rng(1)
+    X, A = rng.normal(size=(60, 2)), rng.integers(0, 2, size=60)
+    y = X[:, 0] + A + 0.1 * rng.normal(size=60)
+    reg = VaRTRegressor(depth=2, num_steps=20, num_samples=8)  # random_state=None
+    first, again = (VaRTCausal(reg, random_state=3).fit(X, A, y) for _ in range(2))
+    assert first.regressor_.random_state == 3 and reg.random_state is None
+    assert first.ate()["mean"] == again.ate()["mean"]
+    own = VaRTCausal(VaRTRegressor(depth=2, num_steps=20, num_samples=8, random_state=5))
+    assert own.set_params(random_state=3).fit(X, A, y).regressor_.random_state == 5
