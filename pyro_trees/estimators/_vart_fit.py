@@ -134,7 +134,9 @@ class VaRTFits(MissingInputs, SVIEstimator):
         val_idx, train_idx = split.fold(self._member_fold(j, split))
         seed = self._seed() + j * MEMBER_SEED
         gen = generator if j == 0 else torch.Generator().manual_seed(seed)
-        held = self._fit_split(X, y, val_idx, train_idx, gen, seed=seed)
+        # the progress bar names the fit among several: "VaRT fit 2/3"
+        label = self._label + (f" fit {j + 1}/{self.num_fits}" if int(self.num_fits) > 1 else "")
+        held = self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, label=label)
         stopped = None
         if split.n_val and getattr(self, "refit", False):
             # refit=True: a fresh guide, seeded seed_ + _REFIT_SEED + j * MEMBER_SEED,
@@ -144,7 +146,9 @@ class VaRTFits(MissingInputs, SVIEstimator):
             seed = self._seed() + _REFIT_SEED + j * MEMBER_SEED
             steps = max(int(stopped.best_step or 0), 1)
             gen = torch.Generator().manual_seed(seed)
-            self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps)
+            self._fit_split(
+                X, y, val_idx, train_idx, gen, seed=seed, num_steps=steps, label=label + " refit"
+            )
         # the importances of the guide the fit keeps (the refit's, where there is one)
         importances = _split_importances(self.guide_, X[train_idx][:4096], self.ranks_)
         ranges = (self.x_min_, self.x_max_)
@@ -170,13 +174,14 @@ class VaRTFits(MissingInputs, SVIEstimator):
         """The input width the memory checks count (``L``)."""
         return num_features
 
-    def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None):
+    def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None, label=None):
         """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);
         ``gen`` seeds the guide's start and ``seed`` (default ``seed_``) the training
         draws. With ``num_steps`` (the refit of ``refit=True``) it trains exactly that
         many steps of the ``self.num_steps`` temperature schedule, without early
-        stopping. Sets ``model_``, ``guide_``, ``fit_result_`` and the clipping range;
-        returns the held-out rows, standardised and clipped."""
+        stopping. ``label`` names the progress bar (default the family's). Sets
+        ``model_``, ``guide_``, ``fit_result_`` and the clipping range; returns the
+        held-out rows, standardised and clipped."""
         n, num_features = X.shape
         ranks = self.ranks_
         n_val = len(val_idx)
@@ -225,7 +230,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 optim="clipped_adam",
                 lr=self.lr,
                 lr_scheduler=self._lr_scheduler(),
-                progress=self.progress and (self._label + (" refit" if num_steps else "")),
+                progress=self.progress and (label or self._label),
                 callback=schedule.callback(guide),
                 early_stopping=stopping,
             )

@@ -830,3 +830,23 @@ def test_n_fits_without_held_out_rows_trains_each_fit_fully_and_rejects_bad_valu
     for bad in (0, 2.5, True, 7):  # 7 > num_samples: a fit without a posterior tree
         with pytest.raises(ValueError, match="num_fits"):
             VaRTRegressor(**dict(kw, num_fits=bad)).fit(X, y)
+
+
+def test_progress_bars_name_each_of_several_fits(monkeypatch):
+    import tqdm.auto
+
+    labels = []
+
+    class Bar:
+        def __init__(self, *args, desc=None, **kwargs):
+            labels.append(desc)
+
+        def __getattr__(self, name):  # update, set_postfix, close, ...
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    VaRTRegressor(num_steps=3, num_fits=2, num_samples=4, progress=True, random_state=0).fit(
+        X, X[:, 0]
+    )
+    assert labels == ["VaRT fit 1/2", "VaRT fit 1/2 refit", "VaRT fit 2/2", "VaRT fit 2/2 refit"]
