@@ -55,6 +55,7 @@ ORDER = (
     "treevi_synthetic",
     "treevi_graph",
     "treevi_clustering",
+    "treevi_gmm_starts",
     "treevi_cost",
     "defaults",
     "missing",
