@@ -127,6 +127,22 @@ class RelaxedSplitGuide:
         if self.init == "data":
             self.init_splits_from_data(x)
 
+    def params(self, x: torch.Tensor) -> dict:
+        """Every (constrained) parameter, read once, in ``x``'s dtype and device (the
+        lazy start, from ``x``, first), keyed by name and, with missing inputs,
+        ``rho_a``, ``rho_b`` the Beta concentrations of ``rho`` (a leading dimension
+        of trees in a forest). Read through the module's Pyro context, so that plain
+        ``SVI`` with a loss that calls it trains them."""
+        opts = {"dtype": x.dtype, "device": x.device}
+        with self._pyro_context:
+            self._ensure_started(x)
+            q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
+            if getattr(self, "missing", False):
+                q["rho_a"], q["rho_b"] = rho_concentrations(
+                    self.rho_logits, self.rho_concentration, opts
+                )
+        return q
+
     def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:
         """One reparameterised draw of every latent site, keyed like the sites of the
         guide's ``forward`` (a leading dimension of trees in a forest): what the VaRT
@@ -405,20 +421,6 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
                         out[name] = pyro.sample(name, dist.Normal(ls_loc[sl], ls_scale[sl]))
                 exist = child_exist
         return out
-
-    def params(self, x: torch.Tensor) -> dict:
-        """Every (constrained) parameter, read once, in ``x``'s dtype and device (the
-        lazy start, from ``x``, first), keyed by name and, with missing inputs,
-        ``rho_a``, ``rho_b`` the Beta concentrations of ``rho`` ``(M_int,)``."""
-        opts = {"dtype": x.dtype, "device": x.device}
-        with self._pyro_context:  # through Pyro's store, also when called from an ELBO
-            self._ensure_started(x)
-            q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
-            if getattr(self, "missing", False):
-                q["rho_a"], q["rho_b"] = rho_concentrations(
-                    self.rho_logits, self.rho_concentration, opts
-                )
-        return q
 
     def sites(self, params: dict, noise: dict, temperature) -> dict:
         """The sites of :meth:`rsample` from parameters ``params``, draws ``noise``

@@ -21,7 +21,7 @@ from torch.distributions import constraints
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import RelaxedSplitIndicator
 from pyro_trees.guides.base import TreeGuide
-from pyro_trees.guides.vart import RelaxedSplitGuide, rho_concentrations
+from pyro_trees.guides.vart import RelaxedSplitGuide
 from pyro_trees.models.vart import node_weights, weighted
 from pyro_trees.models.vart_forest import VaRTForest, forest_tree
 
@@ -140,14 +140,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         """Every (constrained) parameter, read once, in ``x``'s dtype and device, with
         ``theta_loc`` the leaves' locations (the parameter over :math:`K`) and, with
         missing inputs, ``rho_a``, ``rho_b`` the Beta concentrations of ``rho``."""
-        opts = {"dtype": x.dtype, "device": x.device}
-        with self._pyro_context:  # through Pyro's store, also when called from an ELBO
-            self._ensure_started(x)
-            q = {k: getattr(self, k).to(**opts) for k in self._PARAMS}
-            if getattr(self, "missing", False):
-                q["rho_a"], q["rho_b"] = rho_concentrations(
-                    self.rho_logits, self.rho_concentration, opts
-                )
+        q = super().params(x)
         q["theta_loc"] = q["theta_loc"] / self.num_trees
         return q
 

@@ -89,8 +89,8 @@ def vart_elbo(
         (``subsample``, or without it all of ``x``) stands for (default ``x.shape[0]``;
         data-parallel training passes the rows of every rank; a compiled step passes a
         0-dim tensor, so that every data size shares one program).
-    :param params: the guide's parameters (:meth:`VaRTGuide.params
-        <pyro_trees.guides.VaRTGuide.params>`), when already read.
+    :param params: the guide's parameters (:meth:`RelaxedSplitGuide.params
+        <pyro_trees.guides.vart.RelaxedSplitGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
     depth, site = guide.depth, model.site
