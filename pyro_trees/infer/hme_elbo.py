@@ -157,11 +157,8 @@ class HMEELBO(CompilesLoss, DifferentiableLossELBO):
             raise ValueError(f"{name} needs an RNNTreeGuide, got {type(guide).__name__}")
         if y is None:
             raise ValueError(f"{name} needs the targets y")
-        if x.dim() != 2 or x.shape[-1] != model.in_features or y.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"{name}: x must be (N, {model.in_features}) with as many rows as y; got "
-                f"{tuple(x.shape)} and {tuple(y.shape)}"
-            )
+        if x.dim() != 2 or x.shape[-1] != model.in_features:
+            raise ValueError(f"{name}: x must be (N, {model.in_features}); got {tuple(x.shape)}")
         model.check_y(y, x.shape[0])
         if not (guide.initialised and model.initialised):
             with torch.no_grad():
