@@ -155,16 +155,98 @@ def encode(enc, x, chunk: int = 8192):
     return torch.cat([enc(b)[0].cpu() for b in x.split(chunk)])
 
 
-def pretrain(x, *, arch, latent, num_clusters, epochs, batch_size, lr, seed, dropout=0.0):
+def glorot_(*modules) -> None:
+    """Glorot-uniform weights and zero biases for every linear layer of ``modules`` (the
+    default of Keras' ``Dense``, in which the DC-GMM and VaDE codes are written; torch's
+    own default is a scaled uniform of half that spread)."""
+    for module in modules:
+        for layer in module.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_uniform_(layer.weight)
+                nn.init.zeros_(layer.bias)
+
+
+def pretrain_layerwise(enc, dec, x, *, epochs, batch_size, lr, dropout, generator) -> None:
+    """Greedy layer-wise pretraining of the stacked autoencoder (DEC's and VaDE's start), in
+    place: encoder layer ``k`` and its mirror in the decoder are trained as a one-layer
+    denoising autoencoder (``dropout`` of the inputs dropped) on the codes of the layers
+    below, for ``epochs`` epochs each, by Adam at ``lr``: the outermost pair on the
+    binary cross-entropy of ``x``, the inner ones on the squared error of the codes. The
+    innermost encoder layer's mean rows form the code (no activation), and the others use
+    the network's activation, as in the full network. End-to-end training
+    (:func:`pretrain`) follows."""
+    acts = [m for m in enc.net if not isinstance(m, nn.Linear)]
+    act = acts[0] if acts else nn.Identity()  # the network's own activation
+    enc_layers = [m for m in enc.net if isinstance(m, nn.Linear)]
+    dec_layers = [m for m in dec if isinstance(m, nn.Linear)][::-1]
+    latent = enc.latent_dim
+    h = x
+    for k, (e, d) in enumerate(zip(enc_layers, dec_layers, strict=True)):
+        last, first = k == len(enc_layers) - 1, k == 0
+        rows = slice(0, latent) if last else slice(None)  # the code: the mean's rows
+
+        def code(inp, e=e, rows=rows, last=last):
+            out = nn.functional.linear(inp, e.weight[rows], e.bias[rows])
+            return out if last else act(out)
+
+        opt = torch.optim.Adam([e.weight, e.bias, d.weight, d.bias], lr=lr)
+        for _ in range(epochs):
+            for b in torch.randperm(len(h), generator=generator).split(batch_size):
+                hb = h[b.to(h.device)]
+                out = d(code(nn.functional.dropout(hb, dropout) if dropout else hb))
+                if first:
+                    loss = nn.functional.binary_cross_entropy_with_logits(out, hb, reduction="sum")
+                else:
+                    loss = (act(out) - hb).pow(2).sum()
+                opt.zero_grad()
+                (loss / len(b)).backward()
+                opt.step()
+        with torch.no_grad():
+            h = torch.cat([code(c) for c in h.split(8192)])
+
+
+def pretrain(
+    x,
+    *,
+    arch,
+    latent,
+    num_clusters,
+    epochs,
+    batch_size,
+    lr,
+    seed,
+    dropout=0.0,
+    init="torch",
+    layerwise_epochs=0,
+):
     """Deterministic autoencoder (the encoder's mean, the decoder), trained end to end on
     the binary cross-entropy of ``x`` (on ``x``'s device); ``dropout > 0`` drops that
     fraction of the input pixels (a denoising autoencoder: it reconstructs the clean
-    ``x``). Returns the two state dicts, the codes ``(N, D)`` and seconds per epoch."""
+    ``x``). ``init="glorot"`` starts every layer with :func:`glorot_` (default: torch's
+    start); ``layerwise_epochs > 0`` first runs :func:`pretrain_layerwise` for that many
+    epochs a layer (its input dropout ``dropout``, or 0.2, DEC's, when ``dropout`` is 0).
+    Returns the two state dicts, the codes ``(N, D)`` and seconds per epoch of the
+    end-to-end training."""
     torch.manual_seed(seed)
     enc, dec = make_networks(arch, latent, num_clusters)
+    if init == "glorot":
+        glorot_(enc, dec)
+    elif init != "torch":
+        raise ValueError(f"init must be 'torch' or 'glorot', got {init!r}")
     enc, dec = enc.to(x.device), dec.to(x.device)
-    opt = torch.optim.Adam([*enc.parameters(), *dec.parameters()], lr=lr)
     gen = torch.Generator().manual_seed(seed)
+    if layerwise_epochs:
+        pretrain_layerwise(
+            enc,
+            dec,
+            x,
+            epochs=layerwise_epochs,
+            batch_size=batch_size,
+            lr=lr,
+            dropout=dropout or 0.2,
+            generator=gen,
+        )
+    opt = torch.optim.Adam([*enc.parameters(), *dec.parameters()], lr=lr)
     t0 = time.perf_counter()
     for _ in range(epochs):
         for b in torch.randperm(len(x), generator=gen).split(batch_size):

@@ -154,6 +154,18 @@ def parse(argv=None):
     parser.add_argument(
         "--ae-dropout", type=float, default=0.0, help="input dropout: a denoising autoencoder"
     )
+    parser.add_argument(
+        "--ae-init",
+        default="torch",
+        choices=("torch", "glorot"),
+        help="start of the autoencoder's layers (glorot: Keras' default, the papers' codes')",
+    )
+    parser.add_argument(
+        "--ae-layerwise-epochs",
+        type=int,
+        default=0,
+        help="greedy layer-wise denoising pretraining first, this many epochs a layer",
+    )
     parser.add_argument("--gmm-inits", type=int, default=3)
     parser.add_argument("--shared-pretrain", action="store_true", help="one start for all seeds")
     parser.add_argument("--start-cache", help="directory keeping each pretrained start")
@@ -240,6 +252,8 @@ def start_of(seed, x, y, args):
     s = args.first_seed if args.shared_pretrain else seed
     keys = ("data", "num_images", "binarise", "arch", "ae_epochs", "ae_batch_size", "ae_lr")
     keys += ("ae_dropout",) if args.ae_dropout else ()
+    keys += ("ae_init",) if args.ae_init != "torch" else ()
+    keys += ("ae_layerwise_epochs",) if args.ae_layerwise_epochs else ()
     settings = {k: getattr(args, k) for k in keys} | {"seed": s, "gmm_inits": args.gmm_inits}
 
     def build():
@@ -253,6 +267,8 @@ def start_of(seed, x, y, args):
             lr=args.ae_lr,
             seed=s,
             dropout=args.ae_dropout,
+            init=args.ae_init,
+            layerwise_epochs=args.ae_layerwise_epochs,
         )
         gmm = fit_gmm(codes, 10, s, args.gmm_inits)
         cpu = lambda d: {k: v.cpu() for k, v in d.items()}  # noqa: E731
@@ -410,12 +426,20 @@ def describe(meta, seeds):
     sched = f"lr {a['lr']:g}" + (
         f" x {a['lr_decay']:g} every {a['lr_decay_every']} epochs" if a["lr_decay"] != 1 else ""
     )
+    layerwise = (
+        f", after {a['ae_layerwise_epochs']} epochs a layer of greedy layer-wise denoising "
+        "pretraining"
+        if a.get("ae_layerwise_epochs")
+        else ""
+    )
     text = (
         f"\n{seeds} seed(s) on {meta['n']:,} images ({subset}{what}), {pixels}, on "
         f"{a['device']}. Networks: encoder 784-{'-'.join(map(str, enc_h))}-10, decoder "
         f"10-{'-'.join(map(str, dec_h))}-784, {act}. Start: {a['ae_epochs']} autoencoder "
         f"epochs (Adam {a['ae_lr']:g}, batches of {a['ae_batch_size']}"
         f"{', input dropout ' + format(a['ae_dropout'], 'g') if a.get('ae_dropout') else ''}"
+        f"{', Glorot-uniform start' if a.get('ae_init') == 'glorot' else ''}"
+        f"{layerwise}"
         f"{', one start for all seeds' if a['shared_pretrain'] else ''}), then a diagonal "
         f"GMM on the codes ({a['gmm_inits']} inits); mixture weights "
         f"{'uniform, fixed' if a['cluster_weights'] == 'uniform' else 'from the GMM, learned'}"
