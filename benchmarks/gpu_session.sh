@@ -12,8 +12,8 @@
 # /tmp/gpu_out, at most 8 files as the device tool returns them): log.txt (the card, each
 # part's exit and seconds, the tail of its output) and the results of step_cost,
 # device_fits and TreeVI's start stage at 70,000 images (.md and .json). Each part has its own time limit and a failure does not stop
-# the next part; PARTS (default: all four) names the parts to run, e.g. PARTS="cuda_tests
-# step_cost". GPU=0 runs them on the CPU at smoke sizes (to check the script: 2 minutes).
+# the next part; PARTS (default: the first four) names the parts to run, e.g.
+# PARTS="cuda_tests step_cost"; PARTS=treevi_recipes runs the fifth alone. GPU=0 runs them on the CPU at smoke sizes (to check the script: 2 minutes).
 set -uo pipefail
 carry=${1:-.gpu_carry}
 out=${OUT:-/tmp/gpu_out}
@@ -60,6 +60,12 @@ part device_fits 150 python3 -m benchmarks.device_fits --rows "$fit_rows" $kin40
 # TreeVI's start at 70,000 images: pretraining seconds per epoch and ACC (issue 40)
 part treevi_start 120 python3 -m benchmarks.treevi_clustering --stage start --seeds 1 \
     --device "$device" --num-images "$images" --ae-epochs "$ae_epochs" --name treevi_start_gpu
+# not in the default PARTS (run it alone, PARTS=treevi_recipes, to stay within 8 files):
+# the same start after a Glorot start and 10 epochs a layer of layer-wise pretraining
+part treevi_recipes 300 python3 -m benchmarks.treevi_clustering --stage start --seeds 1 \
+    --device "$device" --num-images "$images" --ae-epochs "$ae_epochs" --ae-init glorot \
+    --ae-layerwise-epochs "$ae_epochs" --name treevi_start_gpu_layerwise
 cp benchmarks/results/variants/step_cost_cuda.* benchmarks/results/device_fits.* \
-    benchmarks/results/variants/treevi_start_gpu.* "$out"/ 2>/dev/null
+    benchmarks/results/variants/treevi_start_gpu.* \
+    benchmarks/results/variants/treevi_start_gpu_layerwise.* "$out"/ 2>/dev/null
 ls "$out"
