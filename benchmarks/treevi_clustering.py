@@ -427,8 +427,8 @@ def describe(meta, seeds):
         f" x {a['lr_decay']:g} every {a['lr_decay_every']} epochs" if a["lr_decay"] != 1 else ""
     )
     layerwise = (
-        f", after {a['ae_layerwise_epochs']} epochs a layer of greedy layer-wise denoising "
-        "pretraining"
+        ", after greedy layer-wise denoising pretraining of "
+        f"{a['ae_layerwise_epochs']} epochs a layer"
         if a.get("ae_layerwise_epochs")
         else ""
     )
