@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared run of every GPU check of issues 38 and 40, for a machine with a CUDA GPU
-# that has torch but maybe not Pyro (the project's lent H100: about 9 minutes there).
+# that has torch but maybe not Pyro (the project's lent H100 or H200: under 10 minutes).
 #
 #   bash benchmarks/gpu_session.sh [CARRY]        # from the repository root
 #
@@ -10,11 +10,18 @@
 # CARRY/wheels pyro-ppl pyro-api) and data/ (a PYRO_TREES_DATA cache holding
 # mnist/ and uci/kin40k/, copied from ../shared/data). Results go to $OUT (default
 # /tmp/gpu_out, at most 8 files as the device tool returns them): log.txt (the card, each
-# part's exit and seconds, the tail of its output) and the results of step_cost,
-# device_fits and TreeVI's start stage at 70,000 images (.md and .json). Each part has its own time limit and a failure does not stop
-# the next part; PARTS (default: the first four) names the parts to run, e.g.
-# PARTS="cuda_tests step_cost"; PARTS=treevi_recipes runs the fifth alone. GPU=0 runs them on the CPU at smoke sizes (to check the script: 2 minutes).
+# part's exit and seconds, the tail of its output) and one NAME.tar a part with the
+# result files it wrote, as soon as it ends (step_cost, device_fits, TreeVI's start stage
+# at 70,000 images with the protocol's pretraining and with the Glorot + layer-wise
+# recipe). Each part has its own time limit and a failure does not stop the next part.
+# PARTS (default: all five) names the parts to run, e.g. PARTS="cuda_tests step_cost";
+# BACKGROUND names parts that run beside the ones after them (by default the two TreeVI
+# parts, whose ACC does not depend on it, run beside the CUDA tests; their seconds per
+# epoch then share the card). GPU=0 runs them on the CPU at smoke sizes (to check the
+# script: about 3 minutes).
 set -uo pipefail
+PARTS=${PARTS:-step_cost device_fits treevi_start treevi_recipes cuda_tests}
+BACKGROUND=${BACKGROUND-treevi_start treevi_recipes}
 carry=${1:-.gpu_carry}
 out=${OUT:-/tmp/gpu_out}
 mkdir -p "$out"
@@ -35,37 +42,47 @@ fi
 python3 -c "import torch, pyro; print('torch', torch.__version__, 'pyro', pyro.__version__)" \
     >>"$out/log.txt"
 
-part() {  # part NAME SECONDS COMMAND...: run, keep the tail of its output, note the time
-    local name=$1 limit=$2 start=$SECONDS
-    shift 2
-    case " ${PARTS:-cuda_tests step_cost device_fits treevi_start} " in
-        *" $name "*) ;;
-        *) return ;;
-    esac
+run_part() {  # run_part NAME SECONDS RESULTS COMMAND...: run, keep the tail of its output,
+    local name=$1 limit=$2 results=$3 start=$SECONDS  # note the time, archive RESULTS
+    shift 3
     timeout "$limit" "$@" >"/tmp/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$out/log.txt"
     tail -c 12000 "/tmp/$name.log" >>"$out/log.txt"
+    # shellcheck disable=SC2086  # RESULTS is a glob
+    [ -z "$results" ] || tar -cf "$out/$name.tar" $results 2>/dev/null
 }
 
-# the GPU contract (estimators, Pyro pairs, compiled losses on CUDA)
-part cuda_tests 150 python3 -m pytest -q -p no:cacheprovider -m cuda tests
+part() {  # part NAME SECONDS RESULTS COMMAND...: run_part when PARTS names it (in the
+    case " $PARTS " in  # background when BACKGROUND names it too)
+        *" $1 "*) ;;
+        *) return ;;
+    esac
+    case " $BACKGROUND " in
+        *" $1 "*) run_part "$@" & ;;
+        *) run_part "$@" ;;
+    esac
+}
+
+res=benchmarks/results
 # ms, kernels, syncs and busy share per step, eager and compiled (issue 38, item 6)
-part step_cost 200 python3 -m benchmarks.step_cost --device "$device" \
-    --families vart,vart_forest,vart_classification,hme --rows "$rows" --threads 1 \
-    --modes "$modes" --name step_cost_cuda
+part step_cost 180 "$res/variants/step_cost_cuda.*" python3 -m benchmarks.step_cost \
+    --device "$device" --families vart,vart_forest,vart_classification,hme --rows "$rows" \
+    --threads 1 --modes "$modes" --name step_cost_cuda
 # every estimator at 400 rows on both devices; the forest on kin40k
 kin40k=--kin40k
 [ "${GPU:-1}" = 1 ] || kin40k=
-part device_fits 150 python3 -m benchmarks.device_fits --rows "$fit_rows" $kin40k
-# TreeVI's start at 70,000 images: pretraining seconds per epoch and ACC (issue 40)
-part treevi_start 120 python3 -m benchmarks.treevi_clustering --stage start --seeds 1 \
-    --device "$device" --num-images "$images" --ae-epochs "$ae_epochs" --name treevi_start_gpu
-# not in the default PARTS (run it alone, PARTS=treevi_recipes, to stay within 8 files):
-# the same start after a Glorot start and 10 epochs a layer of layer-wise pretraining
-part treevi_recipes 300 python3 -m benchmarks.treevi_clustering --stage start --seeds 1 \
-    --device "$device" --num-images "$images" --ae-epochs "$ae_epochs" --ae-init glorot \
+part device_fits 140 "$res/device_fits.*" python3 -m benchmarks.device_fits \
+    --rows "$fit_rows" $kin40k
+# TreeVI's start at 70,000 images: pretraining seconds per epoch and ACC (issue 40), with
+# the protocol's pretraining and after a Glorot start and layer-wise pretraining
+part treevi_start 200 "$res/variants/treevi_start_gpu.*" python3 -m benchmarks.treevi_clustering \
+    --stage start --seeds 1 --device "$device" --num-images "$images" \
+    --ae-epochs "$ae_epochs" --name treevi_start_gpu
+part treevi_recipes 260 "$res/variants/treevi_start_gpu_layerwise.*" \
+    python3 -m benchmarks.treevi_clustering --stage start --seeds 1 --device "$device" \
+    --num-images "$images" --ae-epochs "$ae_epochs" --ae-init glorot \
     --ae-layerwise-epochs "$ae_epochs" --name treevi_start_gpu_layerwise
-cp benchmarks/results/variants/step_cost_cuda.* benchmarks/results/device_fits.* \
-    benchmarks/results/variants/treevi_start_gpu.* \
-    benchmarks/results/variants/treevi_start_gpu_layerwise.* "$out"/ 2>/dev/null
+# the GPU contract (estimators, Pyro pairs, compiled losses on CUDA)
+part cuda_tests 150 "" python3 -m pytest -q -p no:cacheprovider -m cuda tests
+wait  # for the background parts
 ls "$out"
