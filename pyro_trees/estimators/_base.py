@@ -49,7 +49,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators._distributed import Ranks
-from pyro_trees.infer import deferred_interrupts, exclusive
+from pyro_trees.infer import deferred_interrupts, exclusive, keep_freed_memory
 from pyro_trees.validation import resolve_device, resolve_dtype
 
 __all__ = ["Standardizer", "TabularEstimator", "forget_fit", "guarded_fit"]
@@ -67,13 +67,15 @@ def forget_fit(estimator: BaseEstimator) -> None:
 
 def guarded_fit(fit):
     """Wrap an estimator's ``fit``: under :func:`~pyro_trees.infer.exclusive` and
-    :func:`~pyro_trees.infer.deferred_interrupts`, and unfitted (:func:`forget_fit`)
+    :func:`~pyro_trees.infer.deferred_interrupts`, after
+    :func:`~pyro_trees.infer.keep_freed_memory`, and unfitted (:func:`forget_fit`)
     when it raises, ``KeyboardInterrupt`` included."""
     if getattr(fit, "_guarded", False):
         return fit
 
     @functools.wraps(fit)
     def guarded(self, *args, **kwargs):
+        keep_freed_memory()
         with exclusive():
             try:
                 with deferred_interrupts():

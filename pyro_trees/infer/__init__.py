@@ -7,6 +7,9 @@ from pyro_trees._interrupts import (
     deferred_interrupts,
     raise_if_interrupted,
 )
+from pyro_trees.infer.allocator import (
+    keep_freed_memory,
+)
 from pyro_trees.infer.bayesian_hme_svi import (
     SVIRestarts,
     fit_svi_restarts,
@@ -137,6 +140,7 @@ __all__ = [
     "grow_selection",
     "is_main",
     "isolated_params",
+    "keep_freed_memory",
     "layer_samples",
     "learn_guide_tree",
     "learn_tree_structure",

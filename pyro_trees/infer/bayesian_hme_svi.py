@@ -35,6 +35,7 @@ import torch
 from pyro.poutine.messenger import Messenger
 
 from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
+from pyro_trees.infer.allocator import keep_freed_memory
 from pyro_trees.infer.fit import isolated_params
 from pyro_trees.models.bayesian_hme import BayesianHME
 
@@ -201,6 +202,7 @@ def fit_svi_restarts(
         raise ValueError("temperatures must be positive and finite")
     if seed is not None:
         pyro.set_rng_seed(seed)
+    keep_freed_memory()
     start = time.perf_counter()
     with isolated_params():
         model = BayesianHME(

@@ -27,6 +27,7 @@ from pyro.util import get_rng_state
 from pyro_trees._exclusive import exclusive
 from pyro_trees._interrupts import deferred_interrupts, raise_if_interrupted
 from pyro_trees.infer._fit_data import TrainingData, _to_device, local_device
+from pyro_trees.infer.allocator import keep_freed_memory
 from pyro_trees.infer.checkpoint import Checkpoint, _cuda_rng_state, resume_from
 from pyro_trees.infer.distributed import is_main
 from pyro_trees.infer.fused_adam import FusedClippedAdam
@@ -401,6 +402,7 @@ def fit(
     """
     if num_steps < 0:
         raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+    keep_freed_memory()  # a CPU step that page-faults on every block it allocates is slow
     with exclusive(), deferred_interrupts():
         return _train(
             model,
