@@ -218,7 +218,8 @@ class CompilesVaRTLoss(CompilesLoss):
             raise ValueError(f"{name} needs {self._model_name}, got {type(model).__name__}")
         if y is None:
             raise ValueError(f"{name} needs the targets y")
-        model._check_x(x, y)
+        # the missing-values check reads x back to the host: once per tensor, not per step
+        model._check_x(x, y, complete=None if model.missing else self._complete(x))
 
     def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
         """Negative ELBO estimate, differentiable in the guide's parameters."""

@@ -326,12 +326,17 @@ class VaRT(PyroModule):
             "leaf_scale": _fill_scale(ls, self.leaf_scale, n, width, start, opts),
         }
 
-    def _check_x(self, x: torch.Tensor, y) -> None:
+    def _check_x(self, x: torch.Tensor, y, complete: bool | None = None) -> None:
+        """Refuse ``x`` and ``y`` of the wrong shape, and missing values (NaN) in ``x``
+        unless the model routes them; ``complete`` is whether ``x`` is already known to
+        have none (a loss that caches the check across steps passes it)."""
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         if y is not None and y.shape != x.shape[:1]:
             raise ValueError(f"y must have shape ({x.shape[0]},) to match x; got {tuple(y.shape)}")
-        if not self.missing and bool(torch.isnan(x).any()):
+        if complete is None and not self.missing:
+            complete = not bool(torch.isnan(x).any())
+        if not self.missing and not complete:
             raise ValueError(
                 "x has missing values (NaN); build the model with missing=True to route "
                 "them (each split learns where a missing value goes)"

@@ -180,8 +180,8 @@ class VaRTClassification(VaRT):
         """``num_outputs * (in_features + 1)`` leaf weights per node."""
         return self.num_outputs * (self.in_features + 1)
 
-    def _check_x(self, x: torch.Tensor, y) -> None:
-        super()._check_x(x, y)
+    def _check_x(self, x: torch.Tensor, y, complete: bool | None = None) -> None:
+        super()._check_x(x, y, complete)
         if y is not None and (y.is_floating_point() or y.is_complex()):
             raise ValueError("y must hold class indices (an integer tensor)")
 

@@ -148,3 +148,18 @@ def test_the_estimators_compile_only_where_it_pays():
     assert not compiled.should_compile("cuda", 100, 400)  # a short fit: eager
     assert compiled.should_compile("cuda", 1000, 400)  # an estimator's default fit
     assert compiled.should_compile(torch.device("cuda", 0), 5000, 2048)
+
+
+@pytest.mark.parametrize("kind", ["tree", "forest", "classification"])
+def test_missing_values_refused_also_after_an_in_place_edit(kind):
+    """The losses check for missing values once per input tensor (not at every step: the
+    check reads back to the host), and again when the tensor changes in place."""
+    model, guide, loss_cls = _pair(kind)
+    x = torch.randn(6, 3)
+    y = torch.randint(0, 3, (6,)) if kind == "classification" else torch.randn(6)
+    loss = loss_cls()
+    assert torch.isfinite(loss.differentiable_loss(model, guide, x, y))
+    x[2, 1] = float("nan")
+    for fresh in (loss, loss_cls()):
+        with pytest.raises(ValueError, match="missing values"):
+            fresh.differentiable_loss(model, guide, x, y)
