@@ -322,8 +322,10 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     """
     x1, missing = observed(with_bias(x))
     beta, theta = forest["beta"], forest["theta"]
-    z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
     paths = _paths.__wrapped__ if torch.compiler.is_compiling() else _paths  # traced as is
+    if missing is None and x1.dim() == 2:
+        return _complete_forest_mean(forest, x1, paths, keepdim)
+    z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
     down, right = paths(beta.shape[-2], z.dtype, z.device)
     if missing is None:
         # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
@@ -335,6 +337,28 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     weight = weight * (1 - forest["split"]).unsqueeze(-2)  # kappa P(x -> i), B + (K, N, M)
     leaf = torch.matmul(weight, theta)  # B + (K, N, L + 1): the routed leaf weights
     return (leaf * x1).sum(-1).sum(-2, keepdim=keepdim)
+
+
+def _complete_forest_mean(forest: dict, x1: torch.Tensor, paths, keepdim: bool) -> torch.Tensor:
+    """:func:`forest_mean` of complete rows ``x1`` ``(N, L + 1)`` (the bias column
+    appended), rows first: every split of every tree (and every leaf) is one column of a
+    single matrix product with ``x1``, and the routing, the weights and the sum run over
+    tensors ``(N,) + B + (K, M)``. The same values as the general path (up to rounding) in
+    about two thirds of its time on a CPU: the general path's products are batched over
+    the trees, each with an inner size of ``L + 1`` or ``2**D - 1``."""
+    beta, theta = forest["beta"], forest["theta"]
+    width = x1.shape[-1]
+    trees_shape = beta.shape[:-2]  # B + (K,)
+    n_int, m = beta.shape[-2], theta.shape[-2]
+    down, right = paths(n_int, x1.dtype, x1.device)
+    z = torch.matmul(x1, beta.reshape(-1, width).transpose(0, 1))
+    z = z.view((x1.shape[0],) + trees_shape + (n_int,))  # (N,) + B + (K, 2**D - 1)
+    log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
+    weight = (log_reach + forest["log_exist"]).exp() * (1 - forest["split"])
+    leaf = torch.matmul(x1, theta.reshape(-1, width).transpose(0, 1))  # theta_i^T x
+    leaf = leaf.view((x1.shape[0],) + trees_shape + (m,))
+    f = (weight * leaf).flatten(-2).sum(-1).movedim(0, -1)  # B + (N,)
+    return f.unsqueeze(-2) if keepdim else f
 
 
 @functools.lru_cache(maxsize=64)

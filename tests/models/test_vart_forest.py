@@ -86,3 +86,23 @@ def test_forest_mean_differentiates_after_a_call_in_inference_mode():
     after.sum().backward()
     assert torch.allclose(before, after.detach())
     assert beta.grad is not None and torch.isfinite(beta.grad).all()
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_batches_of_forests_equal_each_forest_alone(keepdim):
+    """Forests of batch shape ``B + (K,)`` (posterior draws) give ``B + (N,)`` (``B +
+    (1, N)`` with ``keepdim``), each batch entry the sum of its own trees."""
+    torch.manual_seed(1)
+    x = torch.randn(7, 2, dtype=torch.float64)
+    model = VaRTForest(2, num_trees=4, depth=2)
+    with torch.no_grad():
+        draws = [model.sample_forest(like=x) for _ in range(6)]
+    forest = {
+        k: torch.stack([d[k] for d in draws]).reshape((2, 3) + draws[0][k].shape) for k in draws[0]
+    }
+    out = forest_mean(forest, x, keepdim=keepdim)
+    assert out.shape == ((2, 3, 1, 7) if keepdim else (2, 3, 7))
+    for s, draw in enumerate(draws):
+        loop = sum(tree_mean({k: v[i] for k, v in draw.items()}, x) for i in range(4))
+        got = out.reshape(6, 7)[s]
+        assert torch.allclose(got, loop, atol=1e-12)
