@@ -79,7 +79,7 @@ from pyro_trees.guides import (
     TreeVIMixtureGuide,
     tree_batches,
 )
-from pyro_trees.infer import MixtureTreeELBO, PairwiseELBO
+from pyro_trees.infer import MixtureTreeELBO, PairwiseELBO, keep_freed_memory
 from pyro_trees.models import ConstrainedClusteringVAE
 
 START = "AE + GMM (start)"
@@ -368,6 +368,7 @@ def main(argv=None):
     if args.merge:
         return merge(args.merge.split(","))
     torch.set_num_threads(1)
+    keep_freed_memory()  # its loops are its own; infer.fit and the estimators do the same
     x_np, y = load_images(args.data, args.num_images, args.binarise)
     x = torch.as_tensor(x_np, device=args.device)
     names = [m for m in args.methods.split(",") if m]
