@@ -322,9 +322,9 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     """
     x1, missing = observed(with_bias(x))
     beta, theta = forest["beta"], forest["theta"]
-    paths = _paths.__wrapped__ if torch.compiler.is_compiling() else _paths  # traced as is
     if missing is None and x1.dim() == 2:
-        return _complete_forest_mean(forest, x1, paths, keepdim)
+        return _complete_forest_mean(forest, x1, keepdim)
+    paths = _paths.__wrapped__ if torch.compiler.is_compiling() else _paths  # traced as is
     z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
     down, right = paths(beta.shape[-2], z.dtype, z.device)
     if missing is None:
@@ -339,25 +339,30 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     return (leaf * x1).sum(-1).sum(-2, keepdim=keepdim)
 
 
-def _complete_forest_mean(forest: dict, x1: torch.Tensor, paths, keepdim: bool) -> torch.Tensor:
-    """:func:`forest_mean` of complete rows ``x1`` ``(N, L + 1)`` (the bias column
-    appended), rows first: every split of every tree (and every leaf) is one column of a
-    single matrix product with ``x1``, and the routing, the weights and the sum run over
-    tensors ``(N,) + B + (K, M)``. The same values as the general path (up to rounding) in
-    about two thirds of its time on a CPU: the general path's products are batched over
-    the trees, each with an inner size of ``L + 1`` or ``2**D - 1``."""
+def _complete_forest_mean(forest: dict, x1: torch.Tensor, keepdim: bool) -> torch.Tensor:
+    r""":func:`forest_mean` of complete rows ``x1`` ``(N, L + 1)`` (the bias column
+    appended), rows first and in probability space: every split of every tree is one
+    column of a single product with ``x1``, and so is every leaf, its weight
+    :math:`\kappa_{ki}` folded into :math:`\theta_{ki}`; the routing multiplies each
+    level's reach by :math:`\sigma(\beta^\top x)` on the left and takes the rest on
+    the right, over tensors ``(N,) + B + (K, 2**d)``. The same values as the general
+    path (up to rounding) in about half its time on a CPU, whose products are batched
+    over the trees with inner sizes of ``L + 1`` and ``2**D - 1``."""
     beta, theta = forest["beta"], forest["theta"]
-    width = x1.shape[-1]
+    width, n = x1.shape[-1], x1.shape[0]
     trees_shape = beta.shape[:-2]  # B + (K,)
     n_int, m = beta.shape[-2], theta.shape[-2]
-    down, right = paths(n_int, x1.dtype, x1.device)
     z = torch.matmul(x1, beta.reshape(-1, width).transpose(0, 1))
-    z = z.view((x1.shape[0],) + trees_shape + (n_int,))  # (N,) + B + (K, 2**D - 1)
-    log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
-    weight = (log_reach + forest["log_exist"]).exp() * (1 - forest["split"])
-    leaf = torch.matmul(x1, theta.reshape(-1, width).transpose(0, 1))  # theta_i^T x
-    leaf = leaf.view((x1.shape[0],) + trees_shape + (m,))
-    f = (weight * leaf).flatten(-2).sum(-1).movedim(0, -1)  # B + (N,)
+    left = torch.sigmoid(z.view((n,) + trees_shape + (n_int,)))  # P(left) at each split
+    kappa = forest["log_exist"].exp() * (1 - forest["split"])  # B + (K, M)
+    leaf = torch.matmul(x1, (kappa.unsqueeze(-1) * theta).reshape(-1, width).transpose(0, 1))
+    reach = [left.new_ones(left.shape[:-1] + (1,))]  # P(x -> i), level by level
+    for d in range((n_int + 1).bit_length() - 1):
+        parent = reach[-1]
+        to_left = parent * left[..., (1 << d) - 1 : (2 << d) - 1]
+        reach.append(torch.stack([to_left, parent - to_left], -1).flatten(-2))
+    routed = torch.cat(reach, -1) * leaf.view((n,) + trees_shape + (m,))
+    f = routed.flatten(-2).sum(-1).movedim(0, -1)  # B + (N,)
     return f.unsqueeze(-2) if keepdim else f
 
 
