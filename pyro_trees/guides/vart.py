@@ -155,10 +155,13 @@ class RelaxedSplitGuide:
         return self.sites(q, self.noise(q), self.temperature)
 
     @staticmethod
-    def _relaxed(params: dict, noise: dict, temperature) -> tuple:
-        """``(split, beta, theta, log_sigma)`` from parameters, draws and temperature,
-        unsliced (a leading dimension of trees in a forest): what every ``sites``
-        slices into its sites."""
+    def relaxed(params: dict, noise: dict, temperature) -> tuple:
+        """The draw of every node at once from parameters ``params`` (:meth:`params`),
+        draws ``noise`` (:meth:`noise`) and the relaxation ``temperature``:
+        ``(split, beta, theta, log_sigma)``, heap-ordered and unsliced, ``split``
+        ``(2**D - 1,)``, ``beta`` ``(2**D - 1, L + 1)``, ``theta`` ``(2**(D+1) - 1, L + 1)``
+        and ``log_sigma`` ``(2**(D+1) - 1,)`` for a tree, with a leading dimension of trees
+        in a forest (``log_sigma`` then ``()``): what :meth:`sites` slices into its sites."""
         q = params
         split = RelaxedSplitIndicator.relax(q["split_logits"], noise["split"], temperature)
         beta = q["beta_loc"] + q["beta_scale"] * noise["beta"]
@@ -427,7 +430,7 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim
         tensor): plain tensor code, the part of a draw a compiled loss traces."""
         depth, model = self.depth, self.model
-        split, beta, theta, log_sigma = self._relaxed(params, noise, temperature)
+        split, beta, theta, log_sigma = self.relaxed(params, noise, temperature)
         rho = noise.get("rho")
         out = {}
         for d in range(depth + 1):

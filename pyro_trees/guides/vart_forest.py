@@ -149,7 +149,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         (:meth:`noise`) and the relaxation ``temperature`` (a number or a 0-dim
         tensor): plain tensor code, the part of a draw a compiled loss traces."""
         depth, model = self.depth, self.model
-        split, beta, theta, log_sigma = self._relaxed(params, noise, temperature)
+        split, beta, theta, log_sigma = self.relaxed(params, noise, temperature)
         out = {}
         for d in range(depth):
             sl = slice((1 << d) - 1, (2 << d) - 1)

@@ -12,22 +12,19 @@ References
 
 from __future__ import annotations
 
+import functools
+import math
+
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
-from pyro_trees import trees
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
 from pyro_trees.infer.vart_elbo import _normal_lp, _rows
-from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_tree
+from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_of_nodes
 
 __all__ = ["VaRTForestELBO", "vart_forest_elbo"]
-
-
-def _levels(t: torch.Tensor, depth: int) -> list:
-    """Heap-ordered nodes ``(K, M, ...)`` split into levels ``(K, 2**d, ...)``."""
-    return [t[:, (1 << d) - 1 : (2 << d) - 1] for d in range(depth + 1)]
 
 
 def vart_forest_elbo(
@@ -61,55 +58,18 @@ def vart_forest_elbo(
     """
     depth, site = guide.depth, model.site
     q = guide.params(x) if params is None else params
-    if values is None:
-        values = guide.rsample(x, q)
-    split = torch.cat([values[site(f"split_{d}")] for d in range(depth)], -1)  # (K, n_int)
-    beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], -2)
-    theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], -2)
-    log_sigma = values[site("log_sigma")]
-    rho = None
-    if "rho_a" in q:
-        rho = torch.cat([values[site(f"rho_{d}")] for d in range(depth)], -1)  # (K, n_int)
-    forest = forest_tree(
-        _levels(split, depth - 1),
-        _levels(beta, depth - 1),
-        _levels(theta, depth),
-        None if rho is None else _levels(rho, depth - 1),
-    )
-    exist = forest["log_exist"].exp()  # (K, M): A_i
-    n_int = trees.num_internal(depth)
-    psi = exist[:, :n_int] * split
-    kappa = exist * (1 - forest["split"])
-
-    logits = q["split_logits"]
-    lq_split = split * F.logsigmoid(logits) + (1 - split) * F.logsigmoid(-logits)
-    lq_beta = _normal_lp(beta, q["beta_loc"], q["beta_scale"]).sum(-1)
-    lq_theta = _normal_lp(theta, q["theta_loc"], q["theta_scale"]).sum(-1)
-    lq_ls = _normal_lp(log_sigma, q["log_sigma_loc"], q["log_sigma_scale"])
-    log_q = (
-        (exist[:, :n_int] * lq_split).sum()
-        + (psi * lq_beta).sum()
-        + (kappa * lq_theta).sum()
-        + lq_ls
-    )
-    if rho is not None:
-        log_q = log_q + (psi * dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)).sum()
-
-    probs = [model.split_prob(d) for d in range(depth) for _ in range(1 << d)]  # per node
-    gamma = torch.tensor(probs, dtype=x.dtype, device=x.device)
-    lp_split = split * gamma.log() + (1 - split) * (-gamma).log1p()
-    lp_beta = _normal_lp(beta, 0.0, model.split_scale).sum(-1)
-    lp_theta = _normal_lp(theta, 0.0, model.tree_leaf_scale).sum(-1)
-    lp_ls = _normal_lp(log_sigma, model.noise_prior_loc, model.noise_prior_scale)
-    log_p = (
-        (exist[:, :n_int] * lp_split).sum()
-        + (psi * lp_beta).sum()
-        + (kappa * lp_theta).sum()
-        + lp_ls
-    )
-    if rho is not None:
-        prior = model.rho_prior(rho.shape, dtype=x.dtype, device=x.device)
-        log_p = log_p + (psi * prior.log_prob(rho)).sum()
+    if values is None:  # the draw rsample makes, every node at once
+        noise = guide.noise(q)
+        split, beta, theta, log_sigma = guide.relaxed(q, noise, guide.temperature)
+        rho = noise.get("rho")
+    else:
+        split = torch.cat([values[site(f"split_{d}")] for d in range(depth)], -1)  # (K, n_int)
+        beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], -2)
+        theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], -2)
+        log_sigma = values[site("log_sigma")]
+        rho = None
+        if "rho_a" in q:
+            rho = torch.cat([values[site(f"rho_{d}")] for d in range(depth)], -1)
 
     n = x.shape[0]
     if subsample is None and subsample_size is not None and int(subsample_size) < n:
@@ -119,17 +79,87 @@ def vart_forest_elbo(
         xb, yb, scale = x[subsample], y[subsample], total / subsample.shape[0]
     else:  # x is the batch; num_rows, where given, the rows it stands for
         xb, yb, scale = x, y, 1.0 if num_rows is None else _rows(num_rows) / n
+    return _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale)
+
+
+def _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> torch.Tensor:
+    """:func:`vart_forest_elbo` from the draw of every node (heap order, a leading
+    dimension of trees) and the batch ``(xb, yb)`` weighted by ``scale``. Each site's
+    :math:`\\log p - \\log q` is one expression (the Gaussians' constants cancel, and
+    :math:`(\\beta - \\tilde\\mu) / \\tilde S` is the standard normal draw), so that a
+    step dispatches few operations: on a CPU at a few hundred rows their number, not
+    the arithmetic, sets the step's time."""
+    forest = forest_of_nodes(split, beta, theta, rho)
+    n_int = split.shape[-1]
+    exist = forest["log_exist"].exp()  # (K, M): A_i
+    psi = exist[:, :n_int] * split
+    kappa = exist * (1 - forest["split"])
+
+    # split indicators: log q = s l + logsigmoid(-l) (the Bernoulli of logit l);
+    # log p = s log(g / (1 - g)) + log(1 - g)
+    logits = q["split_logits"]
+    log_odds, log_no = _split_prior(model, n_int, split.dtype, split.device)
+    d_split = split * (log_odds - logits) + (log_no - F.logsigmoid(-logits))
+    # Gaussians: log N(v; 0, s0) - log N(v; m, s) = ((v - m) / s)^2 / 2 - (v / s0)^2 / 2
+    # + log s - log s0
+    d_beta = _normal_diff(beta, q["beta_loc"], q["beta_scale"], model.split_scale)
+    d_theta = _normal_diff(theta, q["theta_loc"], q["theta_scale"], model.tree_leaf_scale)
+    d_ls = _normal_lp(log_sigma, model.noise_prior_loc, model.noise_prior_scale) - _normal_lp(
+        log_sigma, q["log_sigma_loc"], q["log_sigma_scale"]
+    )
+    kl_terms = (
+        (exist[:, :n_int] * d_split).sum()
+        + (psi * d_beta.sum(-1)).sum()
+        + (kappa * d_theta.sum(-1)).sum()
+        + d_ls
+    )
+    if rho is not None:
+        prior = model.rho_prior(rho.shape, dtype=rho.dtype, device=rho.device)
+        d_rho = prior.log_prob(rho) - dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)
+        kl_terms = kl_terms + (psi * d_rho).sum()
+
     f = forest_mean(forest, xb)
     obs_ll = _normal_lp(yb, f, log_sigma.exp()).sum()
-    return scale * obs_ll + model.kl_weight * (log_p - log_q)
+    return scale * obs_ll + model.kl_weight * kl_terms
+
+
+def _normal_diff(value, loc, scale, prior_scale: float) -> torch.Tensor:
+    """Elementwise ``Normal(0, prior_scale).log_prob(value) - Normal(loc,
+    scale).log_prob(value)``."""
+    eps = (value - loc) / scale
+    return 0.5 * (eps * eps - (value * (1.0 / prior_scale)) ** 2) + (
+        scale.log() - math.log(prior_scale)
+    )
+
+
+def _split_prior(model, n_int: int, dtype, device) -> tuple:
+    """``(log(g / (1 - g)), log(1 - g))`` ``(n_int,)`` of the model's prior split
+    probabilities :math:`\\gamma_d` of the internal nodes, level by level."""
+    probs = tuple(float(model.split_prob(d)) for d in range((n_int + 1).bit_length() - 1))
+    cached = _split_prior_of.__wrapped__ if torch.compiler.is_compiling() else _split_prior_of
+    return cached(probs, dtype, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _split_prior_of(probs: tuple, dtype, device) -> tuple:
+    """:func:`_split_prior` of the per-level probabilities ``probs``, cached (constants of
+    every step; built outside any ``inference_mode``, so that a pair first made there
+    can still enter a backward pass)."""
+    per_node = [p for d, p in enumerate(probs) for _ in range(1 << d)]
+    with torch.inference_mode(False):
+        gamma = torch.tensor(per_node, dtype=torch.float64)
+        log_no = torch.log1p(-gamma)
+        opts = {"dtype": dtype, "device": device}
+        return (gamma.log() - log_no).to(**opts), log_no.to(**opts)
 
 
 def _vart_forest_program(model, guide, xb, yb, q, noise, temperature, num_rows):
     """:func:`vart_forest_elbo` of the batch ``(xb, yb)`` standing for ``num_rows`` rows
     (a 0-dim tensor, or ``None``: all rows) from the step's draws: the part of a step
     that compiles."""
-    values = guide.sites(q, noise, temperature)
-    return vart_forest_elbo(model, guide, xb, yb, values=values, num_rows=num_rows, params=q)
+    split, beta, theta, log_sigma = guide.relaxed(q, noise, temperature)
+    scale = 1.0 if num_rows is None else num_rows / xb.shape[0]
+    return _forest_elbo(model, q, split, beta, theta, log_sigma, noise.get("rho"), xb, yb, scale)
 
 
 class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):

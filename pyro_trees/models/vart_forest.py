@@ -27,7 +27,7 @@ from pyro_trees.distributions.split_indicator import SplitIndicator
 from pyro_trees.models.vart import VaRT, _check_prior_options, node_weights, weighted
 from pyro_trees.models.vart_mixture import forest_mean
 
-__all__ = ["VaRTForest", "forest_mean", "forest_tree"]
+__all__ = ["VaRTForest", "forest_mean", "forest_of_nodes", "forest_tree"]
 
 
 def forest_tree(split: list, beta: list, theta: list, rho: list | None = None) -> dict:
@@ -35,22 +35,45 @@ def forest_tree(split: list, beta: list, theta: list, rho: list | None = None) -
     levels of a forest of depth ``D``: ``split`` the ``D`` internal levels ``B + (K, 2**d)``,
     ``beta`` the same levels ``B + (K, 2**d, L + 1)``, ``theta`` the ``D + 1`` levels,
     ``rho`` (optional, where a missing input goes) the internal levels ``B + (K, 2**d)``.
-    The nodes of level ``D`` are leaves."""
+    The nodes of level ``D`` are leaves. The levels may differ in batch shape
+    (broadcast); :func:`forest_of_nodes` takes the nodes already in one tensor."""
     shape = torch.broadcast_shapes(*(t.shape[:-2] for t in theta), *(s.shape[:-1] for s in split))
-    last = theta[-1].new_zeros(shape + theta[-1].shape[-2:-1])
-    split = [s.expand(shape + s.shape[-1:]) for s in split] + [last]
-    log_exist = [last.new_zeros(shape + (1,))]
-    for s in split[:-1]:
-        log_exist.append((log_exist[-1] + s.log()).repeat_interleave(2, dim=-1))
+
+    def nodes(levels: list, event: int) -> torch.Tensor:
+        dims = -event - 1  # the node dimension
+        return torch.cat([t.expand(shape + t.shape[dims:]) for t in levels], dims)
+
+    return forest_of_nodes(
+        nodes(split, 0), nodes(beta, 1), nodes(theta, 1), nodes(rho, 0) if rho else None
+    )
+
+
+def forest_of_nodes(
+    split: torch.Tensor, beta: torch.Tensor, theta: torch.Tensor, rho: torch.Tensor | None = None
+) -> dict:
+    """The per-tree tensors of :meth:`~pyro_trees.models.VaRT.sample_tree` from a forest's
+    nodes in heap order: ``split`` ``B + (K, 2**D - 1)`` and ``beta``
+    ``B + (K, 2**D - 1, L + 1)`` at the internal positions, ``theta``
+    ``B + (K, 2**(D+1) - 1, L + 1)`` at every node, ``rho`` (optional) as ``split``; the
+    nodes of level ``D`` are leaves. Adds ``log_exist`` (the log of each node's
+    existence, the sum of its ancestors' log split indicators), the leaves' zero split
+    indicators and zero ``log_sigma`` (unused by a forest)."""
+    n_int = split.shape[-1]
+    log_split = split.log()
+    log_exist = [split.new_zeros(split.shape[:-1] + (1,))]
+    for d in range((n_int + 1).bit_length() - 1):
+        parent = log_exist[-1] + log_split[..., (1 << d) - 1 : (2 << d) - 1]
+        log_exist.append(parent.repeat_interleave(2, dim=-1))
+    leaves = split.new_zeros(split.shape[:-1] + (n_int + 1,))
     out = {
-        "split": torch.cat(split, -1),
+        "split": torch.cat([split, leaves], -1),
         "log_exist": torch.cat(log_exist, -1),
-        "beta": torch.cat([b.expand(shape + b.shape[-2:]) for b in beta], -2),
-        "theta": torch.cat([t.expand(shape + t.shape[-2:]) for t in theta], -2),
-        "log_sigma": last.new_zeros(shape + (last.shape[-1] * 2 - 1,)),
+        "beta": beta,
+        "theta": theta,
+        "log_sigma": split.new_zeros(split.shape[:-1] + (2 * n_int + 1,)),
     }
-    if rho:
-        out["rho"] = torch.cat([r.expand(shape + r.shape[-1:]) for r in rho], -1)
+    if rho is not None:
+        out["rho"] = rho
     return out
 
 

@@ -7,6 +7,7 @@ from pyro import poutine
 from pyro.infer import Predictive
 
 from pyro_trees.models import VaRTForest, forest_mean, tree_mean
+from pyro_trees.models.vart_forest import forest_of_nodes, forest_tree
 
 
 def test_sites_and_shapes():
@@ -106,3 +107,27 @@ def test_batches_of_forests_equal_each_forest_alone(keepdim):
         loop = sum(tree_mean({k: v[i] for k, v in draw.items()}, x) for i in range(4))
         got = out.reshape(6, 7)[s]
         assert torch.allclose(got, loop, atol=1e-12)
+
+
+def test_forest_of_nodes_equals_forest_tree_of_the_levels():
+    torch.manual_seed(2)
+    model = VaRTForest(2, num_trees=3, depth=3)
+    with torch.no_grad():
+        levels = model.sample_forest()
+    depth, k = 3, 3
+    split = [torch.rand(k, 1 << d) for d in range(depth)]
+    beta = [torch.randn(k, 1 << d, 3) for d in range(depth)]
+    theta = [torch.randn(k, 1 << d, 3) for d in range(depth + 1)]
+    rho = [torch.rand(k, 1 << d) for d in range(depth)]
+    by_levels = forest_tree(split, beta, theta, rho)
+    nodes = forest_of_nodes(
+        torch.cat(split, -1), torch.cat(beta, -2), torch.cat(theta, -2), torch.cat(rho, -1)
+    )
+    assert by_levels.keys() == nodes.keys() == levels.keys() | {"rho"}
+    for key, value in by_levels.items():
+        assert value.shape == nodes[key].shape, key
+        torch.testing.assert_close(value, nodes[key], rtol=0, atol=0)
+    # log_exist: the sum of the ancestors' log split indicators (node 6 = right, left)
+    s = torch.cat(split, -1)
+    expected = s[:, 0].log() + s[:, 2].log() + s[:, 5].log()
+    torch.testing.assert_close(nodes["log_exist"][:, 12], expected)
