@@ -12,16 +12,13 @@ References
 
 from __future__ import annotations
 
-import functools
-import math
-
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
-from pyro_trees.infer.vart_elbo import _normal_lp, _rows
+from pyro_trees.infer.vart_elbo import _normal_log_ratio, _normal_lp, _rows, _split_prior
 from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_of_nodes
 
 __all__ = ["VaRTForestELBO", "vart_forest_elbo"]
@@ -98,12 +95,14 @@ def _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) ->
     # split indicators: log q = s l + logsigmoid(-l) (the Bernoulli of logit l);
     # log p = s log(g / (1 - g)) + log(1 - g)
     logits = q["split_logits"]
-    log_odds, log_no = _split_prior(model, n_int, split.dtype, split.device)
+    depth = (n_int + 1).bit_length() - 1
+    probs = tuple(float(model.split_prob(d)) for d in range(depth))
+    log_odds, log_no = _split_prior(probs, dtype=split.dtype, device=split.device)
     d_split = split * (log_odds - logits) + (log_no - F.logsigmoid(-logits))
     # Gaussians: log N(v; 0, s0) - log N(v; m, s) = ((v - m) / s)^2 / 2 - (v / s0)^2 / 2
     # + log s - log s0
-    d_beta = _normal_diff(beta, q["beta_loc"], q["beta_scale"], model.split_scale)
-    d_theta = _normal_diff(theta, q["theta_loc"], q["theta_scale"], model.tree_leaf_scale)
+    d_beta = _normal_log_ratio(beta, q["beta_loc"], q["beta_scale"], model.split_scale)
+    d_theta = _normal_log_ratio(theta, q["theta_loc"], q["theta_scale"], model.tree_leaf_scale)
     d_ls = _normal_lp(log_sigma, model.noise_prior_loc, model.noise_prior_scale) - _normal_lp(
         log_sigma, q["log_sigma_loc"], q["log_sigma_scale"]
     )
@@ -121,36 +120,6 @@ def _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) ->
     f = forest_mean(forest, xb)
     obs_ll = _normal_lp(yb, f, log_sigma.exp()).sum()
     return scale * obs_ll + model.kl_weight * kl_terms
-
-
-def _normal_diff(value, loc, scale, prior_scale: float) -> torch.Tensor:
-    """Elementwise ``Normal(0, prior_scale).log_prob(value) - Normal(loc,
-    scale).log_prob(value)``."""
-    eps = (value - loc) / scale
-    return 0.5 * (eps * eps - (value * (1.0 / prior_scale)) ** 2) + (
-        scale.log() - math.log(prior_scale)
-    )
-
-
-def _split_prior(model, n_int: int, dtype, device) -> tuple:
-    """``(log(g / (1 - g)), log(1 - g))`` ``(n_int,)`` of the model's prior split
-    probabilities :math:`\\gamma_d` of the internal nodes, level by level."""
-    probs = tuple(float(model.split_prob(d)) for d in range((n_int + 1).bit_length() - 1))
-    cached = _split_prior_of.__wrapped__ if torch.compiler.is_compiling() else _split_prior_of
-    return cached(probs, dtype, device)
-
-
-@functools.lru_cache(maxsize=64)
-def _split_prior_of(probs: tuple, dtype, device) -> tuple:
-    """:func:`_split_prior` of the per-level probabilities ``probs``, cached (constants of
-    every step; built outside any ``inference_mode``, so that a pair first made there
-    can still enter a backward pass)."""
-    per_node = [p for d, p in enumerate(probs) for _ in range(1 << d)]
-    with torch.inference_mode(False):
-        gamma = torch.tensor(per_node, dtype=torch.float64)
-        log_no = torch.log1p(-gamma)
-        opts = {"dtype": dtype, "device": device}
-        return (gamma.log() - log_no).to(**opts), log_no.to(**opts)
 
 
 def _vart_forest_program(model, guide, xb, yb, q, noise, temperature, num_rows):
