@@ -88,31 +88,52 @@ def vart_elbo(
         <pyro_trees.guides.vart.RelaxedSplitGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
-    depth, site = guide.depth, model.site
     q = guide.params(x) if params is None else params
-    if values is None:  # the draw rsample makes, every node at once
-        noise = guide.noise(q)
-        split, beta, theta, log_sigma = guide.relaxed(q, noise, guide.temperature)
-        rho = noise.get("rho")
-    else:
-        split = torch.cat([values[site(f"split_{d}")] for d in range(depth)])  # (2**D - 1,)
-        beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], dim=-2)
-        theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], dim=-2)
-        log_sigma = torch.cat([values[site(f"log_sigma_{d}")] for d in range(depth + 1)])
-        rho = None
-        if "rho_a" in q:
-            rho = torch.cat([values[site(f"rho_{d}")] for d in range(depth)])
+    draws = _node_draws(model, guide, q, values)
+    xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows)
+    return _tree_elbo(model, q, *draws, xb, yb, scale)
 
-    # likelihood of the (sub)sampled points, scaled by N / B as pyro.plate does
+
+def _node_draws(model, guide, q: dict, values: dict | None) -> tuple:
+    """``(split, beta, theta, log_sigma, rho)`` of every node, heap-ordered (a leading
+    dimension of trees in a forest): the sites ``values`` put back together, or without
+    them the draw :meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.rsample` makes, taken
+    at once (:meth:`~pyro_trees.guides.vart.RelaxedSplitGuide.relaxed`). ``rho`` is
+    ``None`` without missing inputs; a forest's ``log_sigma`` is one site, a tree's one
+    per level."""
+    if values is None:
+        noise = guide.noise(q)
+        return (*guide.relaxed(q, noise, guide.temperature), noise.get("rho"))
+    depth, site = guide.depth, model.site
+
+    def nodes(name: str, levels: int, dim: int) -> torch.Tensor:
+        return torch.cat([values[site(f"{name}_{d}")] for d in range(levels)], dim)
+
+    if site("log_sigma") in values:  # a forest's one noise scale
+        log_sigma = values[site("log_sigma")]
+    else:
+        log_sigma = nodes("log_sigma", depth + 1, -1)
+    rho = nodes("rho", depth, -1) if "rho_a" in q else None
+    split, beta, theta = (
+        nodes("split", depth, -1),
+        nodes("beta", depth, -2),
+        nodes("theta", depth + 1, -2),
+    )
+    return split, beta, theta, log_sigma, rho
+
+
+def _batch(x, y, subsample_size, subsample, num_rows) -> tuple:
+    """``(xb, yb, scale)``: the minibatch (``subsample``, drawn as ``pyro.plate`` draws
+    it when ``None`` and ``subsample_size < N``; else all rows) and the factor that
+    makes its likelihood stand for ``num_rows`` rows (default ``N``)."""
     n = x.shape[0]
     if subsample is None and subsample_size is not None and int(subsample_size) < n:
         subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
     if subsample is not None:
-        n = n if num_rows is None else _rows(num_rows)
-        xb, yb, scale = x[subsample], y[subsample], n / subsample.shape[0]
-    else:  # x is the batch; num_rows, where given, the rows it stands for
-        xb, yb, scale = x, y, 1.0 if num_rows is None else _rows(num_rows) / n
-    return _tree_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale)
+        total = n if num_rows is None else _rows(num_rows)
+        return x[subsample], y[subsample], total / subsample.shape[0]
+    # x is the batch; num_rows, where given, the rows it stands for
+    return x, y, 1.0 if num_rows is None else _rows(num_rows) / n
 
 
 def _tree_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> torch.Tensor:

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
-from pyro_trees.infer.vart_elbo import _normal_log_ratio, _normal_lp, _rows, _split_prior
+from pyro_trees.infer.vart_elbo import (
+    _batch,
+    _node_draws,
+    _normal_log_ratio,
+    _normal_lp,
+    _split_prior,
+)
 from pyro_trees.models.vart_forest import VaRTForest, forest_mean, forest_of_nodes
 
 __all__ = ["VaRTForestELBO", "vart_forest_elbo"]
@@ -53,30 +59,10 @@ def vart_forest_elbo(
         <pyro_trees.guides.VaRTForestGuide.params>`), when already read.
     :returns: the ELBO estimate (a scalar tensor; maximise it).
     """
-    depth, site = guide.depth, model.site
     q = guide.params(x) if params is None else params
-    if values is None:  # the draw rsample makes, every node at once
-        noise = guide.noise(q)
-        split, beta, theta, log_sigma = guide.relaxed(q, noise, guide.temperature)
-        rho = noise.get("rho")
-    else:
-        split = torch.cat([values[site(f"split_{d}")] for d in range(depth)], -1)  # (K, n_int)
-        beta = torch.cat([values[site(f"beta_{d}")] for d in range(depth)], -2)
-        theta = torch.cat([values[site(f"theta_{d}")] for d in range(depth + 1)], -2)
-        log_sigma = values[site("log_sigma")]
-        rho = None
-        if "rho_a" in q:
-            rho = torch.cat([values[site(f"rho_{d}")] for d in range(depth)], -1)
-
-    n = x.shape[0]
-    if subsample is None and subsample_size is not None and int(subsample_size) < n:
-        subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
-    if subsample is not None:
-        total = n if num_rows is None else _rows(num_rows)
-        xb, yb, scale = x[subsample], y[subsample], total / subsample.shape[0]
-    else:  # x is the batch; num_rows, where given, the rows it stands for
-        xb, yb, scale = x, y, 1.0 if num_rows is None else _rows(num_rows) / n
-    return _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale)
+    draws = _node_draws(model, guide, q, values)
+    xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows)
+    return _forest_elbo(model, q, *draws, xb, yb, scale)
 
 
 def _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> torch.Tensor:
