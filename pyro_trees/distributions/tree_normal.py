@@ -17,18 +17,21 @@ __all__ = ["TreeNormal", "TreeNormalInstances"]
 
 def _check_params(loc, scale, rho):
     """Finite ``loc``, finite positive ``scale``, ``rho`` in ``(-1, 1)``: one reduction
-    pass per tensor (``aminmax`` propagates NaN), :class:`ValueError` naming the culprit."""
+    pass per tensor (``aminmax`` propagates NaN) and one read back to the host for all
+    three (a GPU waits once), :class:`ValueError` naming the culprit."""
+    named = [(n, t) for n, t in (("loc", loc), ("scale", scale), ("rho", rho)) if t.numel()]
+    if not named:
+        return
     with torch.no_grad():
-        for name, t in (("loc", loc), ("scale", scale), ("rho", rho)):
-            if t.numel() == 0:
-                continue
-            lo, hi = (float(v) for v in torch.aminmax(t.detach()))
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                raise ValueError(f"{name} contains NaN or infinite values")
-            if name == "scale" and lo <= 0:
-                raise ValueError(f"scale must be positive; found {lo}")
-            if name == "rho" and not (-1 < lo and hi < 1):
-                raise ValueError("rho must lie in the open interval (-1, 1); found |rho| >= 1")
+        bounds = torch.stack([torch.stack(torch.aminmax(t.detach())).double() for _, t in named])
+        bounds = bounds.tolist()
+    for (name, _), (lo, hi) in zip(named, bounds, strict=True):
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if name == "scale" and lo <= 0:
+            raise ValueError(f"scale must be positive; found {lo}")
+        if name == "rho" and not (-1 < lo and hi < 1):
+            raise ValueError("rho must lie in the open interval (-1, 1); found |rho| >= 1")
 
 
 class TreeNormal(TorchDistribution):
