@@ -67,6 +67,25 @@ def timed_fits(cls, X, y, device: str) -> dict:
     return record
 
 
+def _guarded(fn, *args) -> dict:
+    """``fn(*args)``, or ``{"failed": "<error>"}`` where it raises: one estimator that
+    fails on a device is a row saying so, and the run still writes its table."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - any failure of a fit is a result here
+        return {"failed": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+
+
+def _record(row: dict, device: str, fit: dict) -> None:
+    """The fit's seconds (or its failure) in ``row``'s columns for ``device``."""
+    if "failed" in fit:
+        row[f"{device} first s"] = row[f"{device} again s"] = None
+        row["failed"] = f"{device}: {fit['failed']}"
+    else:
+        row[f"{device} first s"] = fit["first s"]
+        row[f"{device} again s"] = fit["again s"]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=400)
@@ -90,13 +109,12 @@ def main(argv=None) -> None:
         row = {"estimator": name, "rows": args.rows}
         fits = {}
         for device in devices:
-            fits[device] = timed_fits(cls, X, target, device)
-            row[f"{device} first s"] = fits[device]["first s"]
-            row[f"{device} again s"] = fits[device]["again s"]
-        if cuda:
+            fits[device] = _guarded(timed_fits, cls, X, target, device)
+            _record(row, device, fits[device])
+        if cuda and "failed" not in row:
             row["ratio"] = fits["cuda"]["again s"] / fits["cpu"]["again s"]
             row["max |diff|"] = float(np.abs(fits["cuda"]["pred"] - fits["cpu"]["pred"]).max())
-        else:
+        elif not cuda:
             row["cuda"] = "no GPU in this run"
         print(row, flush=True)
         rows.append(row)
@@ -107,15 +125,15 @@ def main(argv=None) -> None:
         row = {"estimator": "VaRTForestRegressor (kin40k split 0)", "rows": len(ytr)}
         fits = {}
         for device in devices:
-            fit = timed_fits(VaRTForestRegressor, Xtr, ytr, device)
-            fit["rmse"] = rmse(fit["estimator"].predict(Xte), yte)
+            fit = _guarded(timed_fits, VaRTForestRegressor, Xtr, ytr, device)
+            if "failed" not in fit:
+                fit["rmse"] = rmse(fit["estimator"].predict(Xte), yte)
+                row[f"{device} RMSE"] = fit["rmse"]
             fits[device] = fit
-            row[f"{device} first s"] = fit["first s"]
-            row[f"{device} again s"] = fit["again s"]
-            row[f"{device} RMSE"] = fit["rmse"]
-        if cuda:
+            _record(row, device, fit)
+        if cuda and "failed" not in row:
             row["ratio"] = fits["cuda"]["again s"] / fits["cpu"]["again s"]
-        else:
+        elif not cuda:
             row["cuda"] = "no GPU in this run"
         print(row, flush=True)
         rows.append(row)
@@ -127,7 +145,9 @@ def main(argv=None) -> None:
         "features; classifiers: y above its median); `first s` pays the process's one-time "
         "costs (compilation included), `again s` repeats the fit; `ratio`: GPU over CPU, "
         "`again s`; `max |diff|`: largest difference of the two devices' predictions on the "
-        "training rows. See `benchmarks/device_fits.py`.\n\n" + markdown_table(rows) + "\n"
+        "training rows. See `benchmarks/device_fits.py`.\n\n"
+        + markdown_table(rows, list(dict.fromkeys(k for r in rows for k in r)))  # every column
+        + "\n"
     )
     device = "cuda" if cuda else "cpu"
     write_results(args.name, {"rows": rows, "gpu": gpu}, md, device=device, args=vars(args))

@@ -25,3 +25,27 @@ def test_two_timed_fits_give_times_and_the_second_fits_predictions():
     assert record["first s"] > 0 and record["again s"] > 0
     assert record["pred"].shape == (30,) and np.isfinite(record["pred"]).all()
     np.testing.assert_array_equal(record["pred"], record["estimator"].predict(X))
+
+
+def test_a_fit_that_fails_is_a_row_saying_so(monkeypatch):
+    """One estimator failing on a device names its error in the table; the others and
+    the table itself are still written."""
+    from pyro_trees.estimators import RNNTreeRegressor
+
+    class Broken(RNNTreeRegressor):
+        def fit(self, X, y):
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    written = {}
+    monkeypatch.setattr(
+        device_fits, "estimators", lambda: {"Broken": Broken, "RNNTreeRegressor": RNNTreeRegressor}
+    )
+    monkeypatch.setattr(
+        device_fits, "write_results", lambda name, payload, md, *a, **k: written.update(md=md)
+    )
+    device_fits.main(["--rows", "30", "--name", "unused"])
+    md = written["md"]
+    assert "cpu: RuntimeError: no kernel image is available" in md
+    header = next(line for line in md.splitlines() if line.startswith("| estimator"))
+    assert "| failed |" in header
+    assert "| RNNTreeRegressor | 30 |" in md  # the next estimator still ran
