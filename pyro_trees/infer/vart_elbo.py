@@ -28,7 +28,7 @@ from torch.distributions.utils import clamp_probs
 from pyro_trees import trees
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
-from pyro_trees.models.vart import VaRT
+from pyro_trees.models.vart import VaRT, log_existence
 from pyro_trees.models.vart_mixture import gaussian, observed, route_log_probs, with_bias
 
 __all__ = ["VaRTELBO", "vart_elbo"]
@@ -147,13 +147,7 @@ def _tree_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> t
     n_int = split.shape[0]
     depth = (n_int + 1).bit_length() - 1
     # existence A_i: the product of the ancestors' indicators, through its log
-    log_split = split.log()
-    log_exist = [split.new_zeros(1)]
-    for d in range(depth):
-        log_exist.append(
-            (log_exist[-1] + log_split[(1 << d) - 1 : (2 << d) - 1]).repeat_interleave(2)
-        )
-    log_exist = torch.cat(log_exist)
+    log_exist = log_existence(split)
     exist = log_exist.exp()
     split_all = torch.cat([split, split.new_zeros(n_int + 1)])  # the depth-D nodes: leaves
     psi = exist[:n_int] * split
@@ -248,9 +242,9 @@ def _vart_program(model, guide, xb, yb, q, noise, temperature, num_rows):
     """:func:`vart_elbo` of the batch ``(xb, yb)`` standing for ``num_rows`` rows (a
     0-dim tensor, or ``None``: all rows) from the step's draws: the part of a step that
     compiles."""
-    split, beta, theta, log_sigma = guide.relaxed(q, noise, temperature)
-    scale = 1.0 if num_rows is None else num_rows / xb.shape[0]
-    return _tree_elbo(model, q, split, beta, theta, log_sigma, noise.get("rho"), xb, yb, scale)
+    _, _, scale = _batch(xb, yb, None, None, num_rows)
+    draws = (*guide.relaxed(q, noise, temperature), noise.get("rho"))
+    return _tree_elbo(model, q, *draws, xb, yb, scale)
 
 
 class VaRTELBO(CompilesVaRTLoss, DifferentiableLossELBO):

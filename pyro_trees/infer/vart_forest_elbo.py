@@ -112,9 +112,9 @@ def _vart_forest_program(model, guide, xb, yb, q, noise, temperature, num_rows):
     """:func:`vart_forest_elbo` of the batch ``(xb, yb)`` standing for ``num_rows`` rows
     (a 0-dim tensor, or ``None``: all rows) from the step's draws: the part of a step
     that compiles."""
-    split, beta, theta, log_sigma = guide.relaxed(q, noise, temperature)
-    scale = 1.0 if num_rows is None else num_rows / xb.shape[0]
-    return _forest_elbo(model, q, split, beta, theta, log_sigma, noise.get("rho"), xb, yb, scale)
+    _, _, scale = _batch(xb, yb, None, None, num_rows)
+    draws = (*guide.relaxed(q, noise, temperature), noise.get("rho"))
+    return _forest_elbo(model, q, *draws, xb, yb, scale)
 
 
 class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):

@@ -20,7 +20,7 @@ from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
 from pyro_trees.models.vart_mixture import gaussian, tree_likelihood, tree_mean
 
-__all__ = ["VaRT", "node_weights", "weighted"]
+__all__ = ["VaRT", "log_existence", "node_weights", "weighted"]
 
 
 @contextlib.contextmanager
@@ -52,6 +52,23 @@ def node_weights(exist: torch.Tensor, split: torch.Tensor):
     psi = exist * split
     kappa = exist * (1 - split)
     return psi, kappa, psi.repeat_interleave(2, dim=-1)
+
+
+def log_existence(split: torch.Tensor) -> torch.Tensor:
+    """:math:`\\log A_i` of every node of a truncated tree (or of each tree of a forest):
+    the sum of the log split indicators of its proper ancestors (0 at the root), top-down
+    level by level.
+
+    :param split: ``batch_shape + (2**D - 1,)`` split indicators of the internal nodes, in
+        heap order (a hard 0 gives ``-inf`` below it).
+    :returns: ``batch_shape + (2**(D+1) - 1,)`` in heap order.
+    """
+    log_split = split.log()
+    levels = [split.new_zeros(split.shape[:-1] + (1,))]
+    for d in range((split.shape[-1] + 1).bit_length() - 1):
+        parent = levels[-1] + log_split[..., (1 << d) - 1 : (2 << d) - 1]
+        levels.append(parent.repeat_interleave(2, dim=-1))
+    return torch.cat(levels, -1)
 
 
 def _check_prior_options(

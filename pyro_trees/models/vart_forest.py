@@ -24,7 +24,13 @@ from pyro.nn import PyroModule
 
 from pyro_trees import trees
 from pyro_trees.distributions.split_indicator import SplitIndicator
-from pyro_trees.models.vart import VaRT, _check_prior_options, node_weights, weighted
+from pyro_trees.models.vart import (
+    VaRT,
+    _check_prior_options,
+    log_existence,
+    node_weights,
+    weighted,
+)
 from pyro_trees.models.vart_mixture import forest_mean
 
 __all__ = ["VaRTForest", "forest_mean", "forest_of_nodes", "forest_tree"]
@@ -59,15 +65,11 @@ def forest_of_nodes(
     existence, the sum of its ancestors' log split indicators), the leaves' zero split
     indicators and zero ``log_sigma`` (unused by a forest)."""
     n_int = split.shape[-1]
-    log_split = split.log()
-    log_exist = [split.new_zeros(split.shape[:-1] + (1,))]
-    for d in range((n_int + 1).bit_length() - 1):
-        parent = log_exist[-1] + log_split[..., (1 << d) - 1 : (2 << d) - 1]
-        log_exist.append(parent.repeat_interleave(2, dim=-1))
+    log_exist = log_existence(split)
     leaves = split.new_zeros(split.shape[:-1] + (n_int + 1,))
     out = {
         "split": torch.cat([split, leaves], -1),
-        "log_exist": torch.cat(log_exist, -1),
+        "log_exist": log_exist,
         "beta": beta,
         "theta": theta,
         "log_sigma": split.new_zeros(split.shape[:-1] + (2 * n_int + 1,)),
