@@ -34,14 +34,25 @@ from pyro_trees.estimators._template import VART_HELD_OUT, HeldOut, SVIEstimator
 from pyro_trees.estimators._vart_export import _split_importances
 from pyro_trees.estimators.vart_memory import check_prediction_memory as _check_prediction_memory
 from pyro_trees.estimators.vart_memory import check_training_memory as _check_training_memory
+from pyro_trees.guides.stacked import StackedGuides
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.compiled import should_compile
 from pyro_trees.infer.fit import EarlyStopping
+from pyro_trees.infer.stacked_stopping import StackedEarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
 
-__all__ = ["VART_CONSTRAINTS", "VaRTFits", "clip_to_training_range", "training_range"]
+__all__ = [
+    "STACK_MAX_ROWS",
+    "VART_CONSTRAINTS",
+    "VaRTFits",
+    "clip_to_training_range",
+    "training_range",
+]
 
 _REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
+
+#: the most training rows at which the pooled fits train as one stacked program
+STACK_MAX_ROWS = 768
 
 #: the parameters every VaRT estimator shares, and what each may be
 VART_CONSTRAINTS = {
@@ -126,14 +137,111 @@ class VaRTFits(MissingInputs, SVIEstimator):
         """The fold fit ``j`` holds out: its own (wrapping around past the last)."""
         return j % split.num_folds
 
+    def _fit_all(self, X, y, split: HeldOut, generator) -> list:
+        """The fits one after another, or as one stacked program where
+        :meth:`_stacks_fits` says so."""
+        if self._stacks_fits(X, split):
+            return self._fit_stacked(X, y, split, generator)
+        return super()._fit_all(X, y, split, generator)
+
+    #: whether the family's vectorised loss trains a stack of fits (the forest's)
+    _stackable = False
+
+    def _stacks_fits(self, X, split: HeldOut) -> bool:
+        """Whether the ``num_fits`` fits train as one stacked program
+        (:class:`~pyro_trees.guides.StackedGuides`): for a family whose loss takes a
+        stack, several fits with held-out rows, full batches of at most
+        ``STACK_MAX_ROWS`` training rows, one process, complete inputs, the vectorised
+        loss run eagerly, and no ``refit``. Elsewhere they train one after another."""
+        n_train = X.shape[0] - split.n_val
+        full_batch = self.batch_size is None or int(self.batch_size) >= n_train
+        return (
+            self._stackable
+            and int(self.num_fits) > 1
+            and split.n_val > 0
+            and full_batch
+            and n_train <= STACK_MAX_ROWS
+            and self.elbo == "vectorised"
+            and self.ranks_.size == 1
+            and not getattr(self, "refit", False)
+            and not self._fit_missing()
+            and not should_compile(X.device, self.num_steps, n_train)
+        )
+
+    def _fit_start(self, j: int, split: HeldOut, generator) -> tuple:
+        """Fit ``j``'s rows, seed and generator: it holds out its own fold and starts
+        from ``generator`` (the first fit) or one seeded ``seed_ + j * MEMBER_SEED``."""
+        val_idx, train_idx = split.fold(self._member_fold(j, split))
+        seed = self._seed() + j * MEMBER_SEED
+        gen = generator if j == 0 else torch.Generator().manual_seed(seed)
+        return val_idx, train_idx, seed, gen
+
+    def _fit_stacked(self, X, y, split: HeldOut, generator) -> list:
+        """The ``num_fits`` fits as one program: each starts as it would alone
+        (:meth:`_prepare_fit`: its own rows, range, held-out fold and start), the guides
+        are stacked, and every step draws all of them at once from ``seed_``'s stream,
+        each fit's likelihood over its own training rows (row weights), each fit
+        early-stopped on its own fold (:class:`~pyro_trees.infer.StackedEarlyStopping`).
+        Returns what :meth:`_fit_one` returns, for every fit."""
+        num, n = int(self.num_fits), X.shape[0]
+        starts, rows = [], []
+        with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
+            for j in range(num):
+                val_idx, train_idx, _, gen = self._fit_start(j, split, generator)
+                start = self._prepare_fit(X, y, val_idx, train_idx, gen)
+                start["range"] = (self.x_min_, self.x_max_)
+                starts.append(start)
+                rows.append(train_idx)
+            guides = [s["guide"] for s in starts]
+            stack = StackedGuides(guides)
+            weight = torch.zeros(num, n, dtype=X.dtype, device=X.device)
+            for j, train_idx in enumerate(rows):
+                weight[j, train_idx] = 1.0
+            loss = self._stacked_loss()
+            stopping = StackedEarlyStopping(
+                lambda j: self._held_out_score(guides[j], starts[j]["Xva"], starts[j]["yva"]),
+                stack,
+                losses=lambda: loss.fit_losses,
+                eval_every=int(self.eval_every),
+                patience=self.patience,
+            )
+            schedule = self._temperature_schedule()
+            self.model_ = starts[-1]["model"]
+            run_svi(
+                self.ranks_,
+                starts[0]["model"],
+                stack,
+                X,
+                y,
+                seed=self._seed(),
+                num_steps=int(self.num_steps),
+                loss=loss,
+                optim="clipped_adam",
+                lr=self.lr,
+                lr_scheduler=self._lr_scheduler(),
+                progress=self.progress and f"{self._label} {num} fits",
+                callback=schedule.callback(stack),
+                early_stopping=stopping,
+                weight=weight,
+            )
+        fits = []
+        for guide, result, start in zip(guides, stopping.results, starts, strict=True):
+            guide.temperature = schedule(result.val_losses[-1][0])  # where it stopped
+            importances = _split_importances(guide, start["Xtr"][:4096], self.ranks_)
+            held = (start["Xva"], start["yva"])
+            fits.append((guide, result, importances, start["range"], held, None))
+        return fits
+
+    def _stacked_loss(self):
+        """The family's loss of a stack of fits (families with ``_stackable``)."""
+        raise NotImplementedError
+
     def _fit_one(self, j: int, X, y, split: HeldOut, generator):
         """Fit ``j``: holds out its fold, starts from ``generator`` (the first fit) or
         one seeded ``seed_ + j * MEMBER_SEED``, trains with those draws. Returns
         ``(guide, result, importances, (x_min, x_max), (Xva, yva), stopped)``;
         ``stopped`` is the early-stopped result a refit replaced, else ``None``."""
-        val_idx, train_idx = split.fold(self._member_fold(j, split))
-        seed = self._seed() + j * MEMBER_SEED
-        gen = generator if j == 0 else torch.Generator().manual_seed(seed)
+        val_idx, train_idx, seed, gen = self._fit_start(j, split, generator)
         # the progress bar names the fit among several: "VaRT fit 2/3"
         label = self._label + (f" fit {j + 1}/{self.num_fits}" if int(self.num_fits) > 1 else "")
         held = self._fit_split(X, y, val_idx, train_idx, gen, seed=seed, label=label)
@@ -174,6 +282,38 @@ class VaRTFits(MissingInputs, SVIEstimator):
         """The input width the memory checks count (``L``)."""
         return num_features
 
+    def _prepare_fit(self, X, y, val_idx, train_idx, gen) -> dict:
+        """What a fit on rows ``train_idx`` with ``val_idx`` held out starts from: the
+        memory checks, the clipping range of its rows (set as ``x_min_``, ``x_max_``),
+        its held-out rows (standardised and clipped, as new rows would be), and its
+        model and guide, started from ``gen`` and moved to ``X``'s device and dtype.
+        Call it under ``module_local_params``."""
+        n, num_features = X.shape
+        ranks = self.ranks_
+        n_train = ranks.count(n - len(val_idx))  # over every rank's rows
+        batch = min(n_train, 2048) if self.batch_size is None else int(self.batch_size)
+        batch = min(batch, n_train)
+        width = self._memory_width(num_features)
+        depth = _check_training_memory(self.depth, batch, width, X.device)
+        _check_prediction_memory(depth, int(self.num_samples), width, X.device)
+        Xtr = X[train_idx]
+        self.x_min_, self.x_max_ = training_range(ranks, Xtr)  # the rows it learns from
+        Xva = clip_to_training_range(self, X[val_idx])  # scored as new rows would be
+        model, guide = self._start(num_features, depth, Xtr, gen)
+        ranks.broadcast_modules(guide)  # sharded: rank 0's start
+        guide.to(X.device, X.dtype)  # the model and guide compute in X's dtype
+        model.to(X.device, X.dtype)
+        return {
+            "model": model,
+            "guide": guide,
+            "Xtr": Xtr,
+            "ytr": y[train_idx],
+            "Xva": Xva,
+            "yva": y[val_idx],
+            "batch": batch,
+            "n_train": n_train,
+        }
+
     def _fit_split(self, X, y, val_idx, train_idx, gen, *, seed=None, num_steps=None, label=None):
         """Fit on rows ``train_idx`` with ``val_idx`` held out (early stopping);
         ``gen`` seeds the guide's start and ``seed`` (default ``seed_``) the training
@@ -182,30 +322,15 @@ class VaRTFits(MissingInputs, SVIEstimator):
         stopping. ``label`` names the progress bar (default the family's). Sets
         ``model_``, ``guide_``, ``fit_result_`` and the clipping range; returns the
         held-out rows, standardised and clipped."""
-        n, num_features = X.shape
         ranks = self.ranks_
-        n_val = len(val_idx)
-        n_train = ranks.count(n - n_val)  # over every rank's rows
-        batch = min(n_train, 2048) if self.batch_size is None else int(self.batch_size)
-        batch = min(batch, n_train)
-        width = self._memory_width(num_features)
-        depth = _check_training_memory(self.depth, batch, width, X.device)
-        _check_prediction_memory(depth, int(self.num_samples), width, X.device)
-        Xtr, ytr, yva = X[train_idx], y[train_idx], y[val_idx]
-        self.x_min_, self.x_max_ = training_range(ranks, Xtr)  # the rows it learns from
-        Xva = clip_to_training_range(self, X[val_idx])  # scored as new rows would be
         # inputs are checked above; Pyro's per-site validation only costs time here
         with pyro.settings.context(module_local_params=True), pyro.validation_enabled(False):
-            self.model_, self.guide_ = self._start(num_features, depth, Xtr, gen)
-            guide = self.guide_
-            ranks.broadcast_modules(guide)  # sharded: rank 0's start
-            guide.to(X.device, X.dtype)  # the model and guide compute in X's dtype
-            self.model_.to(X.device, X.dtype)
-            schedule = TemperatureSchedule(
-                max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
-            )
+            start = self._prepare_fit(X, y, val_idx, train_idx, gen)
+            self.model_, self.guide_ = start["model"], start["guide"]
+            guide, Xva, yva = self.guide_, start["Xva"], start["yva"]
+            schedule = self._temperature_schedule()
             stopping = None
-            if n_val and num_steps is None:
+            if len(val_idx) and num_steps is None:
                 stopping = EarlyStopping(
                     lambda: self._held_out_score(guide, Xva, yva),
                     eval_every=int(self.eval_every),
@@ -214,19 +339,18 @@ class VaRTFits(MissingInputs, SVIEstimator):
             seed = self._seed() if seed is None else int(seed)
             rows = RankRows(ranks, seed) if ranks.size > 1 else None
             steps = int(self.num_steps) if num_steps is None else int(num_steps)
+            data = (start["Xtr"], start["ytr"])
+            compile = should_compile(X.device, self.num_steps, start["batch"])
             self.fit_result_ = run_svi(
                 ranks,
                 self.model_,
                 guide,
-                Xtr,
-                ytr,
+                *data,
                 seed=seed,
-                batch=batch,
-                n_rows=n_train,
+                batch=start["batch"],
+                n_rows=start["n_train"],
                 num_steps=steps,
-                loss=self._loss(
-                    rows, (Xtr, ytr), compile=should_compile(X.device, self.num_steps, batch)
-                ),
+                loss=self._loss(rows, data, compile=compile),
                 optim="clipped_adam",
                 lr=self.lr,
                 lr_scheduler=self._lr_scheduler(),
@@ -235,6 +359,12 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 early_stopping=stopping,
             )
         return Xva, yva
+
+    def _temperature_schedule(self) -> TemperatureSchedule:
+        """The annealing of the split indicators' temperature over ``num_steps``."""
+        return TemperatureSchedule(
+            max(int(self.num_steps), 1), self.temperature_start, self.temperature_end
+        )
 
     def _lr_scheduler(self):
         """``lr_decay``'s geometric schedule over ``num_steps`` (``None`` when constant

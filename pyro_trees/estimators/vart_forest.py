@@ -184,6 +184,10 @@ class VaRTForestRegressor(VaRTRegressor):
         return forest_mean(guide.mean_tree(), Xs)
 
     _losses = (VaRTForestELBO, RankVaRTForestELBO)
+    _stackable = True
+
+    def _stacked_loss(self):
+        return VaRTForestELBO()
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """Not offered: a forest is not one readable tree (``feature_importances_`` sums

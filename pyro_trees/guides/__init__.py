@@ -21,6 +21,9 @@ from pyro_trees.guides.hme import (
 from pyro_trees.guides.rnn_tree import (
     RNNTree,
 )
+from pyro_trees.guides.stacked import (
+    StackedGuides,
+)
 from pyro_trees.guides.tree_vi import (
     TreeVIGuide,
     induced_forest,
@@ -54,6 +57,7 @@ __all__ = [
     "RNNTree",
     "RNNTreeGuide",
     "RestartPlate",
+    "StackedGuides",
     "TemperatureSchedule",
     "TreeGuide",
     "TreeVIGuide",

@@ -141,6 +141,11 @@ class RelaxedSplitGuide:
                 q["rho_a"], q["rho_b"] = rho_concentrations(
                     self.rho_logits, self.rho_concentration, opts
                 )
+        return self._read_params(q)
+
+    def _read_params(self, q: dict) -> dict:
+        """The parameters as :meth:`params` returns them, from the constrained values of
+        ``_PARAMS`` (a family that stores one on another scale rescales it here)."""
         return q
 
     def rsample(self, x: torch.Tensor, params: dict | None = None) -> dict:

@@ -140,7 +140,9 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         """Every (constrained) parameter, read once, in ``x``'s dtype and device, with
         ``theta_loc`` the leaves' locations (the parameter over :math:`K`) and, with
         missing inputs, ``rho_a``, ``rho_b`` the Beta concentrations of ``rho``."""
-        q = super().params(x)
+        return super().params(x)
+
+    def _read_params(self, q: dict) -> dict:
         q["theta_loc"] = q["theta_loc"] / self.num_trees
         return q
 

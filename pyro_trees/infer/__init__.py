@@ -69,6 +69,9 @@ from pyro_trees.infer.restarts import (
     elbo_estimate,
     fit_restarts,
 )
+from pyro_trees.infer.stacked_stopping import (
+    StackedEarlyStopping,
+)
 from pyro_trees.infer.stream import (
     Stream,
 )
@@ -116,6 +119,7 @@ __all__ = [
     "RankSubsample",
     "RestartsResult",
     "SVIRestarts",
+    "StackedEarlyStopping",
     "Stream",
     "TreeELBO",
     "VBData",

@@ -16,6 +16,7 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
+from pyro_trees.guides.stacked import StackedGuides
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
 from pyro_trees.infer.vart_elbo import (
@@ -40,6 +41,7 @@ def vart_forest_elbo(
     subsample: torch.Tensor | None = None,
     num_rows: int | None = None,
     params: dict | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The single-sample ELBO estimate that ``Trace_ELBO`` computes for
     ``model(x, y, subsample_size)`` and its :class:`~pyro_trees.guides.VaRTForestGuide`:
@@ -57,25 +59,37 @@ def vart_forest_elbo(
         pass the global count; a compiled step passes a 0-dim tensor).
     :param params: the guide's parameters (:meth:`VaRTForestGuide.params
         <pyro_trees.guides.VaRTForestGuide.params>`), when already read.
-    :returns: the ELBO estimate (a scalar tensor; maximise it).
+    :param weight: row weights ``B + (N,)`` of the likelihood (a full batch only): with a
+        :class:`~pyro_trees.guides.StackedGuides` of ``F`` guides (``B = (F,)``), fit
+        ``j`` learns from the rows where ``weight[j]`` is 1 (its training rows) and
+        ignores those where it is 0 (the rows it holds out).
+    :returns: the ELBO estimate, a scalar tensor (maximise it); for a
+        :class:`~pyro_trees.guides.StackedGuides` of ``F`` guides, the ``(F,)`` ELBOs
+        of the fits.
     """
     q = guide.params(x) if params is None else params
     draws = _node_draws(model, guide, q, values)
+    if weight is not None and (subsample is not None or subsample_size is not None):
+        raise ValueError("row weights need a full batch (no subsample)")
     xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows)
-    return _forest_elbo(model, q, *draws, xb, yb, scale)
+    return _forest_elbo(model, q, *draws, xb, yb, scale, weight)
 
 
-def _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> torch.Tensor:
-    """:func:`vart_forest_elbo` from the draw of every node (heap order, a leading
-    dimension of trees) and the batch ``(xb, yb)`` weighted by ``scale``. Each site's
+def _forest_elbo(
+    model, q, split, beta, theta, log_sigma, rho, xb, yb, scale, weight=None
+) -> torch.Tensor:
+    """:func:`vart_forest_elbo` from the draw of every node (heap order, a dimension of
+    trees after the batch shape ``B`` of forests, ``()`` for one) and the batch
+    ``(xb, yb)`` weighted by ``scale`` (and by ``weight`` ``B + (N,)``, where given):
+    one ELBO per forest, ``B``. Each site's
     :math:`\\log p - \\log q` is one expression (the Gaussians' constants cancel, and
     :math:`(\\beta - \\tilde\\mu) / \\tilde S` is the standard normal draw), so that a
     step dispatches few operations: on a CPU at a few hundred rows their number, not
     the arithmetic, sets the step's time."""
     forest = forest_of_nodes(split, beta, theta, rho)
     n_int = split.shape[-1]
-    exist = forest["log_exist"].exp()  # (K, M): A_i
-    psi = exist[:, :n_int] * split
+    exist = forest["log_exist"].exp()  # B + (K, M): A_i
+    psi = exist[..., :n_int] * split
     kappa = exist * (1 - forest["split"])
 
     # split indicators: log q = s l + logsigmoid(-l) (the Bernoulli of logit l);
@@ -92,19 +106,21 @@ def _forest_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) ->
     d_ls = _normal_lp(log_sigma, model.noise_prior_loc, model.noise_prior_scale) - _normal_lp(
         log_sigma, q["log_sigma_loc"], q["log_sigma_scale"]
     )
+    nodes = (-2, -1)  # every node of every tree of a forest
     kl_terms = (
-        (exist[:, :n_int] * d_split).sum()
-        + (psi * d_beta.sum(-1)).sum()
-        + (kappa * d_theta.sum(-1)).sum()
+        (exist[..., :n_int] * d_split).sum(nodes)
+        + (psi * d_beta.sum(-1)).sum(nodes)
+        + (kappa * d_theta.sum(-1)).sum(nodes)
         + d_ls
     )
     if rho is not None:
         prior = model.rho_prior(rho.shape, dtype=rho.dtype, device=rho.device)
         d_rho = prior.log_prob(rho) - dist.Beta(q["rho_a"], q["rho_b"]).log_prob(rho)
-        kl_terms = kl_terms + (psi * d_rho).sum()
+        kl_terms = kl_terms + (psi * d_rho).sum(nodes)
 
-    f = forest_mean(forest, xb)
-    obs_ll = _normal_lp(yb, f, log_sigma.exp()).sum()
+    f = forest_mean(forest, xb)  # B + (N,)
+    obs_lp = _normal_lp(yb, f, log_sigma.exp().unsqueeze(-1))
+    obs_ll = (obs_lp if weight is None else obs_lp * weight).sum(-1)
     return scale * obs_ll + model.kl_weight * kl_terms
 
 
@@ -126,6 +142,12 @@ class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     With ``compile=True`` each step's loss runs as one compiled program, as
     :class:`~pyro_trees.infer.VaRTELBO`'s does (:mod:`pyro_trees.infer.compiled`).
 
+    **Several fits at once.** With a :class:`~pyro_trees.guides.StackedGuides` of ``F``
+    forest guides for the guide and row weights ``weight`` ``(F, N)`` (full batch), the
+    loss is the sum of the ``F`` fits' negative ELBOs, fit ``j`` learning from the rows
+    of weight 1 in ``weight[j]``; their values after the last call are kept in
+    ``fit_losses`` ``(F,)`` (detached). This path runs eagerly.
+
     :param compile: ``False`` (default), ``True`` or a ``torch.compile`` backend name.
     :param str mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
 
@@ -146,3 +168,23 @@ class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     _model_name = "a VaRTForest"
     _elbo = staticmethod(vart_forest_elbo)
     _program = staticmethod(_vart_forest_program)
+
+    #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
+    fit_losses = None
+
+    def differentiable_loss(
+        self, model, guide, x, y=None, subsample_size=None, weight=None
+    ) -> torch.Tensor:
+        """Negative ELBO estimate, differentiable in the guide's parameters (summed over
+        the fits of a :class:`~pyro_trees.guides.StackedGuides`)."""
+        if weight is None and not _stacked(guide):
+            return super().differentiable_loss(model, guide, x, y, subsample_size)
+        self._check(model, guide, x, y)
+        value = vart_forest_elbo(model, guide, x, y, subsample_size, weight=weight)
+        self.fit_losses = -value.detach() if value.dim() else None
+        return -value.sum()
+
+
+def _stacked(guide) -> bool:
+    """Whether ``guide`` holds several fits (a :class:`~pyro_trees.guides.StackedGuides`)."""
+    return isinstance(guide, StackedGuides)

@@ -142,3 +142,50 @@ def test_lr_decay_changes_the_fit_and_old_pickles_keep_a_constant_rate(data):
     old = VaRTForestRegressor.__new__(VaRTForestRegressor)
     old.__setstate__(state)
     assert old.lr_decay == 1.0 and np.array_equal(old.predict(X[:5]), a.predict(X[:5]))
+
+
+def test_small_tables_train_the_fits_as_one_stack(data):
+    """Under STACK_MAX_ROWS training rows the three fits train as one program: each
+    keeps its own fold, guide, stopping and history, and the fit is reproducible."""
+    X, y = data
+    kw = dict(SMALL, num_steps=60, eval_every=10, patience=2, random_state=4)
+    est = VaRTForestRegressor(**kw).fit(X, y)
+    results = est.fit_results_
+    assert len({r.seconds for r in results}) == 1  # one loop for the three
+    for r in results:
+        assert r.val_losses[0][0] == 0 and r.best_step is not None
+        assert r.num_steps == r.val_losses[-1][0]  # its own losses, up to where it stopped
+        assert r.stopped in ("early_stopping", "num_steps")
+    guides = est.guides_
+    assert len({id(g) for g in guides}) == 3
+    assert not torch.equal(guides[0].beta_loc, guides[1].beta_loc)
+    again = VaRTForestRegressor(**kw).fit(X, y)
+    assert np.array_equal(est.predict(X[:7]), again.predict(X[:7]))
+    lo, hi = est.predict_interval(X[:7], level=0.9)
+    assert np.all(lo < hi)
+
+
+def test_which_fits_stack(data, monkeypatch):
+    """The rule: full batches of few rows, several fits with held-out rows, one process,
+    complete inputs, no refit; the fits otherwise run one after another."""
+    import pyro_trees.estimators._vart_fit as vart_fit
+    from pyro_trees.estimators._template import VART_HELD_OUT, held_out_rows
+
+    X, y = data
+    est = VaRTForestRegressor(**SMALL, random_state=0).fit(X, y)
+    Xs = torch.as_tensor(X, dtype=torch.float32)
+    split = held_out_rows(150, 0.1, VART_HELD_OUT, ranks=est.ranks_, seed=0, device=Xs.device)
+    assert est._stacks_fits(Xs, split)
+    for change in ({"refit": True}, {"num_fits": 1}, {"batch_size": 50}, {"elbo": "trace"}):
+        assert not est.set_params(**change)._stacks_fits(Xs, split), change
+        est.set_params(**{k: VaRTForestRegressor().get_params()[k] for k in change})
+    assert est._stacks_fits(Xs, split)
+    none_held = held_out_rows(150, 0.0, VART_HELD_OUT, ranks=est.ranks_, seed=0)
+    assert not est._stacks_fits(Xs, none_held)
+    monkeypatch.setattr(vart_fit, "STACK_MAX_ROWS", 100)  # 135 training rows: too many
+    assert not est._stacks_fits(Xs, split)
+    # missing values train one fit after another (their model routes them)
+    Xm = X.copy()
+    Xm[0, 0] = np.nan
+    est_m = VaRTForestRegressor(**dict(SMALL, num_steps=10), random_state=0).fit(Xm, y)
+    assert len({r.seconds for r in est_m.fit_results_}) == 3

@@ -1,6 +1,7 @@
 """VaRTForestELBO equals Trace_ELBO on the same draws; gradients are finite; it trains."""
 
 import pyro
+import pytest
 import torch
 from pyro import poutine
 from pyro.infer import SVI
@@ -71,3 +72,56 @@ def test_equals_trace_elbo_with_missing_inputs():
     for (name, _), a, b in zip(guide.named_parameters(), g_got, g_ref, strict=True):
         assert torch.isfinite(a).all() and (a != 0).any(), name
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-10), name
+
+
+def test_a_stack_of_fits_equals_each_fit_on_its_own_rows():
+    """Stacked guides with row weights: fit j's ELBO (value and gradients) is its own
+    guide's ELBO on its training rows, on the same draws."""
+    from pyro_trees.guides import StackedGuides
+
+    with pyro.settings.context(module_local_params=True):
+        _stack_equals_fits()
+
+
+def _stack_equals_fits():
+    from pyro_trees.guides import StackedGuides
+
+    x, y = _data(30, seed=5)
+    model = VaRTForest(2, num_trees=3, depth=2, kl_weight=0.3)
+    guides = []
+    for j in range(3):
+        g = torch.Generator().manual_seed(j)
+        guide = VaRTForestGuide(model, temperature=0.6, init="random", generator=g).double()
+        guide.init_splits_from_data(x, generator=g)
+        guides.append(guide)
+    stack = StackedGuides(guides)
+    stack.temperature = 0.6
+    rows = [torch.arange(30)[j * 10 :] for j in range(3)]  # fit j ignores the first 10 j rows
+    weight = torch.zeros(3, 30, dtype=x.dtype)
+    for j, r in enumerate(rows):
+        weight[j, r] = 1.0
+    loss = VaRTForestELBO()
+    torch.manual_seed(11)
+    total = loss.differentiable_loss(model, stack, x, y, weight=weight)
+    total.backward()
+    torch.manual_seed(11)  # the same draws again
+    q = stack.params(x)
+    noise = {k: v.detach() for k, v in stack.noise(q).items()}
+    for j, guide in enumerate(guides):
+        qj = guide.params(x)
+        values = guide.sites(qj, {k: v[j] for k, v in noise.items()}, 0.6)
+        own = -vart_forest_elbo(model, guide, x[rows[j]], y[rows[j]], values=values, params=qj)
+        assert torch.allclose(loss.fit_losses[j], own.detach(), rtol=1e-10)
+        own.backward()
+        for name in VaRTForestGuide._PARAMS:
+            mine = getattr(guide, name + "_unconstrained").grad
+            assert torch.allclose(getattr(stack, name).grad[j], mine, rtol=1e-8, atol=1e-12), name
+    assert torch.allclose(total, loss.fit_losses.sum(), rtol=1e-12)
+
+
+def test_row_weights_need_a_full_batch():
+    x, y = _data(10)
+    model = VaRTForest(2, num_trees=2, depth=1)
+    guide = VaRTForestGuide(model).double()
+    with pytest.raises(ValueError, match="full batch"):
+        vart_forest_elbo(model, guide, x, y, subsample_size=5, weight=torch.ones(10))
