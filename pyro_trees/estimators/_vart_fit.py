@@ -42,7 +42,6 @@ from pyro_trees.infer.stacked_stopping import StackedEarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
 
 __all__ = [
-    "STACK_MAX_ROWS",
     "VART_CONSTRAINTS",
     "VaRTFits",
     "clip_to_training_range",
@@ -50,9 +49,6 @@ __all__ = [
 ]
 
 _REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
-
-#: the most training rows at which the pooled fits train as one stacked program
-STACK_MAX_ROWS = 768
 
 #: the parameters every VaRT estimator shares, and what each may be
 VART_CONSTRAINTS = {
@@ -144,23 +140,23 @@ class VaRTFits(MissingInputs, SVIEstimator):
             return self._fit_stacked(X, y, split, generator)
         return super()._fit_all(X, y, split, generator)
 
-    #: whether the family's vectorised loss trains a stack of fits (the forest's)
-    _stackable = False
+    #: the most training rows at which the pooled fits train as one stacked program
+    #: (0: never; a family whose loss takes a stack of guides sets it)
+    stack_max_rows = 0
 
     def _stacks_fits(self, X, split: HeldOut) -> bool:
         """Whether the ``num_fits`` fits train as one stacked program
-        (:class:`~pyro_trees.guides.StackedGuides`): for a family whose loss takes a
-        stack, several fits with held-out rows, full batches of at most
-        ``STACK_MAX_ROWS`` training rows, one process, complete inputs, the vectorised
-        loss run eagerly, and no ``refit``. Elsewhere they train one after another."""
+        (:class:`~pyro_trees.guides.StackedGuides`): several fits with held-out rows,
+        full batches of at most ``stack_max_rows`` training rows, one process,
+        complete inputs, the vectorised loss run eagerly, and no ``refit``. Elsewhere
+        they train one after another."""
         n_train = X.shape[0] - split.n_val
         full_batch = self.batch_size is None or int(self.batch_size) >= n_train
         return (
-            self._stackable
-            and int(self.num_fits) > 1
+            int(self.num_fits) > 1
             and split.n_val > 0
             and full_batch
-            and n_train <= STACK_MAX_ROWS
+            and n_train <= int(self.stack_max_rows)
             and self.elbo == "vectorised"
             and self.ranks_.size == 1
             and not getattr(self, "refit", False)
@@ -233,7 +229,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
         return fits
 
     def _stacked_loss(self):
-        """The family's loss of a stack of fits (families with ``_stackable``)."""
+        """The family's loss of a stack of fits (families with ``stack_max_rows``)."""
         raise NotImplementedError
 
     def _fit_one(self, j: int, X, y, split: HeldOut, generator):

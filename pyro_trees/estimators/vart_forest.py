@@ -69,7 +69,15 @@ class VaRTForestRegressor(VaRTRegressor):
         geometric mean, for the same total training time; on splits 0-2, 6 % lower
         than one fit, for three times its training time; five fits are 1.7 % lower
         than three for 1.74 times the training; prediction costs what one fit's does,
-        as the ``num_samples`` posterior forests are shared out among the fits).
+        as the ``num_samples`` posterior forests are shared out among the fits). Up to
+        ``stack_max_rows`` training rows (a class attribute, 640) the fits train as
+        one program (:class:`~pyro_trees.guides.StackedGuides`): each with its own
+        fold, start, stopping and best state, as alone, but every step draws and
+        scores all of them at once, which at a few hundred rows costs about what one
+        fit's step does; the program runs until the last fit stops. Above it (or with
+        ``refit``, ``batch_size`` below the rows, missing values, several processes,
+        or a compiled loss) they train one after another. The two ways draw their
+        random numbers in different orders, so their fits differ as two seeds do.
     :param bool refit: default ``False`` (``VaRTRegressor``'s is ``True``): with
         ``num_fits`` fits on their own folds a refit of each costs twice the training
         for the same accuracy.
@@ -184,7 +192,7 @@ class VaRTForestRegressor(VaRTRegressor):
         return forest_mean(guide.mean_tree(), Xs)
 
     _losses = (VaRTForestELBO, RankVaRTForestELBO)
-    _stackable = True
+    stack_max_rows = 640
 
     def _stacked_loss(self):
         return VaRTForestELBO()

@@ -145,7 +145,7 @@ def test_lr_decay_changes_the_fit_and_old_pickles_keep_a_constant_rate(data):
 
 
 def test_small_tables_train_the_fits_as_one_stack(data):
-    """Under STACK_MAX_ROWS training rows the three fits train as one program: each
+    """Up to ``stack_max_rows`` training rows the three fits train as one program: each
     keeps its own fold, guide, stopping and history, and the fit is reproducible."""
     X, y = data
     kw = dict(SMALL, num_steps=60, eval_every=10, patience=2, random_state=4)
@@ -165,10 +165,9 @@ def test_small_tables_train_the_fits_as_one_stack(data):
     assert np.all(lo < hi)
 
 
-def test_which_fits_stack(data, monkeypatch):
+def test_which_fits_stack(data):
     """The rule: full batches of few rows, several fits with held-out rows, one process,
     complete inputs, no refit; the fits otherwise run one after another."""
-    import pyro_trees.estimators._vart_fit as vart_fit
     from pyro_trees.estimators._template import VART_HELD_OUT, held_out_rows
 
     X, y = data
@@ -182,8 +181,9 @@ def test_which_fits_stack(data, monkeypatch):
     assert est._stacks_fits(Xs, split)
     none_held = held_out_rows(150, 0.0, VART_HELD_OUT, ranks=est.ranks_, seed=0)
     assert not est._stacks_fits(Xs, none_held)
-    monkeypatch.setattr(vart_fit, "STACK_MAX_ROWS", 100)  # 135 training rows: too many
+    est.stack_max_rows = 100  # 135 training rows: too many
     assert not est._stacks_fits(Xs, split)
+    assert VaRTRegressor.stack_max_rows == 0  # a single tree's fits never stack
     # missing values train one fit after another (their model routes them)
     Xm = X.copy()
     Xm[0, 0] = np.nan

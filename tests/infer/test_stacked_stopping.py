@@ -65,7 +65,7 @@ def test_each_fit_stops_and_is_restored_on_its_own():
     # fit 0 holds its state of step 10, not the stack's last values
     for name, value in guides[0].state_dict().items():
         assert torch.equal(value, seen["best"][name]), name
-    final = getattr(stack, "beta_loc")[0].detach()
+    final = stack.beta_loc[0].detach()
     assert not torch.equal(guides[0].beta_loc_unconstrained.detach(), final)
     # each fit's losses are its own; together they are the stack's loss
     summed = [a + b for a, b in zip(first.losses, second.losses[:30], strict=True)]

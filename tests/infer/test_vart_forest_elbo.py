@@ -6,7 +6,7 @@ import torch
 from pyro import poutine
 from pyro.infer import SVI
 
-from pyro_trees.guides import VaRTForestGuide
+from pyro_trees.guides import StackedGuides, VaRTForestGuide
 from pyro_trees.infer import VaRTForestELBO
 from pyro_trees.infer.vart_forest_elbo import vart_forest_elbo
 from pyro_trees.models import VaRTForest, forest_mean
@@ -77,15 +77,11 @@ def test_equals_trace_elbo_with_missing_inputs():
 def test_a_stack_of_fits_equals_each_fit_on_its_own_rows():
     """Stacked guides with row weights: fit j's ELBO (value and gradients) is its own
     guide's ELBO on its training rows, on the same draws."""
-    from pyro_trees.guides import StackedGuides
-
     with pyro.settings.context(module_local_params=True):
         _stack_equals_fits()
 
 
 def _stack_equals_fits():
-    from pyro_trees.guides import StackedGuides
-
     x, y = _data(30, seed=5)
     model = VaRTForest(2, num_trees=3, depth=2, kl_weight=0.3)
     guides = []
