@@ -140,9 +140,10 @@ class VaRTFits(MissingInputs, SVIEstimator):
             return self._fit_stacked(X, y, split, generator)
         return super()._fit_all(X, y, split, generator)
 
-    #: the most training rows at which the pooled fits train as one stacked program
-    #: (0: never; a family whose loss takes a stack of guides sets it)
-    stack_max_rows = 0
+    #: the most training rows at which the pooled fits train as one stacked program (a
+    #: tree's: every full batch, measured faster at 100-2,000 rows; the forest sets its
+    #: own; ``benchmarks/results/stacked_fits.md``)
+    stack_max_rows = 2048
 
     def _stacks_fits(self, X, split: HeldOut) -> bool:
         """Whether the ``num_fits`` fits train as one stacked program
@@ -229,8 +230,8 @@ class VaRTFits(MissingInputs, SVIEstimator):
         return fits
 
     def _stacked_loss(self):
-        """The family's loss of a stack of fits (families with ``stack_max_rows``)."""
-        raise NotImplementedError
+        """The family's loss of a stack of fits: its vectorised loss, eager."""
+        return self._losses[0]()
 
     def _fit_one(self, j: int, X, y, split: HeldOut, generator):
         """Fit ``j``: holds out its fold, starts from ``generator`` (the first fit) or

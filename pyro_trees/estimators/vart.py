@@ -85,7 +85,11 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         the fits differ only in their seeds. Their guides are kept in ``guides_``
         (``guide_`` is the first) and their results in ``fit_results_`` (the stopped
         fits of ``refit`` in ``stopping_results_``); ``feature_importances_`` is their
-        mean. Training costs about ``num_fits`` times one fit.
+        mean. Training costs about ``num_fits`` times one fit; without ``refit`` and
+        up to ``stack_max_rows`` training rows (a class attribute: 2,048 here, 640 for
+        the forest) the fits train as one program
+        (:class:`~pyro_trees.guides.StackedGuides`), which costs less (the training
+        guide's "Several fits as one program").
     :param batch_size: minibatch size (``subsample_size`` of the ``data`` plate);
         ``None`` uses full batches up to 2048 rows.
     :param float temperature_start: initial Gumbel-softmax temperature.

@@ -80,7 +80,12 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         first ``num_samples % num_fits``), so prediction costs do not grow with it; the
         temperature of ``calibrate`` is fitted on the pooled trees. Guides in ``guides_``
         (``guide_`` is the first), results in ``fit_results_``; ``feature_importances_``
-        is their mean. Training costs ``num_fits`` fits. The default 3: on the seven sets
+        is their mean. Up to ``stack_max_rows`` training rows (a class attribute, 2,048:
+        every full batch) the fits train as one program
+        (:class:`~pyro_trees.guides.StackedGuides`), each with its own start, stopping
+        and best state, in about 40-70 % of the time of one fit after another at 100 to
+        2,000 rows (``benchmarks/results/stacked_fits.md``); they then differ from
+        sequential fits as fits of other seeds do. The default 3: on the seven sets
         of ``benchmarks/vart_classification.py`` the pool of three has a lower Brier
         score than one fit on all seven and a lower ECE on six, and its error is nowhere
         higher (VaRT guide page).

@@ -194,9 +194,6 @@ class VaRTForestRegressor(VaRTRegressor):
     _losses = (VaRTForestELBO, RankVaRTForestELBO)
     stack_max_rows = 640
 
-    def _stacked_loss(self):
-        return VaRTForestELBO()
-
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """Not offered: a forest is not one readable tree (``feature_importances_`` sums
         the features' shares over all trees)."""

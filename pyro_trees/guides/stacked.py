@@ -34,6 +34,13 @@ class StackedGuides(torch.nn.Module):
     ``parameters()`` trains the stack only. ``temperature`` is the stack's own (set it
     with :class:`~pyro_trees.guides.TemperatureSchedule`'s callback as for one guide).
 
+    **Fits that have stopped.** :meth:`keep` names the fits still training: from then
+    on :meth:`params` returns theirs only (``(F',) + shape``), so a step computes
+    ``F'`` fits, and the others' slices receive zero gradients (an optimiser may still
+    move them by its momentum: keep their states elsewhere, as
+    :class:`~pyro_trees.infer.StackedEarlyStopping` does). :meth:`select` takes the
+    same fits from a tensor of all of them (the row weights).
+
     Guides keep their parameters themselves only with Pyro's module-local parameters
     (``pyro.settings.context(module_local_params=True)``, as the estimators train):
     outside it guides of the same name share Pyro's global store, and a stack could
@@ -88,6 +95,8 @@ class StackedGuides(torch.nn.Module):
                     "StackedGuides does not stack guides of models with missing inputs"
                 )
         self.guides = guides
+        self.running: list[int] | None = None  # None: every fit
+        self._index: torch.Tensor | None = None
         self.family = family
         self.temperature = float(guides[0].temperature)
         self._constraints = {}
@@ -111,14 +120,38 @@ class StackedGuides(torch.nn.Module):
         """``False``: stacked guides have no missing-input parameters."""
         return False
 
+    def keep(self, fits) -> None:
+        """Compute only ``fits`` (indices, in increasing order; ``None``: all) from now on."""
+        if fits is not None:
+            fits = sorted(int(j) for j in fits)
+            if not fits or fits[0] < 0 or fits[-1] >= len(self.guides):
+                raise ValueError(f"fits must name some of the {len(self.guides)} fits, got {fits}")
+            if len(fits) == len(self.guides):
+                fits = None
+        self.running = fits
+        self._index = None
+
+    def select(self, values: torch.Tensor) -> torch.Tensor:
+        """The running fits' entries of ``values`` ``(F, ...)`` (all of it when every
+        fit runs)."""
+        if self.running is None:
+            return values
+        return values[self._running_index(values.device)]
+
+    def _running_index(self, device) -> torch.Tensor:
+        if self._index is None or self._index.device != torch.device(device):
+            self._index = torch.tensor(self.running, device=device)
+        return self._index
+
     def params(self, x: torch.Tensor) -> dict:
-        """Every constrained parameter of every fit, ``(F,) + `` the guide's shape, in
-        ``x``'s dtype and device, as the guides' own ``params`` returns them."""
+        """Every constrained parameter of every running fit (:meth:`keep`; by default
+        all), ``(F,) + `` the guide's shape, in ``x``'s dtype and device, as the guides'
+        own ``params`` returns them."""
         opts = {"dtype": x.dtype, "device": x.device}
-        q = {
-            name: transform_to(self._constraints[name])(getattr(self, name)).to(**opts)
-            for name in self.family._PARAMS
-        }
+        q = {}
+        for name in self.family._PARAMS:
+            value = self.select(getattr(self, name))
+            q[name] = transform_to(self._constraints[name])(value).to(**opts)
         return self.guides[0]._read_params(q)
 
     def noise(self, params: dict) -> dict:

@@ -38,6 +38,8 @@ from collections.abc import Callable
 
 import torch
 
+from pyro_trees.guides.stacked import StackedGuides
+
 __all__ = ["CompiledLoss", "CompilesLoss", "CompilesVaRTLoss", "should_compile"]
 
 #: compiled functions shared by every CompiledLoss of the process: (program, backend, mode)
@@ -211,6 +213,20 @@ class CompilesVaRTLoss(CompilesLoss):
         temperature = torch.tensor(float(guide.temperature), dtype=x.dtype, device=x.device)
         return self._compiled(model, guide, x, y, q, noise, temperature, num_rows)
 
+    def _stacked_loss(self, model, guide, x, y, subsample_size, weight) -> torch.Tensor:
+        """The summed loss of a stack of guides (or of row weights); the fits' losses in
+        ``fit_losses``, ``(F,)``, NaN for the fits the stack no longer computes."""
+        stacked = isinstance(guide, StackedGuides)
+        if stacked and weight is not None:
+            weight = guide.select(weight)
+        value = type(self)._elbo(model, guide, x, y, subsample_size, weight=weight)
+        losses = -value.detach() if value.dim() else None
+        if stacked and guide.running is not None:
+            full = losses.new_full((len(guide),), float("nan"))
+            losses = full.index_copy_(0, guide._running_index(losses.device), losses)
+        self.fit_losses = losses
+        return -value.sum()
+
     def _check(self, model, guide, x, y) -> None:
         """The checks of every call: the model's class, the targets, ``x``'s shape."""
         name = type(self).__name__
@@ -221,9 +237,18 @@ class CompilesVaRTLoss(CompilesLoss):
         # the missing-values check reads x back to the host: once per tensor, not per step
         model._check_x(x, y, complete=None if model.missing else self._complete(x))
 
-    def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
-        """Negative ELBO estimate, differentiable in the guide's parameters."""
+    #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
+    fit_losses = None
+
+    def differentiable_loss(
+        self, model, guide, x, y=None, subsample_size=None, weight=None
+    ) -> torch.Tensor:
+        """Negative ELBO estimate, differentiable in the guide's parameters (summed over
+        the fits of a :class:`~pyro_trees.guides.StackedGuides`, whose values are kept in
+        ``fit_losses``; ``weight``: row weights, see the loss's ELBO function)."""
         self._check(model, guide, x, y)
+        if weight is not None or isinstance(guide, StackedGuides):
+            return self._stacked_loss(model, guide, x, y, subsample_size, weight)
         value = self._compiled_elbo(model, guide, x, y, subsample_size)
         if value is None:
             value = type(self)._elbo(model, guide, x, y, subsample_size)

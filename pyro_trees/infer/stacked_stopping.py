@@ -2,9 +2,9 @@
 
 When ``F`` fits train as one program (a :class:`~pyro_trees.guides.StackedGuides`), each
 still has its own held-out rows, its own best state and its own patience: it is scored,
-kept and stopped as :class:`~pyro_trees.infer.EarlyStopping` would stop it alone. The
-program runs until every fit has stopped; a fit that stopped keeps training with the
-others, but its best state, found before, is the one restored into its guide.
+kept and stopped as :class:`~pyro_trees.infer.EarlyStopping` would stop it alone. A fit
+that stops leaves the program, which runs on with the others until every fit has
+stopped; each fit's best state is then restored into its guide.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ class StackedEarlyStopping(EarlyStopping):
     fit still running is scored by ``metric(j)`` (lower is better); its best state (the
     guide's ``state_dict``), best step and patience are its own, under
     :class:`~pyro_trees.infer.EarlyStopping`'s rules (the starting state is a candidate,
-    ``min_delta``, ``patience=None`` never stops). :func:`fit` stops when every fit has
-    stopped; :meth:`restore` loads each fit's best state into its guide.
+    ``min_delta``, ``patience=None`` never stops). A fit that stops leaves the program
+    (:meth:`StackedGuides.keep <pyro_trees.guides.StackedGuides.keep>`), so that the
+    later steps compute the running fits only; :func:`fit` stops when every fit has
+    stopped, and :meth:`restore` loads each fit's best state into its guide.
 
     Each fit's own history is in ``results`` (one :class:`~pyro_trees.infer.FitResult`
     per fit): its validation scores, best step and value, why it stopped and, where
@@ -113,6 +115,8 @@ class StackedEarlyStopping(EarlyStopping):
             if self.patience is not None and self.bad[j] >= self.patience:
                 result.stopped = "early_stopping"
                 self.running.remove(j)
+        if self.running:
+            self.stack.keep(self.running)  # the stopped fits leave the program
 
     def _read_losses(self) -> None:
         """Move the pending step losses into the running fits' results."""

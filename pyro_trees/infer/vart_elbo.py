@@ -60,6 +60,7 @@ def vart_elbo(
     subsample: torch.Tensor | None = None,
     num_rows: int | None = None,
     params: dict | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The single-sample estimate of the λ-weighted ELBO of eq. 4 that
     ``Trace_ELBO`` computes for ``model(x, y, subsample_size)`` and its
@@ -86,12 +87,19 @@ def vart_elbo(
         0-dim tensor, so that every data size shares one program).
     :param params: the guide's parameters (:meth:`RelaxedSplitGuide.params
         <pyro_trees.guides.vart.RelaxedSplitGuide.params>`), when already read.
-    :returns: the ELBO estimate (a scalar tensor; maximise it).
+    :param weight: row weights ``T + (N,)`` of the likelihood (a full batch only): with a
+        :class:`~pyro_trees.guides.StackedGuides` of ``F`` tree guides (``T = (F,)``),
+        fit ``j`` learns from the rows of weight 1 in ``weight[j]``.
+    :returns: the ELBO estimate, a scalar tensor (maximise it); for a
+        :class:`~pyro_trees.guides.StackedGuides` of ``F`` guides, the ``(F,)`` ELBOs
+        of the fits.
     """
     q = guide.params(x) if params is None else params
     draws = _node_draws(model, guide, q, values)
+    if weight is not None and (subsample is not None or subsample_size is not None):
+        raise ValueError("row weights need a full batch (no subsample)")
     xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows)
-    return _tree_elbo(model, q, *draws, xb, yb, scale)
+    return _tree_elbo(model, q, *draws, xb, yb, scale, weight)
 
 
 def _node_draws(model, guide, q: dict, values: dict | None) -> tuple:
@@ -136,21 +144,26 @@ def _batch(x, y, subsample_size, subsample, num_rows) -> tuple:
     return x, y, 1.0 if num_rows is None else _rows(num_rows) / n
 
 
-def _tree_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> torch.Tensor:
+def _tree_elbo(
+    model, q, split, beta, theta, log_sigma, rho, xb, yb, scale, weight=None
+) -> torch.Tensor:
     r""":func:`vart_elbo` from the draw of every node (heap order: ``split`` and ``beta``
-    at the internal nodes, ``theta`` and ``log_sigma`` at every node) and the batch
-    ``(xb, yb)`` weighted by ``scale``. Each site's :math:`\log p - \log q` is one
-    expression (the Gaussians' constants cancel), so that a step dispatches few
+    at the internal nodes, ``theta`` and ``log_sigma`` at every node, after a batch
+    shape ``T`` of trees, ``()`` for one) and the batch ``(xb, yb)`` weighted by
+    ``scale`` (and by ``weight`` ``T + (N,)``, where given): one ELBO per tree, ``T``.
+    Each site's :math:`\log p - \log q` is one expression (the Gaussians' constants
+    cancel), so that a step dispatches few
     operations: on a CPU at a few hundred rows their number, not the arithmetic, sets
     the step's time."""
     opts = {"dtype": split.dtype, "device": split.device}
-    n_int = split.shape[0]
+    n_int = split.shape[-1]
     depth = (n_int + 1).bit_length() - 1
     # existence A_i: the product of the ancestors' indicators, through its log
     log_exist = log_existence(split)
     exist = log_exist.exp()
-    split_all = torch.cat([split, split.new_zeros(n_int + 1)])  # the depth-D nodes: leaves
-    psi = exist[:n_int] * split
+    leaves = split.new_zeros(split.shape[:-1] + (n_int + 1,))  # the depth-D nodes: leaves
+    split_all = torch.cat([split, leaves], -1)
+    psi = exist[..., :n_int] * split
     kappa = exist * (1 - split_all)
 
     # split indicators of every node (the truncated level scores log(1 - g_D)): log p =
@@ -176,28 +189,29 @@ def _tree_elbo(model, q, split, beta, theta, log_sigma, rho, xb, yb, scale) -> t
         log_sigma, q["log_sigma_loc"], q["log_sigma_scale"]
     )
     kl_terms = (
-        (exist * (split_all * log_odds + log_no)).sum()
-        - (exist[:n_int] * lq_split).sum()
-        + (psi * d_beta).sum()
-        + (kappa * (d_theta + d_ls)).sum()
+        (exist * (split_all * log_odds + log_no)).sum(-1)
+        - (exist[..., :n_int] * lq_split).sum(-1)
+        + (psi * d_beta).sum(-1)
+        + (kappa * (d_theta + d_ls)).sum(-1)
     )
     if rho is not None:  # where a missing input goes: Beta sites weighted by psi
         d_rho = model.rho_prior(rho.shape, **opts).log_prob(rho) - dist.Beta(
             q["rho_a"], q["rho_b"]
         ).log_prob(rho)
-        kl_terms = kl_terms + (psi * d_rho).sum()
+        kl_terms = kl_terms + (psi * d_rho).sum(-1)
 
     # eq. 27 (as mixture_params computes it): log P(x -> i) level by level, in one pass
     x1, missing = observed(with_bias(xb))  # missing inputs read 0 (their routes: rho)
-    z = x1 @ beta.T  # (B, 2**D - 1): beta^T x, the log-odds of going left
+    z = x1 @ beta.transpose(-1, -2)  # T + (B, 2**D - 1): beta^T x, the log-odds of left
     if missing is None:
         log_left = F.logsigmoid(z)
         log_reach = trees.splits_log_reach(log_left, log_left - z)  # logsigmoid(-z) = ls(z) - z
     else:
         log_left, log_right = route_log_probs(z, beta, missing, rho)
         log_reach = trees.splits_log_reach(log_left, log_right)
-    mix_logits = log_exist + torch.log1p(-split_all) + log_reach
-    obs_ll = model._obs_log_lik(mix_logits, x1, theta, log_sigma, yb)
+    mix_logits = (log_exist + torch.log1p(-split_all)).unsqueeze(-2) + log_reach
+    obs_lp = model._obs_log_lik(mix_logits, x1, theta, log_sigma, yb)  # T + (B,)
+    obs_ll = (obs_lp if weight is None else obs_lp * weight).sum(-1)
     return scale * obs_ll + model.kl_weight * kl_terms
 
 

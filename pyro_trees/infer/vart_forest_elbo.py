@@ -16,7 +16,6 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
-from pyro_trees.guides.stacked import StackedGuides
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.compiled import CompilesVaRTLoss
 from pyro_trees.infer.vart_elbo import (
@@ -168,23 +167,3 @@ class VaRTForestELBO(CompilesVaRTLoss, DifferentiableLossELBO):
     _model_name = "a VaRTForest"
     _elbo = staticmethod(vart_forest_elbo)
     _program = staticmethod(_vart_forest_program)
-
-    #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
-    fit_losses = None
-
-    def differentiable_loss(
-        self, model, guide, x, y=None, subsample_size=None, weight=None
-    ) -> torch.Tensor:
-        """Negative ELBO estimate, differentiable in the guide's parameters (summed over
-        the fits of a :class:`~pyro_trees.guides.StackedGuides`)."""
-        if weight is None and not _stacked(guide):
-            return super().differentiable_loss(model, guide, x, y, subsample_size)
-        self._check(model, guide, x, y)
-        value = vart_forest_elbo(model, guide, x, y, subsample_size, weight=weight)
-        self.fit_losses = -value.detach() if value.dim() else None
-        return -value.sum()
-
-
-def _stacked(guide) -> bool:
-    """Whether ``guide`` holds several fits (a :class:`~pyro_trees.guides.StackedGuides`)."""
-    return isinstance(guide, StackedGuides)

@@ -190,13 +190,14 @@ class VaRTClassification(VaRT):
         return self._link(tree_scores(tree, x, self.num_outputs))
 
     def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
-        """The summed categorical log-likelihood of class indices ``y`` ``(B,)`` (the
-        vectorised ELBO's hook, see :meth:`VaRT._obs_log_lik`)."""
-        weights = mix_logits.softmax(-1)  # (B, M)
-        theta = theta.reshape(theta.shape[0], self.num_outputs, x1.shape[-1])
-        scores = torch.einsum("nm,mkl,nl->nk", weights, theta, x1)
+        """The categorical log-likelihood of each class index of ``y`` ``(B,)``,
+        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT._obs_log_lik`)."""
+        weights = mix_logits.softmax(-1)  # T + (B, M)
+        theta = theta.reshape(theta.shape[:-1] + (self.num_outputs, x1.shape[-1]))
+        scores = torch.einsum("...nm,...mkl,nl->...nk", weights, theta, x1)
         logp = self._link(scores)
-        return logp.gather(-1, y.long().unsqueeze(-1)).sum()
+        index = y.long().expand(logp.shape[:-1]).unsqueeze(-1)
+        return logp.gather(-1, index).squeeze(-1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
         """Draw a tree, then the class ``obs`` of each point in ``data``.

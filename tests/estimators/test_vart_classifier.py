@@ -128,7 +128,9 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
 
     X, y = _blobs(n=120, classes=3)
     one = _small(num_samples=7).fit(X, y)
-    clf = _small(num_samples=7, num_fits=2).fit(X, y)
+    clf = _small(num_samples=7, num_fits=2)
+    clf.stack_max_rows = 0  # one fit after another (stacked fits: the test below)
+    clf.fit(X, y)
     assert len(clf.guides_) == len(clf.fit_results_) == 2 and clf.guide_ is clf.guides_[0]
     # the first fit is num_fits=1's, step for step; the second has its own seed
     assert clf.fit_results_[0].val_losses == one.fit_result_.val_losses
@@ -159,6 +161,22 @@ def test_n_fits_pools_the_trees_of_seeded_fits_and_calibrates_the_pool():
     for bad in (0, 1.5, True, 8):  # 8 > num_samples
         with pytest.raises(ValueError, match="num_fits"):
             _small(num_samples=7, num_fits=bad).fit(X, y)
+
+
+def test_stacked_fits_train_as_one_and_pool_as_before():
+    """At the defaults' row counts the fits train as one stacked program: each its own
+    guide, stopping and history; the pool predicts, calibrates and pickles as ever."""
+    X, y = _blobs(n=120, classes=3)
+    clf = _small(num_samples=7, num_fits=3).fit(X, y)
+    assert len({r.seconds for r in clf.fit_results_}) == 1  # one loop for the three
+    assert len({id(g) for g in clf.guides_}) == 3
+    for r in clf.fit_results_:
+        assert r.num_steps == r.val_losses[-1][0] and r.best_step is not None
+    again = _small(num_samples=7, num_fits=3).fit(X, y)
+    np.testing.assert_array_equal(again.predict_proba(X), clf.predict_proba(X))
+    loaded = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+    assert (clf.predict(X) == y).mean() > 0.6
 
 
 def _rare(n=400, positives=4, seed=0, features=2):

@@ -83,3 +83,23 @@ def test_refuses_the_global_param_store():
     with pyro.settings.context(module_local_params=False):
         with pytest.raises(ValueError, match="module-local"):
             StackedGuides(guides)
+
+
+def test_keep_computes_the_running_fits_only():
+    _, guides = _guides(num=3)
+    stack = StackedGuides(guides)
+    x = torch.randn(4, 2, dtype=torch.float64)
+    full = stack.params(x)
+    stack.keep([0, 2])
+    q = stack.params(x)
+    for name, value in q.items():
+        assert torch.equal(value, full[name][[0, 2]]), name
+    assert torch.equal(stack.select(torch.arange(3)), torch.tensor([0, 2]))
+    q["beta_loc"].sum().backward()
+    assert torch.count_nonzero(stack.beta_loc.grad[1]) == 0  # a stopped fit: no gradient
+    assert torch.count_nonzero(stack.beta_loc.grad[0]) > 0
+    stack.keep([0, 1, 2])  # every fit again
+    assert stack.running is None and stack.select(torch.arange(3)).tolist() == [0, 1, 2]
+    for bad in ([], [3], [-1]):
+        with pytest.raises(ValueError, match="fits must name"):
+            stack.keep(bad)

@@ -71,3 +71,6 @@ def test_each_fit_stops_and_is_restored_on_its_own():
     summed = [a + b for a, b in zip(first.losses, second.losses[:30], strict=True)]
     assert summed == pytest.approx(result.losses[:30], rel=1e-10)
     assert first.seconds == second.seconds == result.seconds
+    # once fit 0 stopped, the program computed fit 1 alone
+    assert stack.running == [1]
+    assert second.losses[30:] == pytest.approx(result.losses[30:], rel=1e-12)
