@@ -149,11 +149,12 @@ class VaRTFits(MissingInputs, SVIEstimator):
         """Whether the ``num_fits`` fits train as one stacked program
         (:class:`~pyro_trees.guides.StackedGuides`): several fits with held-out rows,
         full batches of at most ``stack_max_rows`` training rows, one process,
-        complete inputs, the vectorised loss run eagerly, and no ``refit``. Elsewhere
-        they train one after another."""
+        complete inputs, the vectorised loss run eagerly, no ``refit``, and memory
+        for the stack's step (every fit over every row). Elsewhere they train one after
+        another."""
         n_train = X.shape[0] - split.n_val
         full_batch = self.batch_size is None or int(self.batch_size) >= n_train
-        return (
+        stacks = (
             int(self.num_fits) > 1
             and split.n_val > 0
             and full_batch
@@ -164,6 +165,14 @@ class VaRTFits(MissingInputs, SVIEstimator):
             and not self._fit_missing()
             and not should_compile(X.device, self.num_steps, n_train)
         )
+        if not stacks:
+            return False
+        rows = X.shape[0] * int(self.num_fits)  # the stack's step, as rows of one fit
+        try:
+            _check_training_memory(self.depth, rows, self._memory_width(X.shape[1]), X.device)
+        except ValueError:  # too large stacked: one fit after another, each checked alone
+            return False
+        return True
 
     def _fit_start(self, j: int, split: HeldOut, generator) -> tuple:
         """Fit ``j``'s rows, seed and generator: it holds out its own fold and starts

@@ -183,6 +183,13 @@ def test_which_fits_stack(data):
     assert not est._stacks_fits(Xs, none_held)
     est.stack_max_rows = 100  # 135 training rows: too many
     assert not est._stacks_fits(Xs, split)
+    del est.stack_max_rows
+    assert est._stacks_fits(Xs, split)
+    # a stack whose step would not fit the memory trains one fit after another
+    from unittest import mock
+
+    with mock.patch("pyro_trees.trees.require_memory", side_effect=ValueError("no memory")):
+        assert not est._stacks_fits(Xs, split)
     # missing values train one fit after another (their model routes them)
     Xm = X.copy()
     Xm[0, 0] = np.nan
