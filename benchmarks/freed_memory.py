@@ -47,6 +47,8 @@ rec = step_cost.measure(family, rows, threads=1)
 diffs = list(zip(marks[1:], marks))
 rec["faults_per_step"] = statistics.median(a[0] - b[0] for a, b in diffs)
 rec["sys_ms_per_step"] = 1000 * statistics.median(a[1] - b[1] for a, b in diffs)
+from pyro_trees.infer import keep_freed_memory
+rec["kept"] = keep_freed_memory()  # whether the process's allocator settings are in force
 print("RECORD " + json.dumps(rec, default=float))
 """
 

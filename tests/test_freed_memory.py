@@ -21,9 +21,12 @@ def test_the_setting_reaches_the_cell_process():
     for record in (kept, returned):
         assert record["status"] == "ok", record
         assert record["ms_per_step"] > 0 and record["faults_per_step"] >= 0
-    # the forest's step frees and re-allocates blocks of about 1 MiB: returned to the
-    # system they fault again at every step, kept they do not
-    assert kept["faults_per_step"] < 50 < returned["faults_per_step"]
+    assert kept["kept"] is True and returned["kept"] is False
+    # the forest's step frees and re-allocates blocks of about 1 MiB: kept, they do not
+    # fault again. (Returned, how often they fault follows glibc's own moving thresholds:
+    # about 2,000 a step in the benchmark, 2 in one run of the suite under load; the
+    # benchmark, not this test, measures it.)
+    assert kept["faults_per_step"] < 50
 
 
 def test_the_table_pairs_the_settings(monkeypatch, tmp_path):

@@ -207,7 +207,7 @@ class VaRTFits(MissingInputs, SVIEstimator):
             stopping = StackedEarlyStopping(
                 lambda j: self._held_out_score(guides[j], starts[j]["Xva"], starts[j]["yva"]),
                 stack,
-                losses=lambda: loss.fit_losses,
+                fit_losses=lambda: loss.fit_losses,
                 eval_every=int(self.eval_every),
                 patience=self.patience,
             )

@@ -120,15 +120,16 @@ class StackedGuides(torch.nn.Module):
         """``False``: stacked guides have no missing-input parameters."""
         return False
 
-    def keep(self, fits) -> None:
-        """Compute only ``fits`` (indices, in increasing order; ``None``: all) from now on."""
-        if fits is not None:
-            fits = sorted(int(j) for j in fits)
-            if not fits or fits[0] < 0 or fits[-1] >= len(self.guides):
-                raise ValueError(f"fits must name some of the {len(self.guides)} fits, got {fits}")
-            if len(fits) == len(self.guides):
-                fits = None
-        self.running = fits
+    def keep(self, running) -> None:
+        """Compute only the fits ``running`` (indices; ``None``: all) from now on."""
+        if running is not None:
+            running = sorted(int(j) for j in running)
+            num = len(self.guides)
+            if not running or running[0] < 0 or running[-1] >= num:
+                raise ValueError(f"running must name some of the {num} fits, got {running}")
+            if len(running) == num:
+                running = None
+        self.running = running
         self._index = None
 
     def select(self, values: torch.Tensor) -> torch.Tensor:

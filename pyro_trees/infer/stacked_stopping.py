@@ -34,13 +34,13 @@ class StackedEarlyStopping(EarlyStopping):
 
     Each fit's own history is in ``results`` (one :class:`~pyro_trees.infer.FitResult`
     per fit): its validation scores, best step and value, why it stopped and, where
-    ``losses`` is given, its own loss at every step it ran. :func:`fit`'s result is the
+    ``fit_losses`` is given, its own loss at every step it ran. :func:`fit`'s result is the
     stack's (the summed loss).
 
     :param metric: ``metric(j) -> float``, fit ``j``'s criterion on its held-out rows,
         read from guide ``j`` (written from the stack before each evaluation).
     :param stack: the :class:`~pyro_trees.guides.StackedGuides` being trained.
-    :param losses: optional callable returning the fits' losses of the last step, a
+    :param fit_losses: optional callable returning the fits' losses of the last step, a
         tensor ``(F,)`` (such as :attr:`VaRTForestELBO.fit_losses
         <pyro_trees.infer.VaRTForestELBO.fit_losses>`); read back at the evaluations.
     :param int eval_every: steps between evaluations.
@@ -73,14 +73,14 @@ class StackedEarlyStopping(EarlyStopping):
         metric: Callable[[int], float],
         stack,
         *,
-        losses: Callable[[], torch.Tensor | None] | None = None,
+        fit_losses: Callable[[], torch.Tensor | None] | None = None,
         eval_every: int = 20,
         patience: int | None = None,
         min_delta: float = 0.0,
     ):
         super().__init__(metric, eval_every=eval_every, patience=patience, min_delta=min_delta)
         self.stack = stack
-        self.losses = losses
+        self.fit_losses = fit_losses
         self._reset()
 
     def _reset(self) -> None:
@@ -134,8 +134,8 @@ class StackedEarlyStopping(EarlyStopping):
     def after_step(self, done: int, last: bool) -> bool:
         """Called after ``done`` steps (``last``: the final one); ``True`` when every fit
         has stopped."""
-        if self.losses is not None:
-            value = self.losses()
+        if self.fit_losses is not None:
+            value = self.fit_losses()
             if value is not None:
                 self._pending.append(value)
         if done % self.eval_every != 0 and not last:

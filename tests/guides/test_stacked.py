@@ -101,5 +101,5 @@ def test_keep_computes_the_running_fits_only():
     stack.keep([0, 1, 2])  # every fit again
     assert stack.running is None and stack.select(torch.arange(3)).tolist() == [0, 1, 2]
     for bad in ([], [3], [-1]):
-        with pytest.raises(ValueError, match="fits must name"):
+        with pytest.raises(ValueError, match="running must name"):
             stack.keep(bad)

@@ -42,7 +42,7 @@ def test_each_fit_stops_and_is_restored_on_its_own():
 
     loss = VaRTForestELBO()
     stopping = StackedEarlyStopping(
-        metric, stack, losses=lambda: loss.fit_losses, eval_every=10, patience=2
+        metric, stack, fit_losses=lambda: loss.fit_losses, eval_every=10, patience=2
     )
     result = fit(
         model,
