@@ -11,6 +11,7 @@ from pyro_trees.guides import VaRTGuide
 from pyro_trees.infer import VaRTELBO
 from pyro_trees.infer.vart_elbo import vart_elbo
 from pyro_trees.models import VaRT
+from tests.infer._stacked import check_stack_equals_fits
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +220,6 @@ def test_classification_elbo_with_missing_inputs():
 def test_a_stack_of_trees_equals_each_fit_on_its_own_rows(family):
     """StackedGuides of tree guides with row weights: fit j's ELBO (value and
     gradients) is its own guide's on its training rows, on the same draws."""
-    from pyro_trees.guides import StackedGuides
     from pyro_trees.models import VaRTClassification
 
     g = torch.Generator().manual_seed(4)
@@ -235,25 +235,5 @@ def test_a_stack_of_trees_equals_each_fit_on_its_own_rows(family):
         guide = VaRTGuide(model, 3, temperature=0.5, init="random", generator=g).double()
         guide.init_splits_from_data(x, generator=g)
         guides.append(guide)
-    stack = StackedGuides(guides)
     rows = [torch.arange(24)[j * 6 :] for j in range(3)]
-    weight = torch.zeros(3, 24, dtype=x.dtype)
-    for j, r in enumerate(rows):
-        weight[j, r] = 1.0
-    loss = VaRTELBO()
-    torch.manual_seed(7)
-    total = loss.differentiable_loss(model, stack, x, y, weight=weight)
-    total.backward()
-    torch.manual_seed(7)
-    q = stack.params(x)
-    noise = {k: v.detach() for k, v in stack.noise(q).items()}
-    for j, guide in enumerate(guides):
-        qj = guide.params(x)
-        values = guide.sites(qj, {k: v[j] for k, v in noise.items()}, 0.5)
-        own = -vart_elbo(model, guide, x[rows[j]], y[rows[j]], values=values, params=qj)
-        assert torch.allclose(loss.fit_losses[j], own.detach(), rtol=1e-10)
-        own.backward()
-        for name in VaRTGuide._PARAMS:
-            mine = getattr(guide, name + "_unconstrained").grad
-            assert torch.allclose(getattr(stack, name).grad[j], mine, rtol=1e-8, atol=1e-12), name
-    assert torch.allclose(total, loss.fit_losses.sum(), rtol=1e-12)
+    check_stack_equals_fits(VaRTELBO(), vart_elbo, model, guides, x, y, rows, 7)

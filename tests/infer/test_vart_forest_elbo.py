@@ -6,10 +6,11 @@ import torch
 from pyro import poutine
 from pyro.infer import SVI
 
-from pyro_trees.guides import StackedGuides, VaRTForestGuide
+from pyro_trees.guides import VaRTForestGuide
 from pyro_trees.infer import VaRTForestELBO
 from pyro_trees.infer.vart_forest_elbo import vart_forest_elbo
 from pyro_trees.models import VaRTForest, forest_mean
+from tests.infer._stacked import check_stack_equals_fits
 
 
 def _data(n=60, seed=0):
@@ -90,29 +91,8 @@ def _stack_equals_fits():
         guide = VaRTForestGuide(model, temperature=0.6, init="random", generator=g).double()
         guide.init_splits_from_data(x, generator=g)
         guides.append(guide)
-    stack = StackedGuides(guides)
-    stack.temperature = 0.6
     rows = [torch.arange(30)[j * 10 :] for j in range(3)]  # fit j ignores the first 10 j rows
-    weight = torch.zeros(3, 30, dtype=x.dtype)
-    for j, r in enumerate(rows):
-        weight[j, r] = 1.0
-    loss = VaRTForestELBO()
-    torch.manual_seed(11)
-    total = loss.differentiable_loss(model, stack, x, y, weight=weight)
-    total.backward()
-    torch.manual_seed(11)  # the same draws again
-    q = stack.params(x)
-    noise = {k: v.detach() for k, v in stack.noise(q).items()}
-    for j, guide in enumerate(guides):
-        qj = guide.params(x)
-        values = guide.sites(qj, {k: v[j] for k, v in noise.items()}, 0.6)
-        own = -vart_forest_elbo(model, guide, x[rows[j]], y[rows[j]], values=values, params=qj)
-        assert torch.allclose(loss.fit_losses[j], own.detach(), rtol=1e-10)
-        own.backward()
-        for name in VaRTForestGuide._PARAMS:
-            mine = getattr(guide, name + "_unconstrained").grad
-            assert torch.allclose(getattr(stack, name).grad[j], mine, rtol=1e-8, atol=1e-12), name
-    assert torch.allclose(total, loss.fit_losses.sum(), rtol=1e-12)
+    check_stack_equals_fits(VaRTForestELBO(), vart_forest_elbo, model, guides, x, y, rows, 11)
 
 
 def test_row_weights_need_a_full_batch():
