@@ -101,6 +101,7 @@ class StackedEarlyStopping(EarlyStopping):
     def _score(self, done: int) -> None:
         """Score every running fit after ``done`` steps; stop those out of patience."""
         guides = self.stack.unstack()
+        running = len(self.running)
         for j in list(self.running):
             result = self.results[j]
             val = float(self.metric(j))
@@ -115,7 +116,7 @@ class StackedEarlyStopping(EarlyStopping):
             if self.patience is not None and self.bad[j] >= self.patience:
                 result.stopped = "early_stopping"
                 self.running.remove(j)
-        if self.running:
+        if self.running and len(self.running) < running:
             self.stack.keep(self.running)  # the stopped fits leave the program
 
     def _read_losses(self) -> None:
