@@ -41,12 +41,7 @@ from pyro_trees.infer.fit import EarlyStopping
 from pyro_trees.infer.stacked_stopping import StackedEarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
 
-__all__ = [
-    "VART_CONSTRAINTS",
-    "VaRTFits",
-    "clip_to_training_range",
-    "training_range",
-]
+__all__ = ["VART_CONSTRAINTS", "VaRTFits", "clip_to_training_range", "training_range"]
 
 _REFIT_SEED = 104729  # refit=True: offset of the fresh fit's seed from ``seed_``
 
@@ -212,10 +207,10 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 patience=self.patience,
             )
             schedule = self._temperature_schedule()
-            self.model_ = starts[-1]["model"]
+            self.model_ = starts[-1]["model"]  # as after sequential fits: the last one's
             run_svi(
                 self.ranks_,
-                starts[0]["model"],
+                self.model_,
                 stack,
                 X,
                 y,

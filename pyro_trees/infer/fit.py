@@ -230,15 +230,25 @@ class EarlyStopping:
         result = self.result
         val = self.evaluate()
         result.val_losses.append((done, val))
-        improved = result.best_val is None or val < result.best_val - self.min_delta
-        # The starting state keeps its place only while strictly better.
-        if improved or (result.best_step == 0 and val <= result.best_val):
+        if self._improves(result, val):
             result.best_val, result.best_step = val, done
             self.best_state = _snapshot(*self.modules)
             self.bad_evals = 0
             return False
         self.bad_evals += 1
-        return self.patience is not None and self.bad_evals >= self.patience
+        return self._out_of_patience(self.bad_evals)
+
+    def _improves(self, result: FitResult, val: float) -> bool:
+        """Whether ``val`` becomes the best of ``result``: lower by ``min_delta`` than
+        the best so far (or the first score); the starting state keeps its place only
+        while strictly better."""
+        if result.best_val is None or val < result.best_val - self.min_delta:
+            return True
+        return result.best_step == 0 and val <= result.best_val
+
+    def _out_of_patience(self, bad_evals: int) -> bool:
+        """Whether ``bad_evals`` evaluations without improvement end the run."""
+        return self.patience is not None and bad_evals >= self.patience
 
     def restore(self) -> None:
         """Load the best state into the modules (nothing when none was scored)."""

@@ -9,12 +9,11 @@ stopped; each fit's best state is then restored into its guide.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
 
-from pyro_trees.infer.fit import EarlyStopping, FitResult
+from pyro_trees.infer.fit import EarlyStopping, FitResult, _snapshot
 
 __all__ = ["StackedEarlyStopping"]
 
@@ -106,14 +105,13 @@ class StackedEarlyStopping(EarlyStopping):
             result = self.results[j]
             val = float(self.metric(j))
             result.val_losses.append((done, val))
-            improved = result.best_val is None or val < result.best_val - self.min_delta
-            if improved or (result.best_step == 0 and val <= result.best_val):
+            if self._improves(result, val):
                 result.best_val, result.best_step = val, done
-                self.best_states[j] = copy.deepcopy(guides[j].state_dict())
+                self.best_states[j] = _snapshot(guides[j])[0]
                 self.bad[j] = 0
                 continue
             self.bad[j] += 1
-            if self.patience is not None and self.bad[j] >= self.patience:
+            if self._out_of_patience(self.bad[j]):
                 result.stopped = "early_stopping"
                 self.running.remove(j)
         if self.running and len(self.running) < running:
