@@ -96,9 +96,7 @@ def vart_elbo(
     """
     q = guide.params(x) if params is None else params
     draws = _node_draws(model, guide, q, values)
-    if weight is not None and (subsample is not None or subsample_size is not None):
-        raise ValueError("row weights need a full batch (no subsample)")
-    xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows)
+    xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows, weight)
     return _tree_elbo(model, q, *draws, xb, yb, scale, weight)
 
 
@@ -130,10 +128,13 @@ def _node_draws(model, guide, q: dict, values: dict | None) -> tuple:
     return split, beta, theta, log_sigma, rho
 
 
-def _batch(x, y, subsample_size, subsample, num_rows) -> tuple:
+def _batch(x, y, subsample_size, subsample, num_rows, weight=None) -> tuple:
     """``(xb, yb, scale)``: the minibatch (``subsample``, drawn as ``pyro.plate`` draws
     it when ``None`` and ``subsample_size < N``; else all rows) and the factor that
-    makes its likelihood stand for ``num_rows`` rows (default ``N``)."""
+    makes its likelihood stand for ``num_rows`` rows (default ``N``). Row weights
+    ``weight`` weigh all rows: they refuse a subsample."""
+    if weight is not None and (subsample is not None or subsample_size is not None):
+        raise ValueError("row weights need a full batch (no subsample)")
     n = x.shape[0]
     if subsample is None and subsample_size is not None and int(subsample_size) < n:
         subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]

@@ -68,9 +68,7 @@ def vart_forest_elbo(
     """
     q = guide.params(x) if params is None else params
     draws = _node_draws(model, guide, q, values)
-    if weight is not None and (subsample is not None or subsample_size is not None):
-        raise ValueError("row weights need a full batch (no subsample)")
-    xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows)
+    xb, yb, scale = _batch(x, y, subsample_size, subsample, num_rows, weight)
     return _forest_elbo(model, q, *draws, xb, yb, scale, weight)
 
 
