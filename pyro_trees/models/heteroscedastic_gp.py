@@ -88,7 +88,9 @@ class HeteroscedasticGP(PyroModule):
     :param int in_features: input dimension :math:`L`.
     :param int depth: depth :math:`D` of the noise tree (``2**D`` noise levels).
     :param kernel: a :class:`gpytorch.kernels.Kernel`; default
-        ``ScaleKernel(RBFKernel())``.
+        ``ScaleKernel(RBFKernel(ard_num_dims=in_features))``, a scaled RBF kernel with
+        one lengthscale per input feature (ARD), so that a feature that does not matter
+        can get a long lengthscale without stretching the others.
     :param inducing_points: ``(M, L)`` inducing inputs (learnt) for the sparse,
         uncollapsed model; ``None`` for the exact GP trained with the collapsed bound.
     :param float init_log_scale: initial :math:`s_\\ell` of every leaf.
@@ -146,7 +148,9 @@ class HeteroscedasticGP(PyroModule):
         self.jitter = float(jitter)
         gpytorch = import_gpytorch()
         if kernel is None:
-            kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+            kernel = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=in_features)
+            )
         if not isinstance(kernel, gpytorch.kernels.Kernel):
             raise ValueError(f"kernel must be a gpytorch.kernels.Kernel, got {type(kernel)}")
         self.kernel = kernel

@@ -196,3 +196,18 @@ def test_predictions_follow_the_units_of_x(units):
     np.testing.assert_allclose(
         np.ravel(b.predict_interval(X * units)), np.ravel(a.predict_interval(X)), rtol=0, atol=tol
     )
+
+
+def test_default_kernel_learns_one_lengthscale_per_feature():
+    """The default kernel is ARD: with one feature that matters among four that do not,
+    the fitted lengthscale of the one is shorter than every other's (an isotropic kernel
+    has one lengthscale for all), and the fit beats predicting the mean by far."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 5))
+    y = np.sin(2 * X[:, 0]) + 0.05 * rng.standard_normal(120)
+    est = HeteroscedasticGPRegressor(depth=1, random_state=0).fit(X, y)
+    scales = est.model_.kernel.base_kernel.lengthscale.detach().reshape(-1)
+    assert scales.shape == (5,)
+    assert bool((scales[0] < scales[1:]).all()), scales
+    X_new = rng.standard_normal((200, 5))
+    assert est.score(X_new, np.sin(2 * X_new[:, 0])) > 0.9
