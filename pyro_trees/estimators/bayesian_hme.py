@@ -37,10 +37,10 @@ from pyro_trees.validation import check_level
 __all__ = ["BayesianHMERegressor"]
 
 _ROUTINGS = ("hard", "posterior")
-# max_experts=None: at most this many experts, and at least _POINTS_PER_PARAM points per
-# parameter of a linear expert
+# max_experts=None: at most this many experts, and at most as many experts as the rows
+# give one row per parameter of a linear expert; the bound selects among them
 _AUTO_MAX_EXPERTS = 5
-_POINTS_PER_PARAM = 5
+_POINTS_PER_PARAM = 1
 
 
 def _mixture_std(d: dist.MixtureSameFamily) -> torch.Tensor:
@@ -81,8 +81,9 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
 
     :param max_experts: search every topology with ``min_experts..max_experts``
         experts, unique up to mirror symmetry (ignored when ``topologies`` is given).
-        ``None`` (default): ``N // (5 * (L + 1))`` (at least 5 points per parameter
-        of a linear expert) clipped to ``[min_experts, 5]``.
+        ``None`` (default): ``N // (L + 1)`` (at least one row per parameter of a
+        linear expert) clipped to ``[min_experts, 5]``; the bound then chooses among
+        them.
     :param int min_experts: see ``max_experts``.
     :param topologies: a :class:`~pyro_trees.topology.Topology`, a list of them (gate
         sets or nested pairs are converted), or ``None`` for the search above.

@@ -172,11 +172,13 @@ def test_grow_off_reports_the_random_search():
 
 def test_max_experts_auto_scales_with_the_data():
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((40, 3))
+    X = rng.standard_normal((40, 15))
     y = X[:, 0] + 0.1 * rng.standard_normal(40)
     est = BayesianHMERegressor(num_restarts=2, num_cycles=10, random_state=0).fit(X, y)
-    # 40 // (5 * 4) = 2 experts at most
+    # 40 // 16 = 2 experts at most
     assert max(t.num_experts for t in est.topologies_) == 2
+    est = BayesianHMERegressor(num_restarts=2, num_cycles=10, random_state=0)
+    assert max(t.num_experts for t in est.fit(X[:, :3], y).topologies_) == 5  # 40 // 4
     est = BayesianHMERegressor(min_experts=3, num_restarts=2, num_cycles=10, random_state=0)
     assert min(t.num_experts for t in est.fit(X, y).topologies_) == 3
 
