@@ -270,9 +270,11 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
         return (probs.unsqueeze(-1) * leaf_p).sum(-2)
 
     def predict_proba(self, X, *, routing: str | None = None) -> np.ndarray:
-        """Class probabilities ``(N, n_classes)`` in the order of ``classes_``."""
-        proba = self._proba(self._validate_predict(X), routing)
-        return proba.to("cpu", torch.float64).numpy()
+        """Class probabilities ``(N, n_classes)`` in the order of ``classes_``; each row
+        sums to one in float64 (renormalised after the cast from the fit's dtype, as
+        scikit-learn's metrics check)."""
+        proba = self._proba(self._validate_predict(X), routing).to("cpu", torch.float64)
+        return (proba / proba.sum(-1, keepdim=True)).numpy()
 
     def predict(self, X, *, routing: str | None = None) -> np.ndarray:
         """Predicted class labels ``(N,)``."""

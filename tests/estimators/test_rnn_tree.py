@@ -252,3 +252,14 @@ def test_degenerate_inputs_warn(cls):
         est = cls(random_state=0).fit(X, y)
     assert est.collapse_ is not None
     assert len(est.predict(X)) == 40
+
+
+@pytest.mark.parametrize("routing", ["hard", "posterior"])
+def test_predict_proba_rows_sum_to_one_in_float64(parity_fit, routing):
+    """scikit-learn's metrics (``log_loss``) check the sums at float64 precision; a
+    float32 fit's probabilities are renormalised after the cast."""
+    est, X, _ = parity_fit
+    proba = est.predict_proba(X, routing=routing)
+    assert proba.dtype == np.float64
+    np.testing.assert_allclose(proba.sum(1), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(est.classes_[proba.argmax(1)], est.predict(X, routing=routing))
