@@ -147,9 +147,12 @@ class VaRTCausal(BaseEstimator):
     def __setstate__(self, state):
         super().__setstate__(renamed_state(state))
 
-    def _arms(self, X) -> tuple[np.ndarray, np.ndarray]:
+    def _arms(self, X, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Function draws of both arms at ``X`` (``checked``: ``X`` is the validated
+        training array, not passed through the input checks again)."""
         check_is_fitted(self, "regressor_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        if not checked:
+            X = validate_data(self, X, reset=False, dtype=np.float64)
         n = X.shape[0]
         both = np.concatenate(
             [
@@ -194,7 +197,11 @@ class VaRTCausal(BaseEstimator):
         check_is_fitted(self, "regressor_")
         if X is None and getattr(self, "sharded_", False):
             raise ValueError("fitted on sharded rows: ate needs the covariates X to average over")
-        draws = self.sample_cate(self.X_train_ if X is None else X).mean(1)
+        if X is None:  # the stored training array, already validated
+            f0, f1 = self._arms(self.X_train_, checked=True)
+            draws = (f1 - f0).mean(1)
+        else:
+            draws = self.sample_cate(X).mean(1)
         lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
         return {
             "mean": float(draws.mean()),

@@ -79,3 +79,22 @@ def test_random_state_seeds_a_given_regressor_without_one():
     assert first.ate()["mean"] == again.ate()["mean"]
     own = VaRTCausal(VaRTRegressor(depth=2, num_steps=20, num_samples=8, random_state=5))
     assert own.set_params(random_state=3).fit(X, A, y).regressor_.random_state == 5
+
+
+def test_ate_over_the_training_rows_of_a_data_frame_does_not_warn():
+    """The stored training covariates are not checked again as new input: a fit on a
+    DataFrame must not make ``ate()`` warn about missing feature names."""
+    pd = pytest.importorskip("pandas")
+    import warnings
+
+    rng = np.random.default_rng(1)
+    X = pd.DataFrame(rng.uniform(-1, 1, size=(60, 2)), columns=["a", "b"])
+    A = rng.binomial(1, 0.5, size=60)
+    y = X["a"].to_numpy() + 2.0 * A
+    reg = VaRTRegressor(depth=1, num_steps=5, num_samples=5, validation_fraction=0)
+    model = VaRTCausal(reg, random_state=0).fit(X, A, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ate = model.ate()
+        model.cate(X)  # a frame with the fitted names: no warning either
+    np.testing.assert_allclose(ate["draws"], model.sample_cate(X).mean(1))
