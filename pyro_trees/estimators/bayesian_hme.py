@@ -335,10 +335,11 @@ class BayesianHMERegressor(RegressorMixin, TabularEstimator):
         self.bounds_ = (sel.bounds - jacobian).cpu().numpy()
         self.random_bounds_ = (random_bounds - jacobian).cpu().numpy()
         self.weights_ = sel.weights.cpu().numpy()
-        self.states_ = sel.states
+        # each state is kept in its own memory, not as a view of its restarts' batch
+        self.states_ = [state.clone() for state in sel.states]
         self.best_index_ = sel.best
         self.topology_ = sel.topologies[sel.best]
-        self.state_ = sel.states[sel.best]
+        self.state_ = self.states_[sel.best]
         self.elbo_ = float(self.bounds_[sel.best])
         self.search_seconds_ = sel.seconds
         self.search_cycles_ = sel.cycles

@@ -240,6 +240,12 @@ class VBState:
         """A copy with every factor moved by ``Tensor.to(*args, **kwargs)``."""
         return VBState(**{f.name: getattr(self, f.name).to(*args, **kwargs) for f in fields(self)})
 
+    def clone(self) -> VBState:
+        """A copy whose factors own their memory. A state taken by :meth:`index` from a
+        batch views the whole batch's storage, which pickling it would write out in
+        full."""
+        return VBState(**{f.name: getattr(self, f.name).clone() for f in fields(self)})
+
 
 def jj_lambda(xi: torch.Tensor) -> torch.Tensor:
     r""":math:`\lambda(\xi) = \tanh(\xi/2)/(4\xi)`, with its limit ``1/8`` at ``0``."""

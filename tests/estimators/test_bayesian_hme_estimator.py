@@ -205,3 +205,20 @@ def test_far_inputs_give_finite_intervals_that_scale_with_them():
         assert np.all(lo < mean) and np.all(mean < hi)
     np.testing.assert_array_equal(out[1e200][:2], out[ref][:2])
     np.testing.assert_allclose(out[1e200][2:] / 1e200, out[ref][2:] / ref, rtol=1e-6)
+
+
+def test_pickle_holds_the_kept_states_not_their_restart_batches():
+    """Each kept state is one restart of a batch; a view would pickle the whole
+    batch's storage (24 MiB instead of 0.8 at 2,000 rows and the defaults)."""
+    import dataclasses
+    import pickle
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 3))
+    y = X[:, 0] + np.sin(2 * X[:, 1]) + 0.1 * rng.standard_normal(300)
+    est = BayesianHMERegressor(num_restarts=8, num_cycles=20, random_state=0).fit(X, y)
+    own = sum(getattr(s, f.name).numel() * 8 for s in est.states_ for f in dataclasses.fields(s))
+    assert len(pickle.dumps(est)) < 1.5 * own + 200_000
+    assert est.state_ is est.states_[est.best_index_]
+    again = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(again.predict(X), est.predict(X))
