@@ -236,6 +236,8 @@ def _vart(guide, est, feature_names, class_names, leaf_labels, level, decimals) 
         if classifier:
             width = model.in_features + 1
             loc = t_loc[k].reshape(outputs, width)[:, -1]
+            if model.offset is not None:  # the base rate the leaves' values start from
+                loc = loc + model.offset.double().cpu()
             scale = t_scale[k].reshape(outputs, width)[:, -1]
             z = torch.randn(_DRAWS, outputs, generator=gen, dtype=torch.float64)
             probs = class_logits(loc + scale * z, model.link).exp().mean(0)
