@@ -345,6 +345,20 @@ class TabularEstimator(BaseEstimator):
             )
         return self._tensor(self.x_scaler_.transform(X))
 
+    def _feature_names(self, feature_names) -> list[str] | None:
+        """The names ``export_text`` prints: ``feature_names`` (checked against
+        ``n_features_in_``), else ``feature_names_in_`` of a fit on a frame, else
+        ``None`` (``x_0``, ``x_1``, ...)."""
+        check_is_fitted(self, "n_features_in_")
+        if feature_names is None:
+            names = getattr(self, "feature_names_in_", None)
+            return None if names is None else [str(n) for n in names]
+        if len(feature_names) != self.n_features_in_:
+            raise ValueError(
+                f"feature_names has {len(feature_names)} names for {self.n_features_in_} features"
+            )
+        return list(feature_names)
+
     @contextlib.contextmanager
     def _nan_advice(self):
         """Add the fix to scikit-learn's error for NaN in ``X`` (estimators that do not

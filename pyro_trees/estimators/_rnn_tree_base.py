@@ -414,7 +414,12 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The most likely tree as text (thresholds in the units of ``X``; after a fit
-        with missing values, ``or missing`` marks the side a missing value takes)."""
+        with missing values, ``or missing`` marks the side a missing value takes).
+
+        :param feature_names: ``L`` names of the inputs (default: the column names of a
+            frame passed to ``fit``, else ``x_0``, ``x_1``, ...).
+        :param int decimals: printed digits.
+        """
         rules = self.rules_
         f = rules.feature.cpu()
         mean = torch.as_tensor(self.x_scaler_.mean)[f].to(rules.threshold.dtype)
@@ -428,5 +433,7 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
             missing_right,
         )
         return raw.export_text(
-            feature_names=feature_names, decimals=decimals, show_missing=self._fit_missing()
+            feature_names=self._feature_names(feature_names),
+            decimals=decimals,
+            show_missing=self._fit_missing(),
         )

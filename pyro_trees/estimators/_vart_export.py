@@ -106,11 +106,15 @@ def most_probable_tree(guide, x_scaler=None) -> dict:
 
 
 @torch.no_grad()
-def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 3) -> str:
+def _export_text(
+    guide, x_scaler, y_scaler, feature_names=None, decimals: int = 3, leaf_text=None
+) -> str:
     """:meth:`VaRTRegressor.export_text <pyro_trees.estimators.VaRTRegressor.export_text>`
     of a fitted guide and the estimator's scalers (the rules it prints are described
-    there). A guide of missing inputs marks the side a missing input of the split's feature
-    mostly takes (``or missing``, with the guide's mean probability of that side).
+    there), or with ``leaf_text`` (a function of the leaf's heap number, 1-based, that
+    returns its text) another estimator's leaves. A guide of missing inputs marks the
+    side a missing input of the split's feature mostly takes (``or missing``, with the
+    guide's mean probability of that side).
 
     Unreachable regions are not printed: a split on a single feature (every split in
     1-D) whose one side is empty given its ancestors' single-feature rules (say
@@ -121,7 +125,7 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
 
     :param guide: the fitted :class:`~pyro_trees.guides.VaRTGuide` (standardised units).
     :param x_scaler: the inputs' ``mean`` and ``scale`` ``(L,)``.
-    :param y_scaler: the target's ``mean`` and ``scale``.
+    :param y_scaler: the target's ``mean`` and ``scale`` (unused with ``leaf_text``).
     :param feature_names: ``L`` names (default ``x_0``, ``x_1``, ...).
     :param int decimals: printed digits.
     """
@@ -129,7 +133,7 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
     theta = g.theta_loc.detach().double().cpu()
     sig = g.log_sigma_loc.detach().double().exp().cpu()
     xs = torch.as_tensor(x_scaler.scale, dtype=torch.float64)
-    ym, ysc = float(y_scaler.mean), float(y_scaler.scale)
+    ym, ysc = (0.0, 1.0) if y_scaler is None else (float(y_scaler.mean), float(y_scaler.scale))
 
     def name(j: int) -> str:
         return str(feature_names[j]) if feature_names is not None else f"x_{j}"
@@ -150,7 +154,7 @@ def _export_text(guide, x_scaler, y_scaler, feature_names=None, decimals: int = 
     def visit(node: dict, level: int) -> None:
         indent = "|   " * level + "|--- "
         if "children" not in node:
-            lines.append(indent + leaf(node["node"]))
+            lines.append(indent + (leaf_text or leaf)(node["node"]))
             return
         j, t, share = node["feature"], node["threshold"], node["share"]
         for side, (op, empty, child) in enumerate(node["children"]):

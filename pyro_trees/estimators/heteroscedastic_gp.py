@@ -371,7 +371,12 @@ class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
         return float(pred.log_prob(ys).mean()) - math.log(float(self.y_scaler_.scale))
 
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
-        """The noise function as rules in the units of ``X`` and ``y``."""
+        """The noise function as rules in the units of ``X`` and ``y``.
+
+        :param feature_names: ``L`` names of the inputs (default: the column names of a
+            frame passed to ``fit``, else ``x_0``, ``x_1``, ...).
+        :param int decimals: printed digits.
+        """
         check_is_fitted(self, "model_")
         with isolated_params():
             rules = self.model_.noise_rules(self.guide_)
@@ -386,7 +391,7 @@ class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
         raw = trees.DecisionRules(
             f.cpu(), rules.threshold.cpu() * scale + mean, rules.greater.cpu(), labels
         )
-        return raw.export_text(feature_names=feature_names, decimals=decimals)
+        return raw.export_text(feature_names=self._feature_names(feature_names), decimals=decimals)
 
 
 def _plateau(n: int, window: int = _PLATEAU_WINDOW, tol: float = _PLATEAU_TOL):

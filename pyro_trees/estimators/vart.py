@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from sklearn.base import RegressorMixin
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from pyro_trees.estimators._constraints import Boolean, Checked, Integer, OneOf, Real
@@ -32,6 +33,17 @@ from pyro_trees.models.vart import VaRT
 from pyro_trees.validation import check_level, resolve_dtype
 
 __all__ = ["VaRTRegressor"]
+
+
+def _describes_one_tree(est) -> bool:
+    """``export_text``'s availability: a forest is not one readable tree, so that
+    ``hasattr(forest, "export_text")`` is ``False`` (scikit-learn's ``available_if``)."""
+    if not est._one_tree:
+        raise AttributeError(
+            "export_text describes a single tree and a forest is not one: see "
+            "feature_importances_ and pyro_trees.plotting.plot_importances"
+        )
+    return True
 
 
 class VaRTRegressor(RegressorMixin, VaRTFits):
@@ -534,6 +546,9 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
             samples = {**samples, **posterior.prior_rho(samples)}
         return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
 
+    _one_tree = True  # export_text: subclasses of another kind (the forest) set False
+
+    @available_if(_describes_one_tree)
     def export_text(self, feature_names=None, decimals: int = 3) -> str:
         """The most probable tree under the guide
         (:meth:`~pyro_trees.guides.VaRTGuide.most_probable_structure`) as indented text in the style
@@ -544,13 +559,14 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         brackets) with the threshold where the rule flips when the other inputs sit at
         their training means. Leaves (linear models) print their prediction at the
         training mean of the inputs, their noise scale and their three largest slopes.
+
+        :param feature_names: ``L`` names of the inputs (default: the column names of a
+            frame passed to ``fit``, else ``x_0``, ``x_1``, ...).
+        :param int decimals: printed digits.
         """
         check_is_fitted(self, "guide_")
-        if feature_names is not None and len(feature_names) != self.n_features_in_:
-            raise ValueError(
-                f"feature_names has {len(feature_names)} names for {self.n_features_in_} features"
-            )
-        return _export_text(self.guide_, self.x_scaler_, self.y_scaler_, feature_names, decimals)
+        names = self._feature_names(feature_names)
+        return _export_text(self.guide_, self.x_scaler_, self.y_scaler_, names, decimals)
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -18,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 from pyro_trees.estimators._constraints import Boolean, Checked, OneOf
 from pyro_trees.estimators._temperature import TemperatureScaling
 from pyro_trees.estimators._template import HeldOut
-from pyro_trees.estimators._vart_export import _importance_draws
+from pyro_trees.estimators._vart_export import _export_text, _importance_draws
 from pyro_trees.estimators._vart_fit import VART_CONSTRAINTS, VaRTFits, clip_to_training_range
 from pyro_trees.estimators._vart_posterior import (
     MISSING_SEED,
@@ -28,7 +28,11 @@ from pyro_trees.estimators._vart_posterior import (
 )
 from pyro_trees.estimators.vart_memory import PREDICT_BYTES
 from pyro_trees.models import stack_trees as _stack_trees
-from pyro_trees.models.vart_classification import VaRTClassification, base_rate_offset
+from pyro_trees.models.vart_classification import (
+    VaRTClassification,
+    base_rate_offset,
+    class_logits,
+)
 from pyro_trees.validation import resolve_dtype
 
 __all__ = ["VaRTClassifier"]
@@ -367,6 +371,41 @@ class VaRTClassifier(ClassifierMixin, VaRTFits):
         if bool(torch.isnan(Xs).any()):  # rows with missing inputs: rho of every tree
             samples = {**samples, **self._prior_rho(samples)}
         return _importance_draws(samples, self.model_.site, self.guide_.depth, Xs)
+
+    @torch.no_grad()
+    def export_text(self, feature_names=None, decimals: int = 3) -> str:
+        """The most probable tree under the guide as indented text in the style of
+        ``sklearn.tree.export_text``: the splits as
+        :meth:`VaRTRegressor.export_text <pyro_trees.estimators.VaRTRegressor.export_text>`
+        prints them (oblique splits by their dominant feature and the threshold where
+        the other inputs sit at their training means), and each leaf's most probable
+        class with its probability at the training means of the inputs (the leaf's
+        mean weights, the base rate and ``temperature_`` applied as in
+        :meth:`predict_proba`). With ``num_fits > 1`` it is the first fit's tree, as
+        :func:`~pyro_trees.plotting.plot_tree` draws.
+
+        :param feature_names: ``L`` names of the inputs (default: the column names of a
+            frame passed to ``fit``, else ``x_0``, ``x_1``, ...).
+        :param int decimals: printed digits of thresholds.
+        """
+        check_is_fitted(self, "guide_")
+        names = self._feature_names(feature_names)
+        model, guide = self.model_, self.guide_
+        width = model.in_features + 1
+        theta = guide.theta_loc.detach().double().cpu()
+        offset = model.offset
+        temperature = float(getattr(self, "temperature_", 1.0))
+
+        def leaf(i: int) -> str:
+            scores = theta[i - 1].reshape(model.num_outputs, width)[:, -1]
+            if offset is not None:
+                scores = scores + offset.double().cpu()
+            log_p = class_logits(scores, model.link)
+            probs = (log_p / temperature).softmax(-1)
+            k = int(probs.argmax())
+            return f"class: {self.classes_[k]} (p = {float(probs[k]):.2f})"
+
+        return _export_text(guide, self.x_scaler_, None, names, decimals, leaf_text=leaf)
 
     def predict(self, X) -> np.ndarray:
         """The most probable class of each row under :meth:`predict_proba`, ``(N,)``."""

@@ -194,7 +194,4 @@ class VaRTForestRegressor(VaRTRegressor):
     _losses = (VaRTForestELBO, RankVaRTForestELBO)
     stack_max_rows = 640
 
-    def export_text(self, feature_names=None, decimals: int = 3) -> str:
-        """Not offered: a forest is not one readable tree (``feature_importances_`` sums
-        the features' shares over all trees)."""
-        raise NotImplementedError("export_text describes a single tree; see feature_importances_")
+    _one_tree = False  # no export_text: a forest is not one readable tree

@@ -81,3 +81,37 @@ def test_a_pickle_of_version_0_1_loads_under_the_new_names(make):
     loaded = type(est).__new__(type(est))
     loaded.__setstate__(old)
     assert loaded.get_params(deep=False) == est.get_params(deep=False)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: VaRTRegressor(depth=1, num_steps=20, num_samples=4, random_state=0),
+        lambda: VaRTClassifier(depth=1, num_steps=20, num_samples=4, num_fits=1, random_state=0),
+        lambda: __import__("pyro_trees.estimators").estimators.RNNTreeRegressor(
+            1, num_steps=5, random_state=0
+        ),
+        lambda: __import__("pyro_trees.estimators").estimators.HeteroscedasticGPRegressor(
+            depth=1, num_steps=2, init_steps=2, random_state=0
+        ),
+    ],
+    ids=["VaRTRegressor", "VaRTClassifier", "RNNTreeRegressor", "HeteroscedasticGPRegressor"],
+)
+def test_export_text_names_the_columns_of_a_fitted_frame(make):
+    """``export_text()`` prints the frame's column names by default (``x_0``... after a
+    fit on an array); given names win, and a wrong count is an error."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 2))
+    signal = np.where(X[:, 0] > 0, 1.0, 0.0)
+    est = make()
+    y = np.where(signal > 0, "yes", "no") if isinstance(est, VaRTClassifier) else signal
+    y = y if isinstance(est, VaRTClassifier) else y + np.where(X[:, 1] > 0, 0.5, 0.0)
+    text = est.fit(pd.DataFrame(X, columns=["dose", "age"]), y).export_text()
+    assert ("dose" in text or "age" in text) and "x_0" not in text and "x_1" not in text
+    given = est.export_text(feature_names=["a", "b"])
+    assert "dose" not in given and "age" not in given and ("a " in given or "b " in given)
+    with pytest.raises(ValueError, match="names"):
+        est.export_text(feature_names=["a"])
+    plain = make().fit(X, y).export_text()
+    assert "x_0" in plain or "x_1" in plain

@@ -253,3 +253,24 @@ def test_a_rare_class_is_predicted_near_its_frequency():
         flat = VaRTClassifier(base_rate=False, **kwargs).fit(X, y)
         assert flat.predict_proba(Xt)[:, 1].mean() > 5 * freq
         assert flat.model_.offset is None
+
+
+def test_export_text_prints_the_tree_with_each_leafs_class():
+    """The classifier's most probable tree, as plot_tree draws it: its leaves' most
+    probable classes at the inputs' training means (base rate and temperature
+    applied), one line per leaf."""
+    import re
+
+    from pyro_trees.plotting import plot_tree
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 2))
+    y = np.where(X[:, 0] > 0, "yes", "no")
+    clf = VaRTClassifier(depth=1, num_steps=60, num_samples=4, num_fits=1, random_state=0)
+    text = clf.fit(X, y).export_text(feature_names=["dose", "age"])
+    leaves = re.findall(r"class: (\w+) \(p = ([0-9.]+)\)", text)
+    assert text.startswith("|--- dose <= ") and len(leaves) == 2
+    assert [c for c, _ in leaves] == ["no", "yes"]  # left: dose <= t
+    assert all(0.5 <= float(p) <= 1.0 for _, p in leaves)
+    boxes = plot_tree(clf)
+    assert len(boxes) == 3  # the same tree: one split, two leaves

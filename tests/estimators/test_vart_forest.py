@@ -49,8 +49,11 @@ def test_fit_predict_interval(fitted, data):
     assert fitted.sample_function(X[:4]).shape == (30, 4)
     imp = fitted.feature_importances_
     assert imp.shape == (3,) and abs(imp.sum() - 1) < 1e-6 and imp[2] < imp[0]
-    with pytest.raises(NotImplementedError):
+    # a forest is not one tree: export_text is not offered (hasattr says so)
+    assert not hasattr(fitted, "export_text")
+    with pytest.raises(AttributeError, match="export_text") as err:
         fitted.export_text()
+    assert "single tree" in str(err.value.__cause__)
 
 
 def test_interval_is_the_mixture_quantile_of_the_posterior_forests(fitted, data):
