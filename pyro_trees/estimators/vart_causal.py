@@ -41,6 +41,13 @@ class VaRTCausal(BaseEstimator):
     so the posterior of the CATE (and of the ATE, averaged over the given ``X``) comes
     from the same tree draws; intervals are equal-tailed posterior quantiles.
 
+    These bands are the variational posterior's and are not calibrated: the regressor's
+    noise calibration (``noise_factor_``) widens its predictive intervals, not the
+    function draws, and a mean-field guide is narrower than the exact posterior. On the
+    paper's toy data the 80 % bands of the two surfaces covered the truth on 0.43-0.61
+    of the rows (``benchmarks/results/vart_causal.md``); read them as the model's
+    uncertainty, not as confidence intervals.
+
     :param regressor: an unfitted :class:`VaRTRegressor`, or a
         :class:`~pyro_trees.estimators.VaRTForestRegressor` for a forest (each posterior
         forest then gives one draw of both regression functions), cloned by ``fit`` (default:
