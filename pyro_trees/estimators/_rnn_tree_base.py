@@ -148,7 +148,9 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
         X_val, y_val = (X[val], y[val]) if split.n_val else (None, None)
         self._train(X[train], y[train], X_val, y_val, depth, init)
         err = self._error(X_val, y_val) if split.n_val else None
-        return err, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_)
+        factor = self._held_out_factor(X_val, y_val) if split.n_val else None
+        state = (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_, factor)
+        return err, init, state
 
     def _after_fit(self, X, y, split: HeldOut, fits: list) -> None:
         """Keep the start of least held-out error (a later start must beat an earlier
@@ -164,10 +166,13 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
             if best is None or err + margin < best[0]:
                 best = (err, init, state)
         self.validation_error_ = None
+        factor = None
         if best is not None:
-            err, init, (self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_) = best
+            err, init, state = best
+            self.model_, self.guide_, self.hard_leaf_loc_, self.fit_result_, factor = state
             self.validation_error_ = err
             self._rules = None
+        self._set_noise_factor(factor)
         self.start_ = init
         if split.n_val and self.fit_result_.best_step == 0 and init == "greedy":
             # Training never beat the greedy start on the held-out points: the start
@@ -178,6 +183,14 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
         self._check_collapse(X, y)
         self._rules = None
         _ = self.rules_  # the hard tree, made here once: predicting changes no attribute
+
+    def _held_out_factor(self, X_val: torch.Tensor, y_val: torch.Tensor) -> float | None:
+        """The regressor's noise calibration from the held-out rows (the classifier has
+        none)."""
+        return None
+
+    def _set_noise_factor(self, factor: float | None) -> None:
+        """Keep the calibration of the chosen start (the regressor's hook)."""
 
     def _num_steps(self, validated: bool) -> int:
         """``num_steps``, or by default ``_AUTO_STEPS`` (early stopping ends most runs

@@ -263,3 +263,64 @@ def test_predict_proba_rows_sum_to_one_in_float64(parity_fit, routing):
     assert proba.dtype == np.float64
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(est.classes_[proba.argmax(1)], est.predict(X, routing=routing))
+
+
+def _steps(n, seed, noise=0.3):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 2))
+    y = np.where(X[:, 0] > 0, 2.0, -1.0) + np.where(X[:, 1] > 1, 1.5, 0.0)
+    return X, y + noise * rng.standard_normal(n)
+
+
+def test_regressor_intervals_are_the_leaves_gaussians_calibrated_on_held_out_rows():
+    """Hard routing: each row's interval is its leaf's value plus or minus the normal
+    quantile times the experts' noise and ``noise_factor_``; the factor, from the
+    held-out rows, gives about the level's coverage on new rows."""
+    X, y = _steps(400, 0)
+    est = RNNTreeRegressor(2, random_state=0).fit(X, y)
+    X_new, y_new = _steps(4000, 1)
+    mean, std = est.predict(X_new, return_std=True)
+    np.testing.assert_array_equal(mean, est.predict(X_new))
+    lo, hi = est.predict_interval(X_new, 0.9)
+    np.testing.assert_allclose((lo + hi) / 2, mean, atol=1e-9)
+    np.testing.assert_allclose(hi - lo, 2 * 1.6448536 * std, rtol=1e-6)
+    # homoscedastic leaves: one scale for every row, the noise times the factor
+    scale = float(est.model_.scale().detach()) * float(np.ravel(est.y_scaler_.scale)[0])
+    np.testing.assert_allclose(std, est.noise_factor_ * scale, rtol=1e-5)
+    assert 0.5 < est.noise_factor_ < 2.0
+    assert 0.85 <= np.mean((y_new >= lo) & (y_new <= hi)) <= 0.95
+    lo5, hi5 = est.predict_interval(X_new, 0.5)
+    assert (hi5 - lo5 < hi - lo).all()
+    # the posterior's mixture over the leaves adds the spread between them
+    _, std_post = est.predict(X_new, return_std=True, routing="posterior")
+    assert (std_post >= std * (1 - 1e-6)).all()
+    # without held-out rows there is nothing to calibrate on
+    plain = RNNTreeRegressor(2, validation_fraction=0, num_steps=5, random_state=0).fit(X, y)
+    assert plain.noise_factor_ == 1.0
+
+
+def test_regressor_intervals_of_several_outputs_and_after_pickling():
+    X, y = _steps(200, 2)
+    Y = np.stack([y, -2 * y], 1)
+    est = RNNTreeRegressor(2, num_steps=20, random_state=0).fit(X, Y)
+    lo, hi = est.predict_interval(X[:7])
+    mean, std = est.predict(X[:7], return_std=True)
+    assert lo.shape == hi.shape == mean.shape == std.shape == (7, 2)
+    assert (lo < mean).all() and (mean < hi).all()
+    again = pickle.loads(pickle.dumps(est))
+    for a, b in zip(again.predict_interval(X[:7]), (lo, hi), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_regressor_samples_follow_its_predictive():
+    X, y = _steps(200, 3)
+    est = RNNTreeRegressor(2, num_steps=20, random_state=0).fit(X, y)
+    draws = est.sample(X[:5], 4000)
+    assert draws.shape == (4000, 5)
+    mean, std = est.predict(X[:5], return_std=True)
+    np.testing.assert_allclose(draws.mean(0), mean, atol=4 * std.max() / np.sqrt(4000) + 1e-9)
+    np.testing.assert_allclose(draws.std(0), std, rtol=0.06)
+    np.testing.assert_array_equal(est.sample(X[:5], 3), est.sample(X[:5], 3))  # seeded
+    assert est.sample(X[:5]).shape == (100, 5)
+    with pytest.raises(ValueError, match="num_samples"):
+        est.sample(X[:5], 0)

@@ -87,12 +87,16 @@ def test_a_classifier_draws_the_probability_of_its_target():
     assert plot_predictive(clf, X, target="no").get_ylabel().startswith("P(y = no)")
 
 
-def test_an_estimator_without_posterior_draws_gets_no_band_unless_asked():
+def test_an_estimator_that_only_samples_new_targets_gets_the_predictive_band():
     X = np.linspace(-1, 1, 40).reshape(-1, 1)
     y = np.where(X[:, 0] > 0, 1.0, -1.0)
     est = RNNTreeRegressor(depth=1, hidden_size=4, num_steps=3, random_state=0).fit(X, y)
+    assert not hasattr(est, "sample_function") and hasattr(est, "sample")
     ax = plot_predictive(est, X, y)
-    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert not [
+        c for c in plot_predictive(est, X, band=None).collections if isinstance(c, PolyCollection)
+    ]
     with pytest.raises(ValueError, match="no 'function' band"):
         plot_predictive(est, X, band="function")
 
