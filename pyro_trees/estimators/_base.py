@@ -371,8 +371,10 @@ class TabularEstimator(BaseEstimator):
             name = type(self).__name__
             raise ValueError(
                 f"{err}\n{name} does not accept missing values (NaN): impute them first, "
-                f"e.g. make_pipeline(SimpleImputer(), {name}()) (from sklearn.pipeline and "
-                "sklearn.impute), or use an estimator that routes them natively "
+                f"e.g. pipe = make_pipeline(SimpleImputer(), {name}()) (from sklearn.pipeline "
+                "and sklearn.impute; its intervals are then "
+                "pipe[-1].predict_interval(pipe[:-1].transform(X)), as a Pipeline passes "
+                "on predict only), or use an estimator that routes them natively "
                 "(VaRTRegressor, VaRTForestRegressor, VaRTClassifier, RNNTreeRegressor, "
                 "RNNTreeClassifier)."
             ) from err
