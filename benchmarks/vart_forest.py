@@ -132,6 +132,7 @@ def main(argv=None):
     )
     p.add_argument("--depth", type=int, default=None, help="non-default depth (named too)")
     p.add_argument("--num-fits", type=int, default=None, help="non-default num_fits (named too)")
+    p.add_argument("--patience", type=int, default=None, help="non-default patience (named too)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     kwargs = {}
@@ -141,6 +142,8 @@ def main(argv=None):
         kwargs["depth"] = args.depth
     if args.num_fits is not None:
         kwargs["num_fits"] = args.num_fits
+    if args.patience is not None:
+        kwargs["patience"] = args.patience
     splits = [int(s) for s in args.splits.split(",") if s]
     records = []
     for name, split, X, Xtr, ytr, Xte, yte in uci_splits(args.datasets, splits):
