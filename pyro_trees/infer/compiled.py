@@ -231,7 +231,12 @@ class CompilesVaRTLoss(CompilesLoss):
         """The checks of every call: the model's class, the targets, ``x``'s shape."""
         name = type(self).__name__
         if not isinstance(model, self._model_cls):
-            raise ValueError(f"{name} needs {self._model_name}, got {type(model).__name__}")
+            raise ValueError(
+                f"{name} needs {self._model_name}, got {type(model).__name__}: it computes "
+                "the family's ELBO from the model object itself, so a model inside a Pyro "
+                "handler (poutine.scale, mask, condition) or a function of your own trains "
+                "with Pyro's Trace_ELBO instead (the same value in expectation)"
+            )
         if y is None:
             raise ValueError(f"{name} needs the targets y")
         # the missing-values check reads x back to the host: once per tensor, not per step

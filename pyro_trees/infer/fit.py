@@ -63,7 +63,8 @@ class FitResult:
     :ivar best_step: step whose parameters were kept (``None`` without validation;
         0 when the starting state scored best).
     :ivar best_val: the validation criterion at ``best_step``.
-    :ivar stopped: why the loop ended: ``"num_steps"``, ``"early_stopping"`` or
+    :ivar stopped: why the loop ended: ``"num_steps"`` (every step ran),
+        ``"early_stopping"``, ``"callback"`` (the callback returned ``True``) or
         ``"non_finite"`` (a Ctrl-C raises ``KeyboardInterrupt`` out of :func:`fit`;
         the last checkpoint's result then says ``"interrupted"``).
     :ivar seconds: wall-clock seconds spent in the loop.
@@ -527,6 +528,7 @@ def _train(
 
         def after_step(step: int, loss_value: float) -> bool:
             if callback is not None and data.agree(callback(step, loss_value) is True):
+                result.stopped = "callback"
                 return True
             if stopping is not None and stopping.after_step(step + 1, step + 1 == num_steps):
                 result.stopped = "early_stopping"

@@ -152,7 +152,12 @@ class HMEELBO(CompilesLoss, DifferentiableLossELBO):
         start (traced once each, as a first ``SVI`` step would)."""
         name = type(self).__name__
         if not isinstance(model, HME):
-            raise ValueError(f"{name} needs an HME model, got {type(model).__name__}")
+            raise ValueError(
+                f"{name} needs an HME model, got {type(model).__name__}: it sums the bound "
+                "over the leaves from the model object itself, so a model inside a Pyro "
+                "handler (poutine.scale, mask, condition) or a function of your own trains "
+                "with TreeELBO instead (the same value and gradients)"
+            )
         if not isinstance(guide, RNNTreeGuide):
             raise ValueError(f"{name} needs an RNNTreeGuide, got {type(guide).__name__}")
         if y is None:

@@ -55,6 +55,23 @@ def test_early_stopping_restores_the_best_parameters():
     assert result.num_steps == 25
 
 
+def test_the_result_says_a_callback_stopped_the_run():
+    model, guide, x, y = _problem()
+    result = fit(
+        model,
+        guide,
+        x,
+        y,
+        loss=TreeELBO(),
+        num_steps=50,
+        progress=False,
+        callback=lambda step, loss: step == 6,
+    )
+    assert result.stopped == "callback" and result.num_steps == 7
+    full = fit(model, guide, x, y, loss=TreeELBO(), num_steps=3, progress=False)
+    assert full.stopped == "num_steps"
+
+
 def test_early_stopping_keeps_the_starting_state_when_it_is_best():
     model, guide, x, y = _problem()
     start = [p.detach().clone() for p in model.parameters()]
