@@ -241,17 +241,18 @@ def test_temperature_is_kept_only_when_it_holds_out_of_sample(monkeypatch):
 
 def test_a_rare_class_is_predicted_near_its_frequency():
     # noise features, 1 % positives: the leaves' prior mean at equal probabilities pulled
-    # P(1) up to 0.074-0.085 on new rows (three data sets, this schedule); at the class
-    # frequencies (base_rate, the default) 0.014-0.020
+    # P(1) up to 0.039-0.040 on new rows (this schedule, the default kl_weight 0.3;
+    # 0.074-0.085 at kl_weight 1); at the class frequencies (base_rate, the default)
+    # 0.017-0.018
     freq = 0.01
     for seed in range(2):
         X, y = _rare(seed=seed)
         Xt, _ = _rare(n=1000, seed=seed + 100)
         kwargs = {"num_steps": 100, "num_fits": 1, "calibrate": False, "random_state": 0}
         p1 = VaRTClassifier(**kwargs).fit(X, y).predict_proba(Xt)[:, 1].mean()
-        assert freq / 3 < p1 < 3 * freq, p1
+        assert freq / 3 < p1 < 2 * freq, p1
         flat = VaRTClassifier(base_rate=False, **kwargs).fit(X, y)
-        assert flat.predict_proba(Xt)[:, 1].mean() > 5 * freq
+        assert flat.predict_proba(Xt)[:, 1].mean() > 3 * freq
         assert flat.model_.offset is None
 
 
