@@ -263,7 +263,7 @@ def build(kind):
 pyro.clear_param_store()
 fits = {}
 for kind in KINDS:
-    pyro.set_rng_seed(1)
+    pyro.set_rng_seed(2)  # seed 1 stalls the factorised fit (section 8)
     model, guide = build(kind)
     elbo = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
     optim = pyro.optim.ClippedAdam({"lr": 0.02, "lrd": 0.1 ** (1 / STEPS)})
@@ -422,9 +422,9 @@ plt.show()
 """),
     md(r"""
 The bands do not grow with the compositional uncertainty a guide keeps: in this run the
-factorised guide, which keeps the least, has the *widest* bands (its fitted noise sd is the
-largest), the intermediate guide the narrowest, and all three extrapolate the periodic last
-layer alike. On this one-dimensional problem the uncertainty about *which* decomposition
+factorised guide, which keeps the least, has bands as wide as the intermediate guide's
+inside the data (its fitted noise sd is the largest), the joint guide the widest outside
+it, and all three extrapolate the periodic last layer alike. On this one-dimensional problem the uncertainty about *which* decomposition
 explains the data barely reaches the predictive of $y$. That is why the paper (and section 5)
 looks at the layers: a predictive check or a test log-likelihood would not reveal the
 collapse. It matters when the layers themselves are read (a learnt warp of
@@ -447,7 +447,9 @@ is unsure about.
 * **Short, single-start fits are noisy.** With 800 steps the fits above are not converged:
   the loss curves still fall, and the noise sd is about twice the true 0.05 (the
   hand-written model, with its noise learnt, would explain everything as noise). Some
-  initialisations of the intermediate guide stall at a large noise sd; restarts
+  initialisations stall at a large noise sd: the intermediate guide's at times, and the
+  factorised guide's from seed 1 (loss 65 against -5 to -0.5 from seeds 2-5, noise sd
+  0.59), which is why section 4 starts from seed 2; restarts
   (`pyro_trees.infer.fit_restarts`, keeping the fit with the highest ELBO) remove them.
 * **The free-form guide of eq. 4** (`whiten=False`) draws $F_2^Z$ independently of
   $F_1^Z$; it trains only with a large jitter (`1e-2`), which turns the inducing outputs
