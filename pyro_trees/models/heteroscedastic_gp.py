@@ -27,7 +27,10 @@ page of this model (``docs/guide/heteroscedastic_gp.rst``).
 **Shapes.** ``x``: ``(N, L)``; ``y``: ``(N,)``. The plate ``"data"`` (``dim=-1``) is
 owned by this class and its guide; site ``"leaf"`` is ``(N,)`` long, ``"u"`` is
 ``(M,)`` and ``"f"`` is ``(N,)`` (sampled when ``y`` is None); sites broadcast over
-batch dimensions on the left of the plate.
+batch dimensions on the left of the plate. Under :class:`pyro.infer.Predictive` the
+exact model's ``"f"``, drawn jointly outside the plate, comes back ``(S, 1, N)`` (Pyro
+pads a site outside the plates with one dimension per plate), ``"leaf"`` and ``"obs"``
+``(S, N)``.
 
 The recipe for an RNN-Tree partition inside your own Pyro model is in the module
 docstring of :mod:`pyro_trees.guides.rnn_tree`.
