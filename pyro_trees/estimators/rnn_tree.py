@@ -219,10 +219,14 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         out = self._leaf_outputs(Xs, routing)  # (N, 2**D, K)
         mean = (probs * out).sum(-2)
         spread = (probs * (out - mean.unsqueeze(-2)) ** 2).sum(-2)  # between the leaves
+        return mean, spread + self._noise_scale(Xs.dtype) ** 2
+
+    def _noise_scale(self, dtype) -> torch.Tensor:
+        """The predictive's noise scale ``(K,)`` (standardised): the experts' noise times
+        ``noise_factor_``."""
         with isolated_params():
-            scale = self.model_.scale().detach().to(Xs.dtype)
-        noise = (float(getattr(self, "noise_factor_", 1.0)) * scale) ** 2
-        return mean, spread + noise
+            scale = self.model_.scale().detach().to(dtype)
+        return float(getattr(self, "noise_factor_", 1.0)) * scale
 
     def _held_out_factor(self, X_val: torch.Tensor, y_val: torch.Tensor) -> float | None:
         """Split-conformal noise factor from the held-out rows (every rank's) at the
@@ -270,9 +274,7 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         Xs = self._validate_predict(X)
         probs = self._leaf_probs(Xs, routing)  # (N, 2**D)
         out = self._leaf_outputs(Xs, routing)  # (N, 2**D, K)
-        with isolated_params():
-            scale = self.model_.scale().detach().to(Xs.dtype)
-        scale = float(getattr(self, "noise_factor_", 1.0)) * scale
+        scale = self._noise_scale(Xs.dtype)
         with local_seed(getattr(self, "seed_", self.random_state), self.device_):
             leaf = torch.distributions.Categorical(probs=probs).sample((num_samples,))  # (S, N)
             loc = out[torch.arange(Xs.shape[0], device=Xs.device), leaf]  # (S, N, K)
