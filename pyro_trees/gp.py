@@ -35,16 +35,19 @@ classification*, AISTATS 2015.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
 import torch
 
 __all__ = [
+    "TensorKernel",
     "check_kernel_memory",
     "cholesky",
     "conditional",
     "gaussian_kl",
+    "gaussian_log_evidence",
     "import_gpytorch",
     "kernel_matrix",
     "sample_gaussian",
@@ -85,13 +88,16 @@ def kernel_matrix(kernel, x1: torch.Tensor, x2: torch.Tensor | None = None, *, d
     the inputs are bounded (the estimators clip new inputs to a band around the
     training range).
 
-    :param kernel: a :class:`gpytorch.kernels.Kernel` (``batch_shape`` ``()`` or ``(P,)``).
+    :param kernel: a :class:`gpytorch.kernels.Kernel` (``batch_shape`` ``()`` or ``(P,)``),
+        or a :class:`TensorKernel` (``Pk`` is then 1).
     :param torch.Tensor x1: ``batch_shape + (N, D)``, the fixed (reference) set.
     :param torch.Tensor x2: ``batch_shape + (M, D)``; ``None`` means ``x1``.
     :param bool diag: return only the diagonal of ``k(x1, x1)``.
     :returns: ``batch_shape + (Pk, N, M)``, or ``batch_shape + (Pk, N)`` with ``diag``,
         where ``Pk`` is 1 or the kernel's batch size.
     """
+    if isinstance(kernel, TensorKernel):
+        return kernel(x1, x2, diag=diag).unsqueeze(-2 if diag else -3)
     a = x1.unsqueeze(-3)
     if diag:
         out = kernel(a, a, diag=True)
@@ -100,6 +106,97 @@ def kernel_matrix(kernel, x1: torch.Tensor, x2: torch.Tensor | None = None, *, d
     b = a if x2 is None else x2.unsqueeze(-3)
     out = kernel(a, b)
     return out.to_dense() if hasattr(out, "to_dense") else out
+
+
+#: the Matérn smoothness values GPyTorch's ``MaternKernel`` takes
+_MATERN_NU = (0.5, 1.5, 2.5)
+
+
+class TensorKernel:
+    r"""A GPyTorch RBF or Matérn kernel, optionally inside a ``ScaleKernel``, as plain
+    tensor code: its hyperparameters read once (:meth:`of`, through the kernel's own
+    constraints, so that gradients reach its raw parameters), then every matrix computed
+    from them without GPyTorch's lazy tensors and settings, which ``torch.compile``
+    cannot trace in one graph. The values are GPyTorch's up to rounding: the inputs are
+    divided by the lengthscales and centred on the mean of the rows of ``x1`` before the
+    quadratic expansion of the squared distances, as GPyTorch does (see
+    :func:`kernel_matrix` on why ``x1`` is the fixed set).
+
+    .. math::
+
+        k(a, b) = s \cdot \begin{cases}
+            \exp(-r^2 / 2) & \text{RBF} \\
+            p_\nu(r) \exp(-\sqrt{2 \nu}\, r) & \text{Matérn } \nu
+        \end{cases}, \qquad r = \lVert (a - b) / \ell \rVert,
+
+    with :math:`p_{1/2} = 1`, :math:`p_{3/2} = 1 + \sqrt3 r`,
+    :math:`p_{5/2} = 1 + \sqrt5 r + \tfrac53 r^2`.
+
+    :param torch.Tensor lengthscale: ``(L,)`` (one per input, ARD) or ``(1,)``.
+    :param outputscale: the ``ScaleKernel``'s :math:`s`, a 0-dim tensor, or ``None``.
+    :param nu: ``None`` for the RBF kernel, else the Matérn smoothness (0.5, 1.5, 2.5).
+
+    .. rubric:: Examples
+
+    >>> import torch
+    >>> from pyro_trees.gp import TensorKernel, import_gpytorch
+    >>> gpytorch = import_gpytorch()
+    >>> kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2))
+    >>> x = torch.randn(5, 2)
+    >>> K = TensorKernel.of(kernel)(x)
+    >>> torch.allclose(K, kernel(x, x).to_dense(), atol=1e-6)
+    True
+    """
+
+    def __init__(self, lengthscale: torch.Tensor, outputscale=None, nu: float | None = None):
+        if nu is not None and float(nu) not in _MATERN_NU:
+            raise ValueError(f"nu must be None (RBF) or one of {_MATERN_NU}, got {nu!r}")
+        self.lengthscale = lengthscale
+        self.outputscale = outputscale
+        self.nu = None if nu is None else float(nu)
+
+    @classmethod
+    def of(cls, kernel) -> TensorKernel | None:
+        """The tensors of ``kernel`` read now, or ``None`` for a kernel this class does
+        not cover (another family, a batch shape, ``active_dims``)."""
+        gpytorch = import_gpytorch()
+        kernels = gpytorch.kernels
+        outputscale, base = None, kernel
+        if type(kernel) is kernels.ScaleKernel:
+            outputscale, base = kernel.outputscale, kernel.base_kernel
+        for part in (kernel, base):
+            if part.active_dims is not None or part.batch_shape != torch.Size():
+                return None
+        if type(base) is kernels.RBFKernel:
+            nu = None
+        elif type(base) is kernels.MaternKernel and float(base.nu) in _MATERN_NU:
+            nu = float(base.nu)
+        else:
+            return None
+        return cls(base.lengthscale.reshape(-1), outputscale, nu)
+
+    def __call__(self, x1: torch.Tensor, x2: torch.Tensor | None = None, *, diag: bool = False):
+        """``k(x1, x2)`` ``(N, M)`` for ``x1`` ``(N, L)`` and ``x2`` ``(M, L)`` (``None``:
+        ``x1``); with ``diag``, the diagonal of ``k(x1, x1)``, ``(N,)``."""
+        if diag:
+            k = x1.new_ones(x1.shape[:-1])  # r = 0 on the diagonal
+        else:
+            a = x1 / self.lengthscale
+            b = a if x2 is None else x2 / self.lengthscale
+            centre = a.mean(-2, keepdim=True)
+            a, b = a - centre, b - centre
+            sq = a.pow(2).sum(-1, keepdim=True) - 2 * a @ b.mT + b.pow(2).sum(-1).unsqueeze(-2)
+            sq = sq.clamp_min(0)
+            if self.nu is None:
+                k = torch.exp(-0.5 * sq)
+            else:
+                r = sq.clamp_min(1e-30).sqrt()
+                k = torch.exp(-math.sqrt(2 * self.nu) * r)
+                if self.nu == 1.5:
+                    k = k * (1 + math.sqrt(3) * r)
+                elif self.nu == 2.5:
+                    k = k * (1 + math.sqrt(5) * r + (5.0 / 3.0) * sq)
+        return k if self.outputscale is None else self.outputscale * k
 
 
 def cholesky(K: torch.Tensor, jitter: float = 1e-6, *, max_tries: int = 4) -> torch.Tensor:
@@ -117,6 +214,52 @@ def cholesky(K: torch.Tensor, jitter: float = 1e-6, *, max_tries: int = 4) -> to
         f"{jitter * 10 ** (max_tries - 1):g}; check for duplicated inducing inputs or "
         "non-finite kernel hyperparameters"
     )
+
+
+class _GaussianEvidence(torch.autograd.Function):
+    r""":math:`\log \mathcal{N}(r \mid 0, C)` from the Cholesky factor ``L`` of ``C``,
+    with the gradient in ``C`` in closed form (see :func:`gaussian_log_evidence`)."""
+
+    @staticmethod
+    def forward(ctx, C, L, r):
+        alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)  # C^-1 r
+        ctx.save_for_backward(L, alpha)
+        quad = (r * alpha).sum(-1)
+        logdet = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * (r.shape[-1] * math.log(2 * math.pi) + quad) - logdet
+
+    @staticmethod
+    def backward(ctx, grad):
+        L, alpha = ctx.saved_tensors
+        grad_c = grad_r = None
+        if ctx.needs_input_grad[0]:
+            outer = alpha.unsqueeze(-1) * alpha.unsqueeze(-2)
+            grad_c = 0.5 * grad[..., None, None] * (outer - torch.cholesky_inverse(L))
+        if ctx.needs_input_grad[2]:
+            grad_r = -grad.unsqueeze(-1) * alpha
+        return grad_c, None, grad_r
+
+
+def gaussian_log_evidence(C: torch.Tensor, r: torch.Tensor, jitter: float = 1e-6, chol=None):
+    r""":math:`\log \mathcal{N}(r \mid 0, C + \epsilon I)`, the log evidence of an exact
+    GP (``C`` its kernel matrix plus the noise), differentiable in ``C`` and ``r``.
+
+    The gradient in ``C`` is written in closed form,
+    :math:`\tfrac12 (\alpha \alpha^\top - C^{-1})` with :math:`\alpha = C^{-1} r`,
+    from the factor of the forward pass: about a third of the time of differentiating
+    through the Cholesky factorisation (two triangular solves and a product of
+    :math:`N \times N` matrices), the cost that dominates an exact GP's step. The
+    gradient is not differentiable again.
+
+    :param torch.Tensor C: ``batch_shape + (N, N)``, symmetric positive definite.
+    :param torch.Tensor r: ``batch_shape + (N,)``.
+    :param float jitter: :math:`\epsilon`, added before the factorisation.
+    :param chol: the factorisation ``chol(C, jitter)`` (default :func:`cholesky`, which
+        retries with more jitter; the gradient is that of the matrix factorised).
+    :returns: ``batch_shape``.
+    """
+    L = (cholesky if chol is None else chol)(C.detach(), jitter)
+    return _GaussianEvidence.apply(C, L, r)
 
 
 def conditional(

@@ -32,6 +32,7 @@ from pyro_trees.estimators._rng import local_seed
 from pyro_trees.estimators._template import SVIEstimator, run_svi
 from pyro_trees.guides.heteroscedastic_gp import HeteroscedasticGPGuide
 from pyro_trees.infer.collapsed_elbo import CollapsedELBO
+from pyro_trees.infer.compiled import should_compile
 from pyro_trees.infer.fit import EarlyStopping, isolated_params
 from pyro_trees.infer.tree_elbo import TreeELBO
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
@@ -260,7 +261,11 @@ class HeteroscedasticGPRegressor(RegressorMixin, SVIEstimator):
 
         collapsed = z is None or self.batch_size is None
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
-        loss = CollapsedELBO(**weights) if collapsed else TreeELBO(**weights)
+        if collapsed:  # compiled where it pays (should_compile: never at the defaults)
+            compile = should_compile(Xs.device, self.num_steps)
+            loss = CollapsedELBO(**weights, compile=compile)
+        else:
+            loss = TreeELBO(**weights)
         val_metric = None
         if X_val is not None:
             X_cond, y_cond = (Xs, ys) if z is None else (None, None)

@@ -7,6 +7,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
+from pyro.nn.module import pyro_method
 
 from pyro_trees._param_store import adopt_param_store, shared_plate
 from pyro_trees.guides.base import TreeGuide
@@ -153,6 +154,23 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
             if old is None or old.shape != value.shape or not torch.equal(old.detach(), value):
                 store[fullname] = value.detach().clone()
 
+    @pyro_method
+    def observe(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        """What :meth:`forward` does with the data before its sites: the bound model's
+        start at the first call on data, the parameters of a loaded param store, and for
+        the exact model the training data its posterior needs. A loss that scores the
+        bound without tracing the guide (:class:`~pyro_trees.infer.CollapsedELBO`) calls
+        it instead.
+
+        :param x: inputs ``(N, L)``; ``y``: targets ``(N,)`` or ``None``.
+        """
+        model = self.model
+        if model is not None and y is not None:
+            model._maybe_start(x, y)
+        adopt_param_store(self)
+        if model is not None and not model.sparse and y is not None:
+            self._keep(x, y)
+
     def forward(self, x: torch.Tensor, y=None, subsample_size: int | None = None) -> dict:
         """Sample ``"u"`` (sparse model only), ``"f"`` (exact model, ``y=None``), then each
         point's ``"leaf"`` in ``"data"``.
@@ -165,9 +183,7 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
         :returns: the dict of sampled values.
         """
         model = self.model
-        if model is not None and y is not None:
-            model._maybe_start(x, y)
-        adopt_param_store(self)
+        self.observe(x, y)
         collapsed = model is not None and not model.sparse
         summed = model is not None and y is not None
         out = {}
@@ -177,9 +193,7 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
                 "u", dist.MultivariateNormal(loc, scale_tril=self.u_scale_tril.to(x.dtype))
             )
         if collapsed:
-            if y is not None:
-                self._keep(x, y)
-            else:
+            if y is None:
                 x_train, y_train = self.training_data()
                 out["f"] = pyro.sample("f", model.posterior_f(x, x_train, y_train, self))
         n = x.shape[0]

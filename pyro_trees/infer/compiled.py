@@ -46,6 +46,7 @@ __all__ = ["CompiledLoss", "CompilesLoss", "CompilesVaRTLoss", "should_compile"]
 _COMPILED: dict = {}
 
 _NON_LEAF_GRAD = "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+_FUNCTION_INSTANCE = ".*autograd.function.Function'> should not be instantiated"
 
 #: gradient steps from which a CUDA fit compiles its loss
 CUDA_MIN_STEPS = 1000
@@ -119,6 +120,11 @@ class CompiledLoss:
                     # the compiler reads .grad of every input tensor while it traces; the
                     # guide's constrained parameters are not leaves, so torch warns
                     warnings.filterwarnings("ignore", message=_NON_LEAF_GRAD, category=UserWarning)
+                    # dynamo instantiates a custom autograd Function (gp's closed-form
+                    # evidence gradient) while it traces it, and torch warns about that
+                    warnings.filterwarnings(
+                        "ignore", message=_FUNCTION_INSTANCE, category=DeprecationWarning
+                    )
                     return self._compiled()(*args)
             except Exception as err:  # noqa: BLE001 - any compiler failure falls back
                 self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"

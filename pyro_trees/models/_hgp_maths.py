@@ -17,22 +17,29 @@ import torch
 
 from pyro_trees._interrupts import raise_if_interrupted
 from pyro_trees.distributions.tree_balance import BalancedLeaf, expected_log_coupling
-from pyro_trees.gp import cholesky, conditional, kernel_matrix
+from pyro_trees.gp import (
+    TensorKernel,
+    cholesky,
+    conditional,
+    gaussian_log_evidence,
+    kernel_matrix,
+)
 
 
-def exact_evidence(kernel, x, resid, log_prec, jitter: float) -> torch.Tensor:
+def exact_evidence(kernel, x, resid, log_prec, jitter: float, chol=cholesky) -> torch.Tensor:
     r""":math:`\log \mathcal{N}(r \mid 0, K + R)` with :math:`R_{nn} = e^{-\text{log\_prec}_n}`.
 
     :param x: ``(N, L)``; ``resid``: ``y`` minus the constant mean, ``(N,)``;
-        ``log_prec``: :math:`\log R_{nn}^{-1}`, ``(N,)``. Returns a scalar.
+        ``log_prec``: :math:`\log R_{nn}^{-1}`, ``(N,)``.
+    :param chol: the Cholesky factorisation ``chol(K, jitter)`` (a compiled loss passes
+        one that does not read its outcome back). Returns a scalar.
     """
     r = torch.exp(-log_prec)
     K = kernel_matrix(kernel, x)[..., 0, :, :]
-    L = cholesky(K + torch.diag_embed(r), jitter)
-    return dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(resid)
+    return gaussian_log_evidence(K + torch.diag_embed(r), resid, jitter, chol)
 
 
-def sparse_evidence(kernel, z, x, resid, log_prec, jitter: float):
+def sparse_evidence(kernel, z, x, resid, log_prec, jitter: float, chol=cholesky):
     r"""Titsias' collapsed bound on :math:`\log \mathcal{N}(r \mid 0, K + R)` with the
     inducing inputs :math:`Z`, and the optimal whitened :math:`q(u)`.
 
@@ -45,11 +52,12 @@ def sparse_evidence(kernel, z, x, resid, log_prec, jitter: float):
     :param x: ``(N, L)``.
     :param resid: ``y`` minus the constant mean, ``(N,)``.
     :param log_prec: :math:`\log R_{nn}^{-1}`, ``(N,)``.
+    :param chol: the Cholesky factorisation ``chol(K, jitter)`` (see :func:`exact_evidence`).
     :returns: ``(bound, LB, c)``: a scalar, the Cholesky factor of :math:`B` ``(M, M)``
         and :math:`L_B^{-1} A R^{-1} r` ``(M,)``.
     """
     n = x.shape[0]
-    Lzz = cholesky(kernel_matrix(kernel, z)[..., 0, :, :], jitter)
+    Lzz = chol(kernel_matrix(kernel, z)[..., 0, :, :], jitter)
     Kzx = kernel_matrix(kernel, z, x)[..., 0, :, :]
     # L^-1 K_zx through the (M, M) triangular inverse: a matmul, forward and backward,
     # instead of a triangular solve with N right-hand sides (as gp.conditional)
@@ -57,7 +65,7 @@ def sparse_evidence(kernel, z, x, resid, log_prec, jitter: float):
     A = torch.linalg.solve_triangular(Lzz, eye, upper=False) @ Kzx  # (M, N)
     prec = torch.exp(log_prec)
     Ap = A * prec
-    LB = cholesky(eye + Ap @ A.mT, 0.0)
+    LB = chol(eye + Ap @ A.mT, 0.0)
     c = torch.linalg.solve_triangular(LB, (Ap @ resid).unsqueeze(-1), upper=False)
     c = c.squeeze(-1)
     logdet = -log_prec.sum() + 2 * LB.diagonal().log().sum()
@@ -103,13 +111,13 @@ def fit_noise_level(kernel, xs, ys, *, jitter: float, num_steps: int, lr: float)
     log_noise.requires_grad_(True)
     params = [log_noise, *kernel.parameters()]
     opt = torch.optim.Adam(params, lr=lr)
+    resid = ys - ys.mean()
     for _ in range(num_steps):
         opt.zero_grad()
-        K = kernel_matrix(kernel, xs)[..., 0, :, :]
-        eye = torch.eye(xs.shape[0], dtype=xs.dtype, device=xs.device)
-        L = cholesky(K + torch.exp(2 * log_noise) * eye, jitter)
-        resid = ys - ys.mean()
-        loss = -dist.MultivariateNormal(torch.zeros_like(resid), scale_tril=L).log_prob(resid)
+        # an RBF or Matérn kernel as plain tensor code: the same values, fewer operations
+        k = TensorKernel.of(kernel) or kernel
+        log_prec = (-2 * log_noise).expand(resid.shape)
+        loss = -exact_evidence(k, xs, resid, log_prec, jitter)
         loss.backward()
         opt.step()
         raise_if_interrupted()  # a safe point for Ctrl-C inside an estimator's fit
@@ -183,7 +191,7 @@ def sparse_f_marginals(kernel, x_new, z, u_loc, u_scale_tril, jitter: float):
 
 
 def collapsed_bound(
-    kernel, x, resid, log_q, s, depth, *, z, jitter, balance_weight, entropy_weight
+    kernel, x, resid, log_q, s, depth, *, z, jitter, balance_weight, entropy_weight, chol=cholesky
 ) -> torch.Tensor:
     r""":math:`\mathcal{L}_2(q(M))` of App. E (``z=None``), or its sparse collapsed form with
     the inducing inputs ``z`` ``(M, L)`` (Titsias' bound, :func:`sparse_evidence`).
@@ -191,15 +199,16 @@ def collapsed_bound(
     :param x: ``(N, L)``; ``resid``: ``y`` minus the constant mean, ``(N,)``.
     :param log_q: normalised leaf log-probabilities ``(N, 2**D)``.
     :param s: per-leaf log noise scales ``(2**D,)``.
+    :param chol: the Cholesky factorisation (see :func:`exact_evidence`).
     :returns: a scalar.
     """
     q = log_q.exp()
     log_prec = torch.logsumexp(log_q - 2 * s, dim=-1)  # log R_nn^-1
     C = -0.5 * log_prec.sum() - (q * s).sum()
     if z is not None:
-        log_evidence = sparse_evidence(kernel, z, x, resid, log_prec, jitter)[0]
+        log_evidence = sparse_evidence(kernel, z, x, resid, log_prec, jitter, chol)[0]
     else:
-        log_evidence = exact_evidence(kernel, x, resid, log_prec, jitter)
+        log_evidence = exact_evidence(kernel, x, resid, log_prec, jitter, chol)
     per_point_kl = ((q * log_q).sum(-1) + depth * math.log(2.0)).sum()
     coupling = expected_log_coupling(log_q, depth)
     return log_evidence + C - entropy_weight * per_point_kl + balance_weight * coupling

@@ -1,4 +1,7 @@
-r"""A GP whose input-dependent noise is an RNN-Tree (Antorán et al., Sec. 5.2, App. E).
+r"""A GP whose noise is an RNN-Tree (Antorán et al., Sec. 5.2, App. E): over 600 lines, one class.
+
+One model class with its bound in two forms (through GPyTorch, and as plain tensors for a
+compiled loss), its start from data and its predictive.
 
 Generative story for inputs :math:`x_n \in \mathbb{R}^L`, :math:`n = 1..N`:
 
@@ -62,6 +65,7 @@ from pyro_trees import trees
 from pyro_trees._param_store import adopt_param_store
 from pyro_trees.distributions.tree_balance import BalancedLeaf
 from pyro_trees.gp import (
+    TensorKernel,
     check_kernel_memory,
     cholesky,
     conditional,
@@ -237,6 +241,69 @@ class HeteroscedasticGP(PyroModule):
             jitter=self.jitter,
             balance_weight=balance_weight,
             entropy_weight=entropy_weight,
+        )
+
+    @pyro_method
+    def bound_params(self, dtype=None) -> dict | None:
+        """Every tensor of the model that :meth:`collapsed_bound` reads, read once through
+        Pyro's store (so that plain ``SVI`` trains them), for a loss that scores the bound
+        as plain tensor code (:meth:`bound_of`, :class:`~pyro_trees.infer.CollapsedELBO`);
+        ``None`` for a kernel other than an RBF or Matérn kernel, optionally inside a
+        ``ScaleKernel`` (:class:`~pyro_trees.gp.TensorKernel`).
+
+        :param dtype: the dtype of the returned tensors (default: the parameters').
+        :returns: ``{"lengthscale": (L,) or (1,), "outputscale": () or None, "nu": None
+            or a float, "log_scale": (2**D,), "mean": (), "z": (M, L) or None}``.
+        """
+        kernel = TensorKernel.of(self._kernel())
+        if kernel is None:
+            return None
+        dtype = self.leaf_log_scale.dtype if dtype is None else dtype
+        scale = kernel.outputscale
+        return {
+            "lengthscale": kernel.lengthscale.to(dtype),
+            "outputscale": None if scale is None else scale.to(dtype),
+            "nu": kernel.nu,
+            "log_scale": self.leaf_log_scale.to(dtype),
+            "mean": self.mean_constant.to(dtype),
+            "z": self.inducing_points.to(dtype) if self.sparse else None,
+        }
+
+    @staticmethod
+    def bound_of(
+        params: dict,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        log_q: torch.Tensor,
+        *,
+        jitter: float,
+        balance_weight: float = 1.0,
+        entropy_weight: float = 1.0,
+        chol=cholesky,
+    ) -> torch.Tensor:
+        """:meth:`collapsed_bound` as plain tensor code, from the tensors of
+        :meth:`bound_params` and the routing's normalised leaf log-probabilities
+        ``log_q`` ``(N, 2**D)`` at complete rows ``x`` ``(N, L)``, ``y`` ``(N,)`` (a loss
+        computes the routing, :meth:`~pyro_trees.guides.RNNTree.leaf_log_probs_of`).
+
+        :param float jitter: the model's ``jitter``.
+        :param chol: the Cholesky factorisation ``chol(K, jitter)`` (default
+            :func:`~pyro_trees.gp.cholesky`, which retries with more jitter).
+        :returns: a scalar.
+        """
+        kernel = TensorKernel(params["lengthscale"], params["outputscale"], params["nu"])
+        return collapsed_bound(
+            kernel,
+            x,
+            y - params["mean"],
+            log_q,
+            params["log_scale"],
+            log_q.shape[-1].bit_length() - 1,
+            z=params["z"],
+            jitter=jitter,
+            balance_weight=balance_weight,
+            entropy_weight=entropy_weight,
+            chol=chol,
         )
 
     @torch.no_grad()
