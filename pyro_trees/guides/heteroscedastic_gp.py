@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -15,6 +17,11 @@ from pyro_trees.guides.rnn_tree import RNNTree
 from pyro_trees.models.heteroscedastic_gp import HeteroscedasticGP
 
 __all__ = ["HeteroscedasticGPGuide"]
+
+
+#: per guide, the data of its last ``_keep``: weak references to ``x`` and ``y``, their
+#: versions and the stored copies (outside the guide, so that pickles do not carry it)
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class HeteroscedasticGPGuide(TreeGuide, PyroModule):
@@ -148,11 +155,24 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
 
     def _keep(self, x: torch.Tensor, y: torch.Tensor) -> None:
         store = pyro.get_param_store()
-        for key, value in (("data_x", x), ("data_y", y)):
-            fullname = self._fullname(key)
+        names = [self._fullname(k) for k in ("data_x", "data_y")]
+        kept = _KEPT.get(self)
+        if kept is not None and kept[0]() is x and kept[1]() is y:
+            # the tensors of the last call, unchanged, still in the store: a fit's every
+            # step after the first (comparing the values would read them back each step)
+            versions, stored = kept[2], kept[3]
+            now = (x._version, y._version, *(t._version for t in stored))
+            if versions == now and all(
+                store._params.get(n) is t for n, t in zip(names, stored, strict=True)
+            ):
+                return
+        for fullname, value in zip(names, (x, y), strict=True):
             old = store._params.get(fullname)
             if old is None or old.shape != value.shape or not torch.equal(old.detach(), value):
                 store[fullname] = value.detach().clone()
+        stored = tuple(store._params.get(n) for n in names)
+        versions = (x._version, y._version, *(t._version for t in stored))
+        _KEPT[self] = (weakref.ref(x), weakref.ref(y), versions, stored)
 
     @pyro_method
     def observe(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:

@@ -146,3 +146,14 @@ def test_plain_svi_trains_through_the_program_and_the_guide_keeps_the_data():
     assert torch.equal(x_kept, x) and torch.equal(y_kept, y)
     loss = pickle.loads(pickle.dumps(CollapsedELBO(compile=BACKEND)))
     assert loss.compile == BACKEND
+
+
+def test_the_data_are_checked_once_per_tensor_and_again_after_an_edit():
+    model, guide, x, y = _pair()
+    loss = CollapsedELBO()
+    loss.differentiable_loss(model, guide, x, y)
+    x[0, 0] = float("nan")  # in place: a new version of the same tensor
+    with pytest.raises(ValueError, match="NaN"):
+        loss.differentiable_loss(model, guide, x, y)
+    with pytest.raises(ValueError, match="shape"):
+        loss.differentiable_loss(model, guide, x[:, :2].clone(), y)
