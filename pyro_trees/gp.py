@@ -185,8 +185,12 @@ class TensorKernel:
             b = a if x2 is None else x2 / self.lengthscale
             centre = a.mean(-2, keepdim=True)
             a, b = a - centre, b - centre
-            sq = a.pow(2).sum(-1, keepdim=True) - 2 * a @ b.mT + b.pow(2).sum(-1).unsqueeze(-2)
-            sq = sq.clamp_min(0)
+            # |a|^2 + |b|^2 - 2 a.b as one product of padded rows (no pass over the
+            # (N, M) result but the product's)
+            a_sq, b_sq = a.pow(2).sum(-1, keepdim=True), b.pow(2).sum(-1, keepdim=True)
+            left = torch.cat([-2.0 * a, a_sq, torch.ones_like(a_sq)], -1)
+            right = torch.cat([b, torch.ones_like(b_sq), b_sq], -1)
+            sq = (left @ right.mT).clamp_min(0)
             if self.nu is None:
                 k = torch.exp(-0.5 * sq)
             else:
