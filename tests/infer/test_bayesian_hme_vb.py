@@ -459,3 +459,37 @@ def test_grow_selection_never_lowers_a_bound():
     )
     assert all(s.v_mean.dtype == torch.float64 for s in g32.states)
     assert (g32.bounds >= sel.bounds).all()
+
+
+def test_the_compiled_cycle_equals_the_eager_one():
+    """A search and its growth with the cycles compiled (backend ``"eager"``: dynamo's
+    capture of one graph per program, no generated code; the cycle needs no gradients)
+    give the eager search's bounds and states; an annealed schedule passes its
+    temperatures as tensors."""
+    x, t = toy(n=80)
+    tops = enumerate_topologies(2, 1)
+
+    def search(compile):
+        g = torch.Generator().manual_seed(0)
+        temps = vb.temperature_schedule(50, initial=4.0, factor=0.8, anneal_cycles=30)
+        sel = vb.select_topology(
+            x, t, tops, num_restarts=3, temperatures=temps, generator=g, compile=compile
+        )
+        grown = vb.grow_selection(
+            x, t, sel, starts_per_split=1, num_cycles=20, generator=g, compile=compile
+        )
+        return sel, grown
+
+    eager, compiled = search(False), search("eager")
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(a.bounds, b.bounds, rtol=1e-9, atol=1e-9)
+        for sa, sb in zip(a.states, b.states, strict=True):
+            torch.testing.assert_close(sa.v_mean, sb.v_mean, rtol=1e-7, atol=1e-9)
+    cycle = vb.cycle_program("eager")
+    data = vb.VBData.build(x, t, tops[1])
+    state = vb.init_state(data, (2,), generator=torch.Generator().manual_seed(1))
+    _, sq_a, _ = vb.fused_cycle(data, state)
+    ours, ref = cycle(data, state, 2.0, sq_a), vb.fused_cycle(data, state, 2.0, sq_a)
+    torch.testing.assert_close(ours[2], ref[2], rtol=1e-12, atol=1e-12)
+    assert cycle.program.failed is None  # it ran compiled, not through the fallback
+    assert vb.cycle_program(False) is vb.fused_cycle

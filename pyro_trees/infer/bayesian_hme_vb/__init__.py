@@ -22,6 +22,7 @@ from pyro_trees.infer.bayesian_hme_vb.grow import (
 )
 from pyro_trees.infer.bayesian_hme_vb.selection import (
     ModelSelection,
+    cycle_program,
     merge_selections,
     select_topology,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "VBResult",
     "VBState",
     "bound",
+    "cycle_program",
     "expected_expert_loglik",
     "expert_factor_terms",
     "fused_cycle",

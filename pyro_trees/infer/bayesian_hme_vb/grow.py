@@ -16,6 +16,7 @@ from pyro_trees.infer.bayesian_hme_vb.selection import (
     _cat_states,
     _race,
     _with_signs,
+    cycle_program,
 )
 from pyro_trees.models.bayesian_hme_vb_run import run_vb
 from pyro_trees.models.bayesian_hme_vb_updates import (
@@ -205,6 +206,7 @@ def grow_selection(
     polish_cycles: int = 100,
     sharpness: float = 2.0,
     reduce=None,
+    compile: bool | str = False,
 ) -> ModelSelection:
     """Search each topology again from starts grown out of the smaller topologies' best
     solutions, smallest sizes first.
@@ -221,13 +223,15 @@ def grow_selection(
     best grown start, so its bound never decreases; sizes are done in increasing order,
     so grown solutions seed the next size. The choice uses the training bound only.
 
-    ``reduce``: see :class:`~pyro_trees.infer.VBData` (data-parallel fits).
+    ``reduce``: see :class:`~pyro_trees.infer.VBData` (data-parallel fits); ``compile``:
+    see :func:`~pyro_trees.infer.select_topology`.
 
     :returns: a new :class:`ModelSelection` (``grown`` marks the topologies whose best
         state now comes from a grown start; ``all_bounds`` gains the grown starts' bounds).
     """
 
     start = time.perf_counter()
+    cycle = cycle_program(compile)
     tops = list(selection.topologies)
     x = torch.as_tensor(x)
     t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
@@ -299,7 +303,8 @@ def grow_selection(
         finals, values = [], []
         for c in range(0, len(owners), cap):
             sl = slice(c, c + cap)
-            st, vals, w = _race(_with_signs(base, sg[sl]), state.index(sl), [1.0] * num_cycles, tol)
+            sub = _with_signs(base, sg[sl])
+            st, vals, w = _race(sub, state.index(sl), [1.0] * num_cycles, tol, cycle)
             work += w
             finals.append(st)
             values.append(vals)

@@ -10,12 +10,14 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from pyro_trees.infer.compiled import CompiledLoss
 from pyro_trees.models.bayesian_hme_vb_run import fused_cycle, init_state, run_vb
 from pyro_trees.models.bayesian_hme_vb_updates import VBData, VBState, bound
 from pyro_trees.topology import Topology, enumerate_topologies, sign_matrices
 
 __all__ = [
     "ModelSelection",
+    "cycle_program",
     "merge_selections",
     "select_topology",
 ]
@@ -86,11 +88,50 @@ def _with_signs(data: VBData, signs: torch.Tensor) -> VBData:
     return new
 
 
-def _race(data: VBData, state: VBState, temps: Sequence[float], tol: float | None):
+#: compiled programs of one search: one per number of experts (the gates' count and the
+#: arrays' widths follow from it), each for a static and then a symbolic batch size
+_RECOMPILE_LIMIT = 64
+
+
+def cycle_program(compile: bool | str = False):
+    """The VB cycle of a search: :func:`~pyro_trees.infer.bayesian_hme_vb.fused_cycle`,
+    or with ``compile`` (``True`` or a ``torch.compile`` backend name) the same function
+    as one compiled program (:class:`~pyro_trees.infer.CompiledLoss`: compiled once per
+    process and shape, an eager fallback with one warning where it cannot compile).
+    Called ``(data, state, temperature, sq_a)``, as ``fused_cycle``; the compiled one
+    holds its :class:`~pyro_trees.infer.CompiledLoss` as ``program``.
+
+    The compiled cycle takes the temperature as a 0-dim tensor (an annealing schedule
+    compiles no program per temperature), runs a race's first cycle eagerly (it computes
+    the gates' moments that later cycles receive, a branch of its own), computes the
+    data's cached statistics before the program, and allows a program per number of
+    experts and batch regime (a race's batch shrinks as its restarts converge)."""
+    if not compile:
+        return fused_cycle
+    program = CompiledLoss(fused_cycle, compile)
+
+    def compiled_cycle(data: VBData, state: VBState, temperature: float = 1.0, sq_a=None):
+        if sq_a is None:
+            return fused_cycle(data, state, temperature, sq_a)
+        # a first computation inside the program would break its graph (a
+        # cached_property holds a lock)
+        data.num_rows, data._pairs, data._xt  # noqa: B018
+        temp = torch.tensor(float(temperature), dtype=data.x.dtype, device=data.x.device)
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+            return program(data, state, temp, sq_a)
+
+    compiled_cycle.program = program  # its compiler state (``failed``: why it fell back)
+    return compiled_cycle
+
+
+def _race(
+    data: VBData, state: VBState, temps: Sequence[float], tol: float | None, cycle=fused_cycle
+):
     """Cycle a flat batch (``batch_shape == (B,)``, ``data.signs`` ``(B, G, E)``) through
-    ``temps``. At temperature 1 an element whose bound moved by at most ``tol * N`` in a
-    cycle has converged and leaves the batch (as does one whose bound is not finite), so
-    the remaining cycles only work on the elements still moving.
+    ``temps`` with ``cycle`` (:func:`cycle_program`). At temperature 1 an element whose
+    bound moved by at most ``tol * N`` in a cycle has converged and leaves the batch (as
+    does one whose bound is not finite), so the remaining cycles only work on the
+    elements still moving.
 
     :returns: the final states, their bounds ``(B,)`` and the number of element-cycles.
     """
@@ -103,7 +144,7 @@ def _race(data: VBData, state: VBState, temps: Sequence[float], tol: float | Non
     value = None
     work = 0
     for k, temp in enumerate(temps):
-        state, sq_a, value = fused_cycle(data, state, temp, sq_a)
+        state, sq_a, value = cycle(data, state, temp, sq_a)
         work += len(active)
         last = k == len(temps) - 1
         if temp != 1.0 or tol is None or last:
@@ -152,6 +193,7 @@ def select_topology(
     search_dtype: torch.dtype | None = None,
     polish_cycles: int = 100,
     reduce=None,
+    compile: bool | str = False,
 ) -> ModelSelection:
     """Fit every topology from ``num_restarts`` random starts and keep the best bound.
 
@@ -179,9 +221,13 @@ def select_topology(
         topology with ``1..E`` experts.
     :param reduce: applied to every sum over rows (:class:`~pyro_trees.infer.VBData`): a
         data-parallel fit passes the sum over ranks, each rank holding its own rows.
+    :param compile: ``False`` (default), ``True`` or a ``torch.compile`` backend name:
+        the search's cycles as one compiled program (:func:`cycle_program`; the same
+        values, to rounding). The polishing cycles stay eager.
     """
 
     start = time.perf_counter()
+    cycle = cycle_program(compile)
     if isinstance(topologies, int):
         topologies = enumerate_topologies(topologies)
     topologies = list(topologies)
@@ -214,7 +260,7 @@ def select_topology(
             sg = signs[chunk].repeat_interleave(num_restarts, 0)  # (K_c R, G, E)
             data = _with_signs(base, sg)
             state = init_state(data, (len(sg),), generator=generator)
-            state, values, w = _race(data, state, phase1, None if pruning else tol)
+            state, values, w = _race(data, state, phase1, None if pruning else tol, cycle)
             work += w
             results.append((state, values.view(len(chunk), num_restarts), chunk))
         if pruning:
@@ -233,7 +279,7 @@ def select_topology(
             for c in range(0, len(owners), cap2):
                 sl = slice(c, c + cap2)
                 st, vals, w = _race(
-                    _with_signs(data, sg[sl]), state.index(sl), temps[prune_after:], tol
+                    _with_signs(data, sg[sl]), state.index(sl), temps[prune_after:], tol, cycle
                 )
                 work += w
                 finals.append(st)
