@@ -15,7 +15,8 @@ the best topology and the largest difference of any topology's bound from the ea
 search's.
 
 Run: ``python -m benchmarks.bhme_vb_compiled`` (about 3 minutes on a 2-core CPU;
-``--backend``, ``--max-experts``, ``--restarts``); needs the data cache
+``--backend``, ``--max-experts``, ``--restarts``, ``--device cuda`` with ``--name``
+for a variant); needs the data cache
 (``PYRO_TREES_DATA`` with ``kin8nm``).
 """
 
@@ -70,10 +71,11 @@ def main(argv=None) -> None:
     p.add_argument("--backend", default="inductor", help="torch.compile backend")
     p.add_argument("--max-experts", type=int, default=5)
     p.add_argument("--restarts", type=int, default=20)
+    p.add_argument("--device", default="cpu")
     p.add_argument("--name", default="bhme_vb_compiled")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    x, t = _data()
+    x, t = (v.to(args.device) for v in _data())
     tops = enumerate_topologies(args.max_experts, 1)
     runs = [("eager", False), ("compiled", args.backend), ("compiled again", args.backend)]
     records, eager_bounds = [], None
@@ -98,11 +100,11 @@ def main(argv=None) -> None:
         print(records[-1], flush=True)
     md = (
         f"kin8nm, {x.shape[0]} training rows, {len(tops)} topologies (1-{args.max_experts} "
-        f"experts), {args.restarts} starts each, one torch thread; backend "
+        f"experts), {args.restarts} starts each, one torch thread, device {args.device}; backend "
         f"`{args.backend}`. Protocol in `benchmarks/bhme_vb_compiled.py`.\n\n"
         + markdown_table(records, list(records[0]))
     )
-    path = write_results(args.name, {"records": records}, md, "cpu", args=vars(args))
+    path = write_results(args.name, {"records": records}, md, args.device, args=vars(args))
     print(f"written {path}")
 
 

@@ -8,7 +8,8 @@
 # machine lacks: wheels/ (pyro-ppl and pyro-api: pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d
 # CARRY/wheels pyro-ppl pyro-api) and data/ (a PYRO_TREES_DATA cache holding
-# mnist/ and uci/kin40k/, copied from ../shared/data). Results go to $OUT (default
+# mnist/, uci/kin40k/ and, for the bhme_vb part, kin8nm/, copied from ../shared/data).
+# Results go to $OUT (default
 # /tmp/gpu_out, at most 8 files as the device tool returns them): log.txt (the card, each
 # part's exit and seconds, the tail of its output) and one NAME.tar a part with the
 # result files it wrote, as soon as it ends (step_cost, device_fits, TreeVI's start stage
@@ -66,8 +67,13 @@ part() {  # part NAME SECONDS RESULTS COMMAND...: run_part when PARTS names it (
 res=benchmarks/results
 # ms, kernels, syncs and busy share per step, eager and compiled (issue 38, item 6)
 part step_cost 180 "$res/variants/step_cost_cuda.*" python3 -m benchmarks.step_cost \
-    --device "$device" --families vart,vart_forest,vart_classification,hme --rows "$rows" \
+    --device "$device" --families vart,vart_forest,vart_classification,hme,heteroscedastic_gp \
+    --rows "$rows" \
     --threads 1 --modes "$modes" --name step_cost_cuda
+# the Bayesian HME's VB search, eager and compiled (not in the default PARTS: about 4
+# minutes; PARTS="... bhme_vb" adds it)
+part bhme_vb 300 "$res/variants/bhme_vb_compiled_cuda.*" python3 -m benchmarks.bhme_vb_compiled \
+    --device "$device" --name bhme_vb_compiled_cuda
 # every estimator at 400 rows on both devices; the forest on kin40k
 kin40k=--kin40k
 [ "${GPU:-1}" = 1 ] || kin40k=
