@@ -1,6 +1,7 @@
 """The GPU contract: every estimator and every model + guide pair of the Pyro contract
 trains on ``cuda`` and predicts there, finite and close to the CPU fit; the compiled VaRT
-and HME losses equal the eager ones on the GPU. Every test is marked ``cuda`` and skips without
+and HME losses, the heteroscedastic GP's bound program and the Bayesian HME's compiled VB
+cycle equal the eager ones on the GPU. Every test is marked ``cuda`` and skips without
 a CUDA device (tests/conftest.py)."""
 
 import numpy as np
@@ -149,3 +150,57 @@ def test_the_compiled_hme_loss_equals_the_eager_one_on_cuda(backend):
     for ga, gb in zip(grad_a, grad_b, strict=True):
         if ga is not None:
             assert torch.allclose(ga, gb, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("sparse", [0, 32], ids=["exact", "sparse"])
+@pytest.mark.parametrize("backend", [False, "aot_eager", "inductor"])
+def test_the_collapsed_bound_program_equals_the_traced_one_on_cuda(sparse, backend):
+    from pyro_trees.guides import HeteroscedasticGPGuide
+    from pyro_trees.infer import CollapsedELBO
+    from pyro_trees.infer.fit import isolated_params
+    from pyro_trees.models import HeteroscedasticGP
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(300, 3, device="cuda", dtype=torch.float64, generator=gen)
+    y = x[:, 0].sin()
+    with isolated_params():
+        z = x[:sparse].clone() if sparse else None
+        model = HeteroscedasticGP(3, 2, inducing_points=z).to("cuda", torch.float64)
+        guide = HeteroscedasticGPGuide(model, hidden_size=8).to("cuda", torch.float64)
+        loss = CollapsedELBO(compile=backend)
+        loss.loss(model, guide, x, y)  # the start
+        named = [(k, p) for k, p in pyro.get_param_store().named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        ours = loss.differentiable_loss(model, guide, x, y)
+        traced = -loss._traced_bound(model, guide, (x, y), {})
+        grads = [torch.autograd.grad(v, params, allow_unused=True) for v in (ours, traced)]
+        if backend:
+            assert loss._compiled.failed is None
+    assert ours.is_cuda and torch.allclose(ours, traced, rtol=1e-8)
+    for ga, gb in zip(*grads, strict=True):
+        if ga is not None:
+            assert torch.allclose(ga, gb, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_the_compiled_vb_cycle_equals_the_eager_one_on_cuda(backend):
+    from pyro_trees.infer import bayesian_hme_vb as vb
+    from pyro_trees.topology import enumerate_topologies
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.rand(400, 1, device="cuda", dtype=torch.float64, generator=gen)
+    t = x[:, 0] + 0.3 * torch.sin(6 * x[:, 0])
+    tops = enumerate_topologies(3, 1)
+    sels = [
+        vb.select_topology(
+            x,
+            t,
+            tops,
+            num_restarts=4,
+            num_cycles=40,
+            compile=c,
+            generator=torch.Generator().manual_seed(0),
+        )
+        for c in (False, backend)
+    ]
+    assert torch.allclose(sels[0].bounds, sels[1].bounds, rtol=1e-9)
