@@ -189,7 +189,7 @@ def vart_classification(rows: int, quick: bool) -> Setup:
 
 def heteroscedastic_gp(rows: int, quick: bool) -> Setup:
     """Heteroscedastic GP at ``HeteroscedasticGPRegressor``'s defaults for more than
-    500 rows: the sparse GP with 256 inducing inputs (random rows; ``min(N, 256)``),
+    1,500 rows: the sparse GP with 256 inducing inputs (random rows; ``min(N, 256)``),
     noise tree of depth 2 (GRU width 16), :class:`~pyro_trees.infer.CollapsedELBO`,
     full batch, float64, Adam at 0.05 (0.0125 for the tree). The estimator's
     homoscedastic start (``init_from_data``, 60 steps) is left out: it changes the
