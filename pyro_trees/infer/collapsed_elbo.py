@@ -123,7 +123,7 @@ class CollapsedELBO(CompilesLoss, DifferentiableLossELBO):
         return state
 
     def _check_data(self, model, x: torch.Tensor, y: torch.Tensor) -> None:
-        """``model._check(x, y)`` (shapes, finite values: what ``collapsed_bound`` checks),
+        """``model.check(x, y)`` (shapes, finite values: what ``collapsed_bound`` checks),
         once per pair of tensors and versions: a fit passes the same tensors at every
         step, and the finiteness check reads a value back from the device."""
         key = (id(x), x._version, id(y), y._version)
@@ -131,7 +131,7 @@ class CollapsedELBO(CompilesLoss, DifferentiableLossELBO):
             ref_x, ref_y = self._data_checked[1]
             if ref_x() is x and ref_y() is y:
                 return
-        model._check(x, y)
+        model.check(x, y)
         self._data_checked = (key, (weakref.ref(x), weakref.ref(y)))
 
     def _program_bound(self, model, guide, args, kwargs) -> torch.Tensor | None:
@@ -156,9 +156,9 @@ class CollapsedELBO(CompilesLoss, DifferentiableLossELBO):
             return None
         weights = {"balance_weight": self.balance_weight, "entropy_weight": self.entropy_weight}
         if self._compiled is None:
-            # eager: the routing by the tree's own blockwise function, and the
-            # factorisations that retry with more jitter
-            log_q = model._check_logits(x, guide.tree(x))
+            # eager: the routing by the tree's own blockwise function (normalised leaf
+            # log-probabilities), and the factorisations that retry with more jitter
+            log_q = guide.tree(x)
             return HeteroscedasticGP.bound_of(params, x, y, log_q, jitter=model.jitter, **weights)
         tree_params = guide.tree.node_params(x.dtype)
         bound, failed = self._compiled(tree_params, params, x, y, model.jitter, weights)

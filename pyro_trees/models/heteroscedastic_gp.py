@@ -221,7 +221,7 @@ class HeteroscedasticGP(PyroModule):
             :class:`~pyro_trees.infer.TreeELBO`).
         :returns: a scalar.
         """
-        self._check(x, y)
+        self.check(x, y)
         log_q = self._check_logits(x, leaf_logits)
         self._kernel()
         return self._bound(x, y, log_q, float(balance_weight), float(entropy_weight))
@@ -320,7 +320,7 @@ class HeteroscedasticGP(PyroModule):
         """
         if not self.sparse or getattr(guide, "num_inducing", 0) != self.num_inducing:
             raise ValueError("set_optimal_inducing_posterior needs the sparse model and guide")
-        self._check(x, y)
+        self.check(x, y)
         s = self.leaf_log_scale.to(x.dtype)
         q = guide.tree.leaf_probs(x).to(x.dtype)
         log_prec = torch.logsumexp(q.clamp_min(1e-300).log() - 2 * s, dim=-1)
@@ -353,7 +353,7 @@ class HeteroscedasticGP(PyroModule):
         parameters). Sites broadcast over batch dimensions on the left of the plate
         (``Predictive(..., parallel=True)``).
         """
-        self._check(x, y)
+        self.check(x, y)
         if subsample_size is not None and not self.sparse:
             raise ValueError("subsample_size needs the sparse model (inducing_points)")
         if y is not None:
@@ -448,7 +448,7 @@ class HeteroscedasticGP(PyroModule):
             (``y_i - E[f(x_i) | y_{-i}]``) instead of the in-sample ones.
         :returns: the residuals ``y - E[f(x) | y]`` at all ``x``, ``(N,)``.
         """
-        self._check(x, y)
+        self.check(x, y)
         sub = torch.linspace(0, x.shape[0] - 1, min(max_points, x.shape[0])).round().long()
         with torch.no_grad():
             self.mean_constant = y[sub].mean()
@@ -528,7 +528,7 @@ class HeteroscedasticGP(PyroModule):
         """
         if routing not in ("hard", "posterior"):
             raise ValueError(f"routing must be 'hard' or 'posterior', got {routing!r}")
-        self._check(x_new)
+        self.check(x_new)
         if not self._started:  # fresh objects over a loaded store
             self._adopt(guide)
         dtype = x_new.dtype
@@ -548,7 +548,7 @@ class HeteroscedasticGP(PyroModule):
                         "the exact model predicts from the training data: pass x and y"
                     )
                 x, y = guide.training_data()
-            self._check(x, y)
+            self.check(x, y)
             q = guide.tree.leaf_probs(x, num_samples=num_samples).to(dtype)
             r = 1.0 / (q @ torch.exp(-2 * s))
             mean, f_var = exact_f_marginals(self.kernel, x, y - mean_c, r, x_new, self.jitter)
@@ -576,7 +576,11 @@ class HeteroscedasticGP(PyroModule):
         return guide.tree.rules(leaf_values=labels)
 
     # -- checks ------------------------------------------------------------------------
-    def _check(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    def check(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        """Raise a ``ValueError`` unless ``x`` is a finite ``(N, L)`` tensor with at least
+        one row and ``y`` (if given) a finite ``(N,)`` tensor: what every method that
+        takes data checks first (a loss that scores the bound without calling
+        :meth:`collapsed_bound` checks its data with it)."""
         if not torch.is_tensor(x) or x.dim() != 2 or x.shape[-1] != self.in_features:
             shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
             raise ValueError(f"x must be a tensor of shape (N, {self.in_features}); got {shape}")
