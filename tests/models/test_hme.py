@@ -49,6 +49,29 @@ def test_init_experts_is_an_m_step():
     torch.testing.assert_close(model.scale().detach(), torch.tensor([2.5**0.5]).double())
 
 
+def test_the_first_calls_start_keeps_the_noise_off_zero_on_noise_free_data():
+    """The Pyro path's start (first call with targets) floors the learnt noise scale at
+    0.05 sd(y): on the noise-free pulse the hard start's residual is ~0, and a noise
+    scale there made the first loss ~56,000 nats a point. An explicit M-step keeps the
+    floor it is given (the estimators' 1e-3 by default)."""
+    from pyro_trees.datasets import make_pulse
+    from pyro_trees.guides import RNNTreeGuide
+    from pyro_trees.infer import TreeELBO
+
+    X, y = make_pulse(400)
+    x, y = torch.tensor(X, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    model, guide = HME(1, 3), RNNTreeGuide(1, 3)
+    loss = TreeELBO().loss(model, guide, x, y)
+    sd = float(y.std())
+    assert float(model.scale().detach()) == pytest.approx(0.05 * sd, rel=1e-4)
+    assert loss / len(y) < 50  # it was ~56,000 nats a point
+    explicit = HME(1, 3)
+    with torch.no_grad():  # every point at its best expert: a residual of ~0
+        best = model.leaf_log_likelihood(x, y, model.expert_params()).argmax(-1)
+    explicit.init_experts(x, y, torch.nn.functional.one_hot(best, 8))
+    assert float(explicit.scale().detach()) < 0.05 * sd
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="likelihood"):
         HME(2, 2, likelihood="poisson")
