@@ -301,3 +301,15 @@ def test_gaussian_log_evidence_and_its_closed_form_gradient():
     ref = MultivariateNormal(torch.zeros(3, dtype=torch.float64), shifted).log_prob(r3)
     torch.testing.assert_close(value, ref)
     torch.testing.assert_close(grad, torch.autograd.grad(ref, [shifted])[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tensor_kernel_diagonal_is_the_outputscale_exactly(dtype):
+    """k(x, x) has distance 0 on its diagonal, not the quadratic expansion's rounding,
+    which Matern 1/2's kink at 0 turned into up to 1e-2 in float32."""
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=0.5)).to(dtype)
+    x = 1000 + 10 * torch.randn(300, 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    K = TensorKernel.of(kernel)(x)
+    scale = kernel.outputscale.detach()
+    # the distance's floor, sqrt(1e-30), is the one departure from exactly 1
+    torch.testing.assert_close(K.diagonal().detach(), scale.expand(300), rtol=1e-14, atol=0)

@@ -480,9 +480,11 @@ class HeteroscedasticGP(PyroModule):
         Use it: from random network weights the exact bound can collapse the noise tree
         to one or two noise levels (the user guide's page on this model has the figures).
         A guide built from the model (``HeteroscedasticGPGuide(model)``) runs this at the
-        first call on data.
+        first call on data. The model and the guide move to ``x``'s dtype and device first.
         """
         self._started = True
+        self.to(device=x.device, dtype=x.dtype)
+        guide.to(device=x.device, dtype=x.dtype)
         with torch.enable_grad():
             resid = self.fit_homoscedastic(x, y, **kwargs)
         r2 = resid.pow(2).clamp_min(1e-12)

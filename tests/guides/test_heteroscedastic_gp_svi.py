@@ -225,3 +225,16 @@ def test_predict_keeps_its_own_parameters_outside_their_store():
     outside = a.predict(x, guide_a, x, y)
     for u, v in zip(inside, outside, strict=True):
         torch.testing.assert_close(u, v)
+
+
+def test_an_unbound_guide_starts_in_the_datas_dtype():
+    """init_from_data with an unbound guide moves both to the data's dtype (float32
+    modules, float64 data used to fail inside the RNN-Tree's linear layers)."""
+    x, y = _data()  # float64
+    model = HeteroscedasticGP(1, 2)
+    guide = HeteroscedasticGPGuide(1, depth=2, hidden_size=4)
+    model.init_from_data(x, y, guide, num_steps=3)
+    assert model.leaf_log_scale.dtype == torch.float64
+    assert next(guide.parameters()).dtype == torch.float64
+    loss = CollapsedELBO().loss(model, guide, x, y)
+    assert math.isfinite(loss)
