@@ -208,6 +208,8 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
         summed = model is not None and y is not None
         out = {}
         if self.num_inducing:
+            if model is not None and y is None:  # drawing u to predict
+                model.warn_if_q_u_stale()
             loc = self.u_loc.to(x.dtype)
             out["u"] = pyro.sample(
                 "u", dist.MultivariateNormal(loc, scale_tril=self.u_scale_tril.to(x.dtype))

@@ -18,6 +18,12 @@ under ``torch.compile`` (:mod:`pyro_trees.infer.compiled`). Its Cholesky factori
 try the jitter once and report failure; a step whose factorisation fails is scored
 again by the general path, which retries with more jitter (one host read per step).
 
+For the sparse model the bound integrates the guide's :math:`q(u)` out, so training
+leaves it where it started: call
+:meth:`~pyro_trees.models.HeteroscedasticGP.set_optimal_inducing_posterior` on the
+training data before predicting (the estimator does; ``predict`` and ``Predictive`` warn
+until it is called).
+
 Works with plain ``pyro.infer.SVI(model, guide, optim, loss=CollapsedELBO())``: the
 parameters the guide and the model touch are registered in Pyro's param store as
 usual. A model of your own must decorate its ``collapsed_bound`` with

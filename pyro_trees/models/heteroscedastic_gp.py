@@ -52,6 +52,7 @@ regression*, ICML 2011.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -224,6 +225,7 @@ class HeteroscedasticGP(PyroModule):
         self.check(x, y)
         log_q = self._check_logits(x, leaf_logits)
         self._kernel()
+        self._note_collapsed_step()
         return self._bound(x, y, log_q, float(balance_weight), float(entropy_weight))
 
     def _bound(self, x, y, log_q, balance_weight: float, entropy_weight: float) -> torch.Tensor:
@@ -249,7 +251,9 @@ class HeteroscedasticGP(PyroModule):
         Pyro's store (so that plain ``SVI`` trains them), for a loss that scores the bound
         as plain tensor code (:meth:`bound_of`, :class:`~pyro_trees.infer.CollapsedELBO`);
         ``None`` for a kernel other than an RBF or Matérn kernel, optionally inside a
-        ``ScaleKernel`` (:class:`~pyro_trees.gp.TensorKernel`).
+        ``ScaleKernel`` (:class:`~pyro_trees.gp.TensorKernel`). Like
+        :meth:`collapsed_bound`, it marks a sparse model's :math:`q(u)` as not set (see
+        :meth:`warn_if_q_u_stale`).
 
         :param dtype: the dtype of the returned tensors (default: the parameters').
         :returns: ``{"lengthscale": (L,) or (1,), "outputscale": () or None, "nu": None
@@ -258,6 +262,7 @@ class HeteroscedasticGP(PyroModule):
         kernel = TensorKernel.of(self._kernel())
         if kernel is None:
             return None
+        self._note_collapsed_step()  # the bound integrates q(u) out (sparse model)
         dtype = self.leaf_log_scale.dtype if dtype is None else dtype
         scale = kernel.outputscale
         return {
@@ -306,6 +311,27 @@ class HeteroscedasticGP(PyroModule):
             chol=chol,
         )
 
+    def _note_collapsed_step(self) -> None:
+        """A collapsed step moved what the optimal :math:`q(u)` depends on: the guide's
+        :math:`q(u)` is stale until :meth:`set_optimal_inducing_posterior`."""
+        if self.sparse:
+            self.__dict__["_q_u_stale"] = True
+
+    def warn_if_q_u_stale(self) -> None:
+        """Warn when the sparse model was trained by the collapsed bound (which integrates
+        :math:`q(u)` out) and the guide's :math:`q(u)` was not set since: predictions
+        and ``Predictive`` draws then come from the guide's start.
+        :meth:`set_optimal_inducing_posterior` sets it (the estimator calls it)."""
+        if self.__dict__.get("_q_u_stale", False):
+            warnings.warn(
+                "this sparse HeteroscedasticGP was trained by the collapsed bound, which "
+                "integrates q(u) out, and its guide's q(u) is still where it started: call "
+                "model.set_optimal_inducing_posterior(x, y, guide) on the training data "
+                "before predicting",
+                UserWarning,
+                stacklevel=3,
+            )
+
     @torch.no_grad()
     def set_optimal_inducing_posterior(self, x: torch.Tensor, y: torch.Tensor, guide) -> None:
         """Set the guide's whitened :math:`q(u)` to the optimum of the collapsed bound.
@@ -328,6 +354,7 @@ class HeteroscedasticGP(PyroModule):
         z = self.inducing_points.to(x.dtype)
         _, LB, c = sparse_evidence(self.kernel, z, x, resid, log_prec, self.jitter)
         guide.u_loc, guide.u_scale_tril = optimal_whitened_q_u(LB, c)
+        self.__dict__["_q_u_stale"] = False
 
     # -- the Pyro model -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, subsample_size=None):
@@ -537,6 +564,7 @@ class HeteroscedasticGP(PyroModule):
         s = self.leaf_log_scale.to(dtype)
         mean_c = self.mean_constant.to(dtype)
         if self.sparse:
+            self.warn_if_q_u_stale()
             z = self.inducing_points.to(dtype)
             u_loc, u_scale_tril = guide.u_loc.to(dtype), guide.u_scale_tril.to(dtype)
             mean, f_var = sparse_f_marginals(

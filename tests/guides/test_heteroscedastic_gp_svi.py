@@ -3,6 +3,7 @@ plain SVI loop with ``Trace_ELBO`` (regression tests for the traps of issue 24).
 
 import copy
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -238,3 +239,28 @@ def test_an_unbound_guide_starts_in_the_datas_dtype():
     assert next(guide.parameters()).dtype == torch.float64
     loss = CollapsedELBO().loss(model, guide, x, y)
     assert math.isfinite(loss)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "periodic"])
+def test_a_sparse_model_trained_collapsed_warns_until_q_u_is_set(kernel):
+    """The collapsed bound integrates q(u) out: predicting from the guide's start was
+    silently off (new-user trial); predict and Predictive warn until
+    set_optimal_inducing_posterior, after which they are quiet."""
+    import gpytorch
+
+    x, y = _data()
+    kwargs = {"kernel": gpytorch.kernels.PeriodicKernel()} if kernel == "periodic" else {}
+    model = HeteroscedasticGP(1, 2, inducing_points=x[::8].clone(), **kwargs).double()
+    guide = HeteroscedasticGPGuide(model).double()
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), CollapsedELBO())
+    for _ in range(3):
+        svi.step(x, y)
+    with pytest.warns(UserWarning, match="set_optimal_inducing_posterior"):
+        model.predict(x, guide)
+    with pytest.warns(UserWarning, match="set_optimal_inducing_posterior"):
+        Predictive(model, guide=guide, num_samples=2)(x)
+    model.set_optimal_inducing_posterior(x, y, guide)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.predict(x, guide)
+        Predictive(model, guide=guide, num_samples=2)(x)
