@@ -217,6 +217,11 @@ def cholesky(K: torch.Tensor, jitter: float = 1e-6, *, max_tries: int = 4) -> to
         L, info = torch.linalg.cholesky_ex(K + (jitter * 10**attempt) * eye)
         if not bool((info > 0).any()):
             return L
+    if not bool(torch.isfinite(K).all()):  # checked only once the factorisation failed
+        raise ValueError(
+            f"the matrix of size {K.shape[-1]} to factorise has NaN or infinite entries: "
+            "non-finite inputs, kernel hyperparameters or noise levels (a diverged fit?)"
+        )
     raise ValueError(
         f"kernel matrix of size {K.shape[-1]} is not positive definite even with jitter "
         f"{jitter * 10 ** (max_tries - 1):g}; check for duplicated inducing inputs or "

@@ -313,3 +313,12 @@ def test_tensor_kernel_diagonal_is_the_outputscale_exactly(dtype):
     scale = kernel.outputscale.detach()
     # the distance's floor, sqrt(1e-30), is the one departure from exactly 1
     torch.testing.assert_close(K.diagonal().detach(), scale.expand(300), rtol=1e-14, atol=0)
+
+
+def test_cholesky_names_non_finite_entries_apart_from_indefinite_ones():
+    bad = torch.eye(3, dtype=torch.float64)
+    bad[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        cholesky(bad)
+    with pytest.raises(ValueError, match="not positive definite"):
+        cholesky(-torch.eye(3, dtype=torch.float64))
