@@ -64,7 +64,8 @@ class VaRTCausal(BaseEstimator):
     :param device: torch device of the default regressor.
     :param bool progress: show the default regressor's progress bar.
 
-    The fitted outcome model is ``regressor_``.
+    The fitted outcome model is ``regressor_``; ``arms_`` holds the two treatment labels
+    (control first, see :meth:`fit`).
 
     .. rubric:: Examples
 
@@ -103,10 +104,17 @@ class VaRTCausal(BaseEstimator):
 
     @guarded_fit
     def fit(self, X, A, y, *, sharded: bool = False):
-        """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` in {0, 1} and ``y``.
+        """Fit on covariates ``X`` ``(N, L)``, treatments ``A`` ``(N,)`` and ``y``.
+
+        ``A`` holds two arms of any labels (0/1, booleans, strings, 1/2, ...). Sorted,
+        they are ``arms_``: ``arms_[0]`` is the control and ``arms_[1]`` the treatment
+        (as scikit-learn's ``classes_[1]`` is a binary classifier's positive class), so
+        the CATE is the second arm's mean minus the first's. 0/1 and booleans keep their
+        meaning.
 
         :param bool sharded: under ``torchrun``, each rank passes only its own rows
-            (:meth:`VaRTRegressor.fit`); :meth:`ate` then needs its ``X``.
+            (:meth:`VaRTRegressor.fit`); :meth:`ate` then needs its ``X``. A rank may hold
+            one arm only, so sharded arms must be 0/1 or booleans.
         """
         validate_params(self)
         X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, y_numeric=True)
@@ -116,10 +124,7 @@ class VaRTCausal(BaseEstimator):
                 f"A must be 1-D with one entry per row of X ({X.shape[0]}); "
                 f"got shape {tuple(A.shape)}"
             )
-        if not np.isin(A, (0, 1)).all():
-            raise ValueError("A must hold treatment indicators 0 or 1")
-        if A.min() == A.max() and not sharded:
-            raise ValueError("A holds a single treatment arm; both arms are needed")
+        A = self._encode_arms(A, sharded)
         if self.num_trees is not None and self.regressor is not None:
             raise ValueError("num_trees chooses the default regressor; give one or the other")
         common = {"random_state": self.random_state, "device": self.device}
@@ -145,14 +150,41 @@ class VaRTCausal(BaseEstimator):
             if self.regressor_.random_state is None and self.random_state is not None:
                 # a regressor without a seed of its own takes this estimator's
                 self.regressor_.set_params(random_state=self.random_state)
-        XA = np.concatenate([X, A.astype(np.float64)[:, None]], axis=1)
+        XA = np.concatenate([X, A[:, None]], axis=1)
         self.regressor_.fit(XA, y, sharded=sharded)
         self.sharded_ = sharded and self.regressor_.ranks_.size > 1
         self.X_train_ = X
         return self
 
+    def _encode_arms(self, A: np.ndarray, sharded: bool) -> np.ndarray:
+        """Set ``arms_`` (the two labels, sorted) and return ``A`` as 0/1 floats."""
+        if A.dtype.kind == "f" and np.isnan(A).any():
+            raise ValueError("A contains NaN: every row needs its treatment arm")
+        indicator = A.dtype.kind == "b" or (A.dtype.kind in "iuf" and np.isin(A, (0, 1)).all())
+        if sharded or indicator:
+            if not indicator:
+                raise ValueError("with sharded=True, A must hold treatment indicators 0 or 1")
+            arms = np.array([False, True]) if A.dtype.kind == "b" else np.array([0, 1])
+            if A.min() == A.max() and not sharded:
+                raise ValueError("A holds a single treatment arm; both arms are needed")
+        else:
+            arms = np.unique(A)
+            if len(arms) == 1:
+                raise ValueError("A holds a single treatment arm; both arms are needed")
+            if len(arms) != 2:
+                shown = ", ".join(repr(a) for a in arms[:5].tolist())
+                more = ", ..." if len(arms) > 5 else ""
+                raise ValueError(
+                    "A must hold two treatment arms (control and treatment); got "
+                    f"{len(arms)} distinct values: {shown}{more}"
+                )
+        self.arms_ = arms
+        return (A == arms[1]).astype(np.float64)
+
     def __setstate__(self, state):
         super().__setstate__(renamed_state(state))
+        if "regressor_" in self.__dict__ and "arms_" not in self.__dict__:
+            self.arms_ = np.array([0, 1])  # fitted before arms were encoded: 0/1 only
 
     def _arms(self, X, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Function draws of both arms at ``X`` (``checked``: ``X`` is the validated
@@ -173,12 +205,13 @@ class VaRTCausal(BaseEstimator):
     def potential_outcomes(self, X, level: float = 0.8) -> dict:
         """Posterior mean and equal-tailed band of :math:`E[Y(a) \\mid x]` for both arms.
 
-        :returns: dict ``{0: (mean, lower, upper), 1: (mean, lower, upper)}``.
+        :returns: dict ``{arm: (mean, lower, upper)}`` keyed by the labels of ``arms_``
+            (``{0: ..., 1: ...}`` for 0/1 treatments).
         """
         level = check_level(level)
         q = [(1 - level) / 2, (1 + level) / 2]
         out = {}
-        for a, f in zip((0, 1), self._arms(X), strict=True):
+        for a, f in zip(self.arms_.tolist(), self._arms(X), strict=True):
             lo, hi = np.quantile(f, q, axis=0)
             out[a] = (f.mean(0), lo, hi)
         return out

@@ -35,8 +35,12 @@ def test_cate_and_ate(causal):
 def test_bad_input(causal):
     model, X = causal
     y = np.zeros(150)
-    with pytest.raises(ValueError, match="A must hold"):
+    with pytest.raises(ValueError, match="single treatment arm"):
         VaRTCausal().fit(X, np.full(150, 2), y)
+    with pytest.raises(ValueError, match="two treatment arms.*3 distinct"):
+        VaRTCausal().fit(X, np.arange(150) % 3, y)
+    with pytest.raises(ValueError, match="NaN"):
+        VaRTCausal().fit(X, np.where(np.arange(150) < 5, np.nan, 1.0), y)
     with pytest.raises(ValueError, match="single treatment arm"):
         VaRTCausal().fit(X, np.ones(150), y)
     with pytest.raises(ValueError, match="one entry per row"):
@@ -98,3 +102,30 @@ def test_ate_over_the_training_rows_of_a_data_frame_does_not_warn():
         ate = model.ate()
         model.cate(X)  # a frame with the fitted names: no warning either
     np.testing.assert_allclose(ate["draws"], model.sample_cate(X).mean(1))
+
+
+def test_arms_of_any_labels_are_encoded_control_first():
+    """Two arms of any labels (strings, 1/2, booleans) fit as 0/1 would: the sorted second
+    label is the treatment (scikit-learn's classes_[1]); potential_outcomes is keyed by
+    the labels; a pickle keeps them."""
+    import pickle
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    A = rng.binomial(1, 0.5, size=60)
+    y = X[:, 0] + 2.0 * A
+
+    def fit(arms):
+        reg = VaRTRegressor(depth=2, num_steps=20, num_samples=5, validation_fraction=0)
+        return VaRTCausal(reg, random_state=0).fit(X, np.asarray(arms)[A], y)
+
+    ref = fit([0, 1])
+    assert list(ref.arms_) == [0, 1]
+    for labels in (["control", "treated"], [1, 2], [False, True]):
+        est = fit(labels)
+        assert list(est.arms_) == labels
+        np.testing.assert_array_equal(est.sample_cate(X), ref.sample_cate(X))
+        assert set(est.potential_outcomes(X[:3])) == set(labels)
+    again = pickle.loads(pickle.dumps(est))
+    assert list(again.arms_) == [False, True]
+    np.testing.assert_array_equal(again.sample_cate(X), ref.sample_cate(X))
