@@ -37,7 +37,7 @@ from pyro_trees.estimators.vart_memory import check_training_memory as _check_tr
 from pyro_trees.guides.stacked import StackedGuides
 from pyro_trees.guides.vart import TemperatureSchedule, VaRTGuide
 from pyro_trees.infer.compiled import should_compile
-from pyro_trees.infer.fit import EarlyStopping
+from pyro_trees.infer.fit import EarlyStopping, FitResult
 from pyro_trees.infer.stacked_stopping import StackedEarlyStopping
 from pyro_trees.infer.vart_elbo import VaRTELBO
 
@@ -142,16 +142,16 @@ class VaRTFits(MissingInputs, SVIEstimator):
 
     def _stacks_fits(self, X, split: HeldOut) -> bool:
         """Whether the ``num_fits`` fits train as one stacked program
-        (:class:`~pyro_trees.guides.StackedGuides`): several fits with held-out rows,
-        full batches of at most ``stack_max_rows`` training rows, one process,
-        complete inputs, the vectorised loss run eagerly, no ``refit``, and memory
-        for the stack's step (every fit over every row). Elsewhere they train one after
-        another."""
+        (:class:`~pyro_trees.guides.StackedGuides`): several fits, full batches of at
+        most ``stack_max_rows`` training rows, one process, complete inputs, the
+        vectorised loss run eagerly, no ``refit``, and memory for the stack's step
+        (every fit over every row). Elsewhere they train one after another. Without
+        held-out rows (tiny tables) every fit learns from every row for ``num_steps``
+        steps, as one after another they would."""
         n_train = X.shape[0] - split.n_val
         full_batch = self.batch_size is None or int(self.batch_size) >= n_train
         stacks = (
             int(self.num_fits) > 1
-            and split.n_val > 0
             and full_batch
             and n_train <= int(self.stack_max_rows)
             and self.elbo == "vectorised"
@@ -199,16 +199,26 @@ class VaRTFits(MissingInputs, SVIEstimator):
             for j, train_idx in enumerate(rows):
                 weight[j, train_idx] = 1.0
             loss = self._stacked_loss()
-            stopping = StackedEarlyStopping(
-                lambda j: self._held_out_score(guides[j], starts[j]["Xva"], starts[j]["yva"]),
-                stack,
-                fit_losses=lambda: loss.fit_losses,
-                eval_every=int(self.eval_every),
-                patience=self.patience,
-            )
             schedule = self._temperature_schedule()
+            callback = schedule.callback(stack)
+            if split.n_val:
+                stopping = StackedEarlyStopping(
+                    lambda j: self._held_out_score(guides[j], starts[j]["Xva"], starts[j]["yva"]),
+                    stack,
+                    fit_losses=lambda: loss.fit_losses,
+                    eval_every=int(self.eval_every),
+                    patience=self.patience,
+                )
+            else:  # every fit runs every step: each one's losses kept without a host read
+                stopping, step_losses = None, []
+
+                def callback(step, value, _schedule=callback):
+                    step_losses.append(loss.fit_losses.detach())
+                    _schedule(step, value)
+
+                callback.reads_loss = False
             self.model_ = starts[-1]["model"]  # as after sequential fits: the last one's
-            run_svi(
+            result = run_svi(
                 self.ranks_,
                 self.model_,
                 stack,
@@ -221,13 +231,24 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 lr=self.lr,
                 lr_scheduler=self._lr_scheduler(),
                 progress=self.progress and f"{self._label} {num} fits",
-                callback=schedule.callback(stack),
+                callback=callback,
                 early_stopping=stopping,
                 weight=weight,
             )
+        if stopping is None:
+            stack.unstack()  # the trained values into the guides
+            rows = torch.stack(step_losses).T.tolist() if step_losses else [[]] * num
+            results = [
+                FitResult(losses=row, stopped=result.stopped, seconds=result.seconds)
+                for row in rows
+            ]
+        else:
+            results = stopping.results
         fits = []
-        for guide, result, start in zip(guides, stopping.results, starts, strict=True):
-            guide.temperature = schedule(result.val_losses[-1][0])  # where it stopped
+        for guide, result, start in zip(guides, results, starts, strict=True):
+            # the temperature where the fit stopped (its last evaluation, else the end)
+            done = result.val_losses[-1][0] if result.val_losses else result.num_steps
+            guide.temperature = schedule(done)
             importances = _split_importances(guide, start["Xtr"][:4096], self.ranks_)
             held = (start["Xva"], start["yva"])
             fits.append((guide, result, importances, start["range"], held, None))

@@ -168,9 +168,34 @@ def test_small_tables_train_the_fits_as_one_stack(data):
     assert np.all(lo < hi)
 
 
+def test_tiny_tables_without_held_out_rows_train_the_fits_as_one_stack():
+    """Under about 20 rows nothing is held out: the fits still train as one program, each
+    on every row for every step (its own losses, no validation), different from each
+    other, reproducible, and predicting as a pool."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(12, 2))
+    y = X[:, 0] + 0.1 * rng.normal(size=12)
+    kw = dict(SMALL, num_steps=40, random_state=2)
+    est = VaRTForestRegressor(**kw).fit(X, y)
+    results = est.fit_results_
+    assert len(results) == 3 and len({r.seconds for r in results}) == 1  # one loop
+    for r in results:
+        assert r.num_steps == 40 and not r.val_losses and r.best_step is None
+        assert all(np.isfinite(r.losses))
+    assert len({tuple(r.losses) for r in results}) == 3  # three fits, three histories
+    guides = est.guides_
+    assert not torch.equal(guides[0].beta_loc, guides[1].beta_loc)
+    assert guides[0].temperature == pytest.approx(est._temperature_schedule()(40))
+    again = VaRTForestRegressor(**kw).fit(X, y)
+    assert np.array_equal(est.predict(X), again.predict(X))
+    lo, hi = est.predict_interval(X, level=0.9)
+    assert np.all(lo < hi) and est.noise_factor_ == 1.0  # no rows to calibrate on
+
+
 def test_which_fits_stack(data):
-    """The rule: full batches of few rows, several fits with held-out rows, one process,
-    complete inputs, no refit; the fits otherwise run one after another."""
+    """The rule: full batches of few rows, several fits, one process, complete inputs, no
+    refit; the fits otherwise run one after another. Without held-out rows they stack
+    too (every fit on every row)."""
     from pyro_trees.estimators._template import VART_HELD_OUT, held_out_rows
 
     X, y = data
@@ -183,7 +208,7 @@ def test_which_fits_stack(data):
         est.set_params(**{k: VaRTForestRegressor().get_params()[k] for k in change})
     assert est._stacks_fits(Xs, split)
     none_held = held_out_rows(150, 0.0, VART_HELD_OUT, ranks=est.ranks_, seed=0)
-    assert not est._stacks_fits(Xs, none_held)
+    assert est._stacks_fits(Xs, none_held)
     est.stack_max_rows = 100  # 135 training rows: too many
     assert not est._stacks_fits(Xs, split)
     del est.stack_max_rows
