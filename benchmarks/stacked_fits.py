@@ -70,7 +70,8 @@ def cell(name: str, rows: int, rounds: int) -> dict:
     """Stacked against sequential fit seconds on ``rows`` rows, ``rounds`` rounds each."""
     X, y = _table(rows, ESTIMATORS[name][2])
     est = _estimator(name)
-    train = rows - max(int(round(0.1 * rows)), min(10, rows // 5))  # the fits' rows
+    held = max(int(round(0.1 * rows)), min(10, rows // 5))  # the estimators' rule:
+    train = rows - (held if held >= 4 else 0)  # none held out below 4 rows; the fits' rows
     stacked, sequential = [], []
     for _ in range(rounds):
         stacked.append(_fit_seconds(name, X, y, True))
