@@ -237,10 +237,10 @@ class VaRTFits(MissingInputs, SVIEstimator):
             )
         if stopping is None:
             stack.unstack()  # the trained values into the guides
-            rows = torch.stack(step_losses).T.tolist() if step_losses else [[]] * num
+            histories = torch.stack(step_losses).T.tolist() if step_losses else [[]] * num
             results = [
-                FitResult(losses=row, stopped=result.stopped, seconds=result.seconds)
-                for row in rows
+                FitResult(losses=losses, stopped=result.stopped, seconds=result.seconds)
+                for losses in histories
             ]
         else:
             results = stopping.results
