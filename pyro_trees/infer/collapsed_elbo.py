@@ -34,8 +34,6 @@ parts such as GPyTorch kernels.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from pyro import poutine
 from pyro.util import warn_if_nan
@@ -118,27 +116,14 @@ class CollapsedELBO(CompilesLoss, DifferentiableLossELBO):
         self.site = site
         self.balance_weight = float(balance_weight)
         self.entropy_weight = float(entropy_weight)
-        self._data_checked = None  # ((ids and versions of x, y), weak references)
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
         raise NotImplementedError("CollapsedELBO evaluates the bound without model traces")
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_data_checked"] = None
-        return state
-
     def _check_data(self, model, x: torch.Tensor, y: torch.Tensor) -> None:
         """``model.check(x, y)`` (shapes, finite values: what ``collapsed_bound`` checks),
-        once per pair of tensors and versions: a fit passes the same tensors at every
-        step, and the finiteness check reads a value back from the device."""
-        key = (id(x), x._version, id(y), y._version)
-        if self._data_checked is not None and self._data_checked[0] == key:
-            ref_x, ref_y = self._data_checked[1]
-            if ref_x() is x and ref_y() is y:
-                return
-        model.check(x, y)
-        self._data_checked = (key, (weakref.ref(x), weakref.ref(y)))
+        once per pair of tensors and versions (:meth:`_once`)."""
+        self._once("data", (x, y), lambda: model.check(x, y))
 
     def _program_bound(self, model, guide, args, kwargs) -> torch.Tensor | None:
         """The bound through the tensor program (compiled where asked), or ``None`` where

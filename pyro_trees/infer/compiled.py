@@ -164,24 +164,33 @@ class CompilesLoss:
         super().__init__(*args, **kwargs)
         self.compile, self.mode = compile, mode
         self._compiled = CompiledLoss(type(self)._program, compile, mode) if compile else None
-        self._checked = None  # (weak reference to x, its version, whether it is complete)
+        self._checked = {}  # name -> (weak references, versions, the check's result)
+
+    def _once(self, name: str, tensors: tuple, check: Callable):
+        """``check()``'s result, computed once per ``tensors`` (the same objects at the
+        same versions) under ``name``: a fit passes the same tensors at every step, and a
+        check of their values reads back from the device."""
+        checked = self._checked if isinstance(self._checked, dict) else {}
+        self._checked = checked
+        versions = tuple(t._version for t in tensors)
+        hit = checked.get(name)
+        if hit is not None and hit[1] == versions:
+            if all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
+                return hit[2]
+        value = check()
+        checked[name] = (tuple(weakref.ref(t) for t in tensors), versions, value)
+        return value
 
     def _complete(self, x: torch.Tensor) -> bool:
         """Whether ``x`` has no missing value (checked once per tensor and version)."""
-        if self._checked is not None:
-            ref, version, complete = self._checked
-            if ref() is x and x._version == version:
-                return complete
-        complete = not bool(torch.isnan(x).any())
-        self._checked = (weakref.ref(x), x._version, complete)
-        return complete
+        return self._once("complete", (x,), lambda: not bool(torch.isnan(x).any()))
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
         raise NotImplementedError
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_checked"] = None
+        state["_checked"] = {}
         return state
 
 

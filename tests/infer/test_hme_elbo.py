@@ -95,7 +95,7 @@ def test_missing_inputs_and_soft_feedback_run_eagerly():
         loss = HMEELBO(compile=BACKEND)
         value = loss.differentiable_loss(model, guide, x, y)
         assert torch.isfinite(value)
-        assert loss._checked[2] is False  # seen as incomplete: the eager path
+        assert loss._checked["complete"][2] is False  # seen as incomplete: the eager path
         torch.testing.assert_close(value, HMEELBO().differentiable_loss(model, guide, x, y))
 
 
