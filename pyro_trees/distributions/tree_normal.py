@@ -381,7 +381,10 @@ class TreeNormal(TorchDistribution):
         e = self.whiten(value)
         sq = e.pow(2).sum((-2, -1)) if self._tracks_grad(value) else e.mul_(e).sum((-2, -1))
         n, d = self.event_shape
-        log_det = self.scale.log().sum((-2, -1)) + self._edge_sd.log().sum((-2, -1))
+        # rho may broadcast along the D dimensions ((N, 1)): each dimension counts
+        log_sd = self._edge_sd.log()
+        log_sd = log_sd.expand(log_sd.shape[:-2] + self.event_shape)
+        log_det = self.scale.log().sum((-2, -1)) + log_sd.sum((-2, -1))
         return -0.5 * sq - 0.5 * n * d * math.log(2 * math.pi) - log_det
 
     def entropy(self):

@@ -103,6 +103,20 @@ def test_log_prob_and_entropy_match_dense_mvn(batch):
     assert torch.allclose(q.entropy(), mvn.entropy())
 
 
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_rho_shared_across_dimensions_counts_every_dimension(batch):
+    # rho of width 1 broadcasts over the D dimensions: the log-determinant has N * D terms
+    loc, scale, parents, rho = make(6, 3, batch=batch, roots=2)
+    shared = rho[..., :1]
+    q = TreeNormal(loc, scale, parents, shared)
+    full = TreeNormal(loc, scale, parents, shared.expand(rho.shape))
+    x = full.sample((4,))
+    torch.testing.assert_close(q.log_prob(x), full.log_prob(x))
+    mvn = MultivariateNormal(loc.reshape(batch + (18,)), full.covariance_matrix)
+    torch.testing.assert_close(q.log_prob(x), mvn.log_prob(x.reshape((4,) + batch + (18,))))
+    torch.testing.assert_close(q.entropy(), full.entropy())
+
+
 def test_levels_and_jump_agree_on_random_trees():
     for seed in range(5):
         loc, scale, parents, rho = make(40, 3, batch=(2,), roots=1 + seed % 3, seed=seed)
