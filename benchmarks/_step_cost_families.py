@@ -298,6 +298,18 @@ def treevi(rows: int, quick: bool) -> Setup:
     )
 
 
+def treevi_program(rows: int, quick: bool) -> Setup:
+    """TreeVI as ``treevi``, trained with :class:`~pyro_trees.infer.TreeVIELBO` instead of
+    ``Trace_ELBO``: the same ELBO on the same draws as one tensor program (the
+    ``compiled`` mode compiles it)."""
+    from pyro_trees.infer import TreeVIELBO
+
+    setup = treevi(rows, quick)
+    setup.fit_kwargs = {**setup.fit_kwargs, "loss": TreeVIELBO()}
+    setup.note += "; TreeVIELBO"
+    return setup
+
+
 FAMILIES = {
     "hme": hme,
     "bayesian_hme": bayesian_hme,
@@ -307,6 +319,7 @@ FAMILIES = {
     "heteroscedastic_gp": heteroscedastic_gp,
     "deep_gp": deep_gp,
     "treevi": treevi,
+    "treevi_program": treevi_program,
 }
 
 

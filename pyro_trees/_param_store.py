@@ -25,6 +25,7 @@ __all__ = [
     "follow_data",
     "predicting",
     "prepare",
+    "read_params",
     "recorded_subsample",
     "shared_plate",
     "store_name",
@@ -163,6 +164,27 @@ def prepare(module: PyroModule, x) -> None:
         store._param_to_name.pop(stored, None)
         store._params[name] = param
         store._param_to_name[param] = name
+
+
+def read_params(module: PyroModule) -> None:
+    """Read every parameter of ``module`` through Pyro's store, as its ``forward`` does:
+    under a trace (``SVI``'s step) each becomes a ``param`` site, so that ``SVI`` and
+    :func:`~pyro_trees.infer.fit` train it. For a loss that then scores the module's
+    tensors as plain code, outside ``forward`` (a compiled program reads no store)."""
+    with module._pyro_context:
+        _read(module)
+
+
+def _read(module: PyroModule) -> None:
+    for key in module._parameters:
+        attr = key
+        if key.endswith("_unconstrained") and key[: -len("_unconstrained")] in module._pyro_params:
+            attr = key[: -len("_unconstrained")]
+        getattr(module, attr)  # a pyro.param statement
+    for attr in list(module._modules):
+        child = getattr(module, attr)  # a plain nn.Module: a pyro.module statement
+        if isinstance(child, PyroModule):
+            _read(child)
 
 
 def predicting() -> bool:

@@ -52,6 +52,7 @@ full-data surrogate, still without :math:`\\Omega`.
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 
 import pyro
@@ -61,7 +62,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from pyro_trees._forest import TreePlan, parents_and_depths, validate_parents
-from pyro_trees._param_store import prepare, shared_plate
+from pyro_trees._param_store import prepare, read_params, shared_plate
 from pyro_trees.distributions.soft_tree_normal import SoftTreeNormal
 from pyro_trees.distributions.tree_normal import TreeNormal
 from pyro_trees.guides.base import TreeGuide
@@ -75,6 +76,7 @@ __all__ = ["TreeVIGuide", "induced_forest", "tree_batches"]
 # outside the modules so that pickled guides stay small.
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MAX_PLANS = 4096
+_LOG_2PI = math.log(2 * math.pi)
 
 
 def _batch_plan(owner, parents: torch.Tensor, m: int, idx) -> TreePlan:
@@ -129,6 +131,34 @@ def tree_batches(parents, batch_size: int, *, generator: torch.Generator | None 
             stack.extend(reversed(children[v]))
     order = torch.tensor(order)
     return list(order.split(batch_size))
+
+
+def _edge_inputs(parents: torch.Tensor, pair_net, edges=None, idx=None) -> dict:
+    """What the pair network needs of a batch's forest ``parents`` ``(B,)`` besides the
+    inputs: each node's parent (itself at a root), the roots, the edges' features of the
+    batch and, for offsets by node, the node ids of each edge."""
+    device = parents.device
+    safe = torch.where(parents < 0, torch.arange(parents.numel(), device=device), parents)
+    out = {"safe": safe, "root": (parents < 0).unsqueeze(-1), "edges": None, "nodes": None}
+    if edges is not None:
+        if idx is not None:
+            edges = edges.index_select(0, torch.as_tensor(idx, device=edges.device).long())
+        out["edges"] = edges.to(device)
+    if getattr(pair_net, "offsets", None) == "pair":  # offsets looked up by node ids
+        child = torch.arange(parents.numel(), device=device) if idx is None else idx
+        out["nodes"] = (child, child[safe])
+    return out
+
+
+def _edge_correlations(pair_net, feats: torch.Tensor, edge: dict) -> torch.Tensor:
+    """``rho`` ``(..., B, D)`` of every node's parent edge (0 at roots) from the pair
+    network on ``feats`` ``(..., B, F')`` and :func:`_edge_inputs`: plain tensor code."""
+    args = (feats, feats.index_select(-2, edge["safe"]))
+    if edge["edges"] is not None:
+        args += (edge["edges"].to(feats.device),)
+    kwargs = {} if edge["nodes"] is None else {"nodes": edge["nodes"]}
+    rho = pair_net(*args, **kwargs)
+    return torch.where(edge["root"], torch.zeros_like(rho), rho)
 
 
 class TreeVIGuide(TreeGuide, PyroModule):
@@ -256,13 +286,14 @@ class TreeVIGuide(TreeGuide, PyroModule):
             return xb
         return torch.cat([loc, scale.log()], -1).detach()
 
-    def _inputs(self, x, idx, tree: bool = True):
+    def _inputs(self, x, idx, tree: bool = True, finite: bool = True):
         """The checked rows of a step: ``(x_B, idx)`` with ``x_B`` of shape ``(..., |B|, F)``
         and ``idx`` a long tensor (or ``None``). Raises :class:`ValueError` if ``x`` does
         not have the tree's ``N`` rows on dim -2 (unless ``tree=False``: the encoder alone
         takes any number of instances), if ``idx`` is out of range, or if a row of the
-        batch is not finite. Only the batch's rows are scanned (``O(|B| F)``). The guide
-        follows ``x``'s dtype and device."""
+        batch is not finite (unless ``finite=False``: the caller has checked every row).
+        Only the batch's rows are scanned (``O(|B| F)``). The guide follows ``x``'s dtype
+        and device."""
         x = as_tensor(x, "x")
         prepare(self, x)
         if x.dim() < 2:
@@ -275,7 +306,7 @@ class TreeVIGuide(TreeGuide, PyroModule):
         if idx is not None:
             idx = check_index(idx, x.shape[-2], device=x.device)
             x = x.index_select(-2, idx)
-        return check_finite(x, "x"), idx
+        return (check_finite(x, "x") if finite else x), idx
 
     def _select(self, x, idx):
         """The batch's inputs and its tree as a cached plan (``None`` for mean-field)."""
@@ -284,18 +315,7 @@ class TreeVIGuide(TreeGuide, PyroModule):
         return x, plan, idx
 
     def _rho(self, xb, parents, pair_net, edges=None, idx=None):
-        safe = torch.where(parents < 0, torch.arange(parents.numel(), device=xb.device), parents)
-        args = (xb, xb.index_select(-2, safe))
-        if edges is not None:
-            if idx is not None:
-                edges = edges.index_select(0, torch.as_tensor(idx, device=edges.device).long())
-            args += (edges.to(xb.device),)
-        kwargs = {}
-        if getattr(pair_net, "offsets", None) == "pair":  # offsets looked up by node ids
-            child = torch.arange(parents.numel(), device=xb.device) if idx is None else idx
-            kwargs["nodes"] = (child, child[safe])
-        rho = pair_net(*args, **kwargs)
-        return torch.where((parents < 0).unsqueeze(-1), torch.zeros_like(rho), rho)
+        return _edge_correlations(pair_net, xb, _edge_inputs(parents, pair_net, edges, idx))
 
     def distribution(self, x, idx=None):
         """The posterior ``q(z | x)`` over the batch ``idx`` (all instances if ``None``).
@@ -319,6 +339,84 @@ class TreeVIGuide(TreeGuide, PyroModule):
             self._default_pair_net(feats, loc.shape[-1])
         rho = self._rho(feats, plan.parents, self.pair_net, self.edge_features, idx)
         return TreeNormal(loc, scale, plan, rho)
+
+    # -- the draw as plain tensor code, for a loss that compiles it (TreeVIELBO) ----------
+    def step_inputs(self, x, idx=None, *, check: bool = True) -> dict:
+        """What a draw of the batch ``idx`` needs besides the guide's networks, computed
+        eagerly: the batch's rows and, for a tree, its forest (cached per batch, see
+        :meth:`distribution`), the order in which :class:`TreeNormal`'s ``rsample``
+        reads its noise, and the pair network's edge inputs. With :meth:`program_parts`
+        and :meth:`draw_of` it makes the draw of :meth:`forward` (no group ``plate``).
+
+        :param torch.Tensor x: ``(N, F)``.
+        :param idx: ``(B,)`` indices of the batch, or ``None`` (all ``N``).
+        :param bool check: scan the batch's rows for NaN and infinite values (``False``
+            where the caller has checked every row of ``x``).
+        :returns: ``{"x": (B, F), "forest": None (mean-field) or {"jumps": tuple of
+            (B,) pointer arrays, "noise_order": (B,), "safe", "root", "edges",
+            "nodes"}}``.
+        :raises ValueError: as :meth:`distribution`.
+        """
+        xb, idx = self._inputs(x, idx, finite=check)
+        if self.parents is None:
+            return {"x": xb, "forest": None}
+        plan = _batch_plan(self, self.parents, 0, idx)
+        if self.pair_net is None:
+            with torch.no_grad():
+                loc, scale = self.encoder(xb)
+                self._default_pair_net(self._pair_features(xb, loc, scale), loc.shape[-1])
+        forest = _edge_inputs(plan.parents, self.pair_net, self.edge_features, idx)
+        # TreeNormal.rsample reads i.i.d. noise in the order of its recursion's plan
+        sorted_by = plan.levels if plan.height <= TreeNormal.max_levels_height else plan.paths
+        forest["noise_order"] = sorted_by[1]
+        forest["jumps"] = tuple(plan.jumps)
+        return {"x": xb, "forest": forest}
+
+    def program_parts(self) -> dict:
+        """The guide's networks, read through Pyro's store (so that plain ``SVI`` trains
+        them; :func:`~pyro_trees._param_store.read_params`), for :meth:`draw_of`."""
+        read_params(self)
+        return {"encoder": self.encoder, "pair_net": self.pair_net, "pair_inputs": self.pair_inputs}
+
+    @staticmethod
+    def draw_of(parts: dict, inputs: dict, eps: torch.Tensor):
+        """The reparameterised draw of :meth:`forward` from standard normal noise, as
+        plain tensor code, and its log-density: ``(z, log q(z))``.
+
+        ``z = loc + scale * u`` with ``u`` the tree's ancestral recursion of ``eps`` (by
+        pointer jumping, whose program does not depend on the forest's shape), and
+        ``log q(z) = log N(eps; 0, I) - sum log scale - sum log sqrt(1 - rho^2)`` (the
+        change of variables): :class:`TreeNormal`'s value and gradients at the same
+        noise, to rounding.
+
+        :param dict parts: :meth:`program_parts`.
+        :param dict inputs: :meth:`step_inputs`.
+        :param torch.Tensor eps: ``(B, D)`` standard normal noise in the order
+            ``rsample`` reads it (the forest's plan order; the rows' order for the
+            mean-field guide).
+        :returns: ``z`` ``(B, D)`` and ``log q(z)``, a scalar.
+        """
+        xb = inputs["x"]
+        loc, scale = parts["encoder"](xb)
+        log_noise = -0.5 * eps.pow(2).sum() - 0.5 * eps.numel() * _LOG_2PI
+        forest = inputs["forest"]
+        if forest is None:
+            return loc + scale * eps, log_noise - scale.log().expand_as(loc).sum()
+        eps = eps.index_select(-2, forest["noise_order"])
+        if parts["pair_inputs"] == "data":
+            feats = xb
+        else:
+            feats = torch.cat([loc, scale.log()], -1).detach()
+        rho = _edge_correlations(parts["pair_net"], feats, forest)
+        sd = (1 - rho.pow(2)).sqrt()
+        u, a = sd * eps, rho
+        jumps = forest["jumps"]
+        for k, ptr in enumerate(jumps):  # u_j = rho_j u_pa(j) + sd_j eps_j, solved
+            u = u + a * u.index_select(-2, ptr)
+            if k + 1 < len(jumps):
+                a = a * a.index_select(-2, ptr)
+        log_q = log_noise - scale.log().expand_as(loc).sum() - sd.log().expand_as(loc).sum()
+        return loc + scale * u, log_q
 
     def _default_pair_net(self, feats, latent_dim):
         if self.edge_features is not None:

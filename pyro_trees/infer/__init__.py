@@ -91,6 +91,7 @@ from pyro_trees.infer.tree_structure import (
 from pyro_trees.infer.tree_vi_elbo import (
     MixtureTreeELBO,
     PairwiseELBO,
+    TreeVIELBO,
 )
 from pyro_trees.infer.tree_vi_structure import (
     learn_guide_tree,
@@ -116,6 +117,7 @@ __all__ = [
     "MixtureTreeELBO",
     "ModelSelection",
     "PairwiseELBO",
+    "TreeVIELBO",
     "RankSubsample",
     "RestartsResult",
     "SVIRestarts",

@@ -10,9 +10,10 @@ from pyro_trees.validation import as_tensor, check_finite, check_index
 __all__ = ["csr_rows", "find", "instance_rows", "sorted_batch"]
 
 
-def instance_rows(x, idx, num_nodes: int, in_features: int):
+def instance_rows(x, idx, num_nodes: int, in_features: int, finite: bool = True):
     """Checked ``(x_B, idx)`` of an instance-level model: ``x`` of shape ``(N, F)``,
-    ``idx`` in ``[0, N)``, the batch's rows finite (only they are scanned, ``O(|B| F)``)."""
+    ``idx`` in ``[0, N)``, the batch's rows finite (only they are scanned, ``O(|B| F)``;
+    not with ``finite=False``, where the caller has checked every row)."""
     x = as_tensor(x, "x")
     if x.dim() != 2 or x.shape[0] != num_nodes or x.shape[1] != in_features:
         raise ValueError(
@@ -22,7 +23,7 @@ def instance_rows(x, idx, num_nodes: int, in_features: int):
     if idx is not None:
         idx = check_index(idx, num_nodes, device=x.device)
         x = x.index_select(0, idx)
-    return check_finite(x, "x"), idx
+    return (check_finite(x, "x") if finite else x), idx
 
 
 def csr_rows(ptr: torch.Tensor, idx: torch.Tensor):

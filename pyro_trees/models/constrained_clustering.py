@@ -8,19 +8,28 @@ and :class:`~pyro_trees.infer.PairwiseELBO` for its Rao-Blackwellised estimator.
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
+import torch.nn.functional as F
 from pyro.nn import PyroModule
 from torch import nn
 
-from pyro_trees._param_store import predicting, prepare
+from pyro_trees._param_store import predicting, prepare, read_params
 from pyro_trees.models._instances import csr_rows, find, instance_rows, sorted_batch
 from pyro_trees.validation import as_tensor
 
 __all__ = ["ConstrainedClusteringVAE"]
 
 _ACTIVATIONS = {"softplus": nn.Softplus, "relu": nn.ReLU}
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def _check_unit_interval(x: torch.Tensor) -> None:
+    if bool(((x < 0) | (x > 1)).any()):
+        raise ValueError("x must lie in [0, 1] (bits or grey levels)")
 
 
 class ConstrainedClusteringVAE(PyroModule):
@@ -204,6 +213,71 @@ class ConstrainedClusteringVAE(PyroModule):
                 f"{self.max_constrained} but {name} has {n} instances (rows on dim -2)"
             )
 
+    def _rows(self, x, idx, check: bool = True):
+        """The batch's checked rows ``(x_B, idx)`` (see :meth:`forward`'s errors)."""
+        x = as_tensor(x, "x")
+        n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
+        xb, idx = instance_rows(x, idx, n_all, self.in_features, finite=check)
+        if check:
+            _check_unit_interval(xb)
+        self._check_constraints(n_all, "x")
+        return xb, idx
+
+    def check(self, x) -> None:
+        """Raise :class:`ValueError` if a row of ``x`` ``(N, F)`` is not finite or leaves
+        ``[0, 1]``, or ``x`` has the wrong shape: :meth:`forward`'s checks of a batch, on
+        every row at once (one read back from the device)."""
+        self._rows(x, None)
+
+    # -- the log-joint as plain tensor code, for a loss that compiles it (TreeVIELBO) ----
+    def program_parts(self, x) -> dict:
+        """The model's tensors and decoder for data ``x``, read through Pyro's store (so
+        that plain ``SVI`` trains them), for :meth:`log_joint_of`. The model follows
+        ``x``'s dtype and device first, as :meth:`forward` does."""
+        prepare(self, as_tensor(x, "x"))
+        read_params(self)
+        return {
+            "decoder": self.decoder,
+            "cluster_loc": self.cluster_loc,
+            "cluster_log_scale": self.cluster_log_scale,
+            "cluster_logits": self.cluster_logits,
+        }
+
+    def step_inputs(self, x, idx=None, *, check: bool = True) -> dict:
+        """What :meth:`log_joint_of` needs of the batch ``idx``, computed eagerly: its
+        rows and the constraints inside it.
+
+        :param torch.Tensor x: ``(N, F)``.
+        :param idx: ``(B,)`` indices of the batch, or ``None`` (all ``N``).
+        :param bool check: scan the batch's rows (``False`` where the caller has run
+            :meth:`check` on ``x``).
+        :returns: ``{"x": (B, F), "pairs": (C_B, 2) positions in the batch, "weights":
+            (C_B,)}``.
+        :raises ValueError: as :meth:`forward`.
+        """
+        xb, idx = self._rows(x, idx, check)
+        pairs, weights = self._batch_constraints(idx)
+        return {"x": xb, "pairs": pairs, "weights": weights.to(xb.dtype)}
+
+    @staticmethod
+    def log_joint_of(parts: dict, inputs: dict, z: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s log-joint at the batch's ``z`` ``(B, D)`` as plain tensor code
+        (the mixture prior, the constraints' factor and the likelihood, summed): the
+        value of its trace's densities, from :meth:`program_parts` and
+        :meth:`step_inputs`. Returns a scalar."""
+        scale = parts["cluster_log_scale"].exp()
+        lp = -0.5 * ((z.unsqueeze(-2) - parts["cluster_loc"]) / scale).pow(2)
+        lp = (lp - parts["cluster_log_scale"] - 0.5 * _LOG_2PI).sum(-1)  # (B, K)
+        lp = lp + parts["cluster_logits"].log_softmax(-1)
+        total = lp.logsumexp(-1).sum()
+        pairs = inputs["pairs"]
+        if pairs.numel():
+            r = lp.softmax(-1)
+            same = (r.index_select(-2, pairs[:, 0]) * r.index_select(-2, pairs[:, 1])).sum(-1)
+            total = total + (inputs["weights"] * same).sum()
+        logits = parts["decoder"](z)
+        return total - F.binary_cross_entropy_with_logits(logits, inputs["x"], reduction="sum")
+
     def forward(self, x, *args, idx=None, **kwargs):
         """Score the instances of a step; under ``Predictive``, draw them.
 
@@ -223,12 +297,7 @@ class ConstrainedClusteringVAE(PyroModule):
             constraint names an instance beyond the ``N`` rows, or a row of the batch is
             not finite or leaves ``[0, 1]`` (only the batch's rows are scanned).
         """
-        x = as_tensor(x, "x")
-        n_all = self.num_nodes if self.num_nodes is not None else x.shape[-2]
-        xb, idx = instance_rows(x, idx, n_all, self.in_features)
-        if bool(((xb < 0) | (xb > 1)).any()):
-            raise ValueError("x must lie in [0, 1] (bits or grey levels)")
-        self._check_constraints(n_all, "x")
+        xb, idx = self._rows(x, idx)
         prepare(self, xb)
         n = xb.shape[-2]
         mix = dist.MixtureSameFamily(

@@ -9,21 +9,25 @@ objective a minibatch step estimates with :class:`~pyro_trees.guides.TreeVIGuide
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
+import torch.nn.functional as F
 from pyro.nn import PyroModule
 from torch import nn
 
-from pyro_trees._param_store import predicting, prepare
+from pyro_trees._param_store import predicting, prepare, read_params
 from pyro_trees.distributions.kronecker_normal import KroneckerNormal
 from pyro_trees.models._instances import csr_rows, find, instance_rows, sorted_batch
-from pyro_trees.validation import check_index
+from pyro_trees.validation import as_tensor, check_index
 
 __all__ = ["DENSE_CHECK_MAX_NODES", "GraphPriorVAE"]
 
 #: Graphs up to this size get the exact (dense Cholesky) positive-definiteness check.
 DENSE_CHECK_MAX_NODES = 4096
+_LOG_2PI = math.log(2 * math.pi)
 
 
 def _check_sparse_pd(rows, cols, vals, n: int, strength: float, iters: int = 100):
@@ -204,6 +208,54 @@ class GraphPriorVAE(PyroModule):
     def num_nodes(self) -> int:
         """Number of nodes of the graph (rows of ``x``)."""
         return self.adj_ptr.numel() - 1
+
+    def check(self, x) -> None:
+        """Raise :class:`ValueError` if ``x`` is not ``(N, F)`` or a row is not finite:
+        :meth:`forward`'s checks of a batch, on every row at once (one read back from
+        the device)."""
+        instance_rows(x, None, self.num_nodes, self.in_features)
+
+    # -- the log-joint as plain tensor code, for a loss that compiles it (TreeVIELBO) ----
+    def program_parts(self, x) -> dict:
+        """The model's tensors and decoder for data ``x``, read through Pyro's store (so
+        that plain ``SVI`` trains them), for :meth:`log_joint_of`. The model follows
+        ``x``'s dtype and device first, as :meth:`forward` does."""
+        prepare(self, as_tensor(x, "x"))
+        read_params(self)
+        parts = {"decoder": self.decoder, "likelihood": self.likelihood}
+        parts["log_noise"] = self.log_noise if self.likelihood == "normal" else None
+        return parts
+
+    def step_inputs(self, x, idx=None, *, check: bool = True) -> dict:
+        """What :meth:`log_joint_of` needs of the batch ``idx``, computed eagerly: its
+        rows and the Cholesky factor of its prior's row covariance (:meth:`prior`).
+
+        :param torch.Tensor x: ``(N, F)``.
+        :param idx: ``(B,)`` indices of the batch, or ``None`` (all ``N``).
+        :param bool check: scan the batch's rows (``False`` where the caller has run
+            :meth:`check` on ``x``).
+        :returns: ``{"x": (B, F), "tril": (B, B)}``.
+        :raises ValueError: as :meth:`forward`.
+        """
+        xb, idx = instance_rows(x, idx, self.num_nodes, self.in_features, finite=check)
+        return {"x": xb, "tril": self.prior(idx).scale_tril.to(xb)}
+
+    @staticmethod
+    def log_joint_of(parts: dict, inputs: dict, z: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s log-joint at the batch's ``z`` ``(B, D)`` as plain tensor code
+        (the graph prior and the likelihood, summed): the value of its trace's densities,
+        from :meth:`program_parts` and :meth:`step_inputs`. Returns a scalar."""
+        tril = inputs["tril"]
+        w = torch.linalg.solve_triangular(tril, z, upper=False)
+        n, d = z.shape[-2], z.shape[-1]
+        log_diag = tril.diagonal(dim1=-2, dim2=-1).log().sum()
+        total = -0.5 * w.pow(2).sum() - d * log_diag - 0.5 * n * d * _LOG_2PI
+        out, xb = parts["decoder"](z), inputs["x"]
+        if parts["likelihood"] == "bernoulli":
+            return total - F.binary_cross_entropy_with_logits(out, xb, reduction="sum")
+        log_noise = parts["log_noise"]
+        lp = -0.5 * ((xb - out) / log_noise.exp()).pow(2) - log_noise - 0.5 * _LOG_2PI
+        return total + lp.sum()
 
     def forward(self, x, *args, idx=None, **kwargs):
         """Score the instances of a step; under ``Predictive``, draw them.

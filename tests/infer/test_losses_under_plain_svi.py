@@ -8,10 +8,24 @@ import pytest
 import torch
 from pyro.infer import SVI
 
-from pyro_trees.guides import RNNTreeGuide, VaRTForestGuide, VaRTGuide
-from pyro_trees.infer import HMEELBO, VaRTELBO, VaRTForestELBO
+from pyro_trees.guides import (
+    GaussianEncoder,
+    PairNet,
+    RNNTreeGuide,
+    TreeVIGuide,
+    VaRTForestGuide,
+    VaRTGuide,
+)
+from pyro_trees.infer import HMEELBO, TreeVIELBO, VaRTELBO, VaRTForestELBO
 from pyro_trees.infer.fit import isolated_params
-from pyro_trees.models import HME, VaRT, VaRTClassification, VaRTForest
+from pyro_trees.models import (
+    HME,
+    ConstrainedClusteringVAE,
+    GraphPriorVAE,
+    VaRT,
+    VaRTClassification,
+    VaRTForest,
+)
 
 BACKEND = "aot_eager"  # traces and differentiates like inductor, without generating code
 
@@ -43,6 +57,29 @@ def _hme():
     return HME(3, 2, experts="linear").double(), RNNTreeGuide(3, 2).double(), HMEELBO, _data()
 
 
+def _treevi_guide(tree: bool):
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3] if tree else None
+    net = PairNet(3, 2, hidden_sizes=(4,)) if tree else None
+    return TreeVIGuide(GaussianEncoder(3, 2, hidden_sizes=(4,)), parents, pair_net=net)
+
+
+def _treevi_data():
+    return (torch.rand(8, 3, generator=torch.Generator().manual_seed(2)).round(),)
+
+
+def _graph_prior():
+    edges = torch.tensor([[0, 1], [1, 2], [2, 3], [4, 5], [6, 7]])
+    model = GraphPriorVAE(edges, 3, num_nodes=8, latent_dim=2, hidden_sizes=(4,))
+    return model, _treevi_guide(True), TreeVIELBO, _treevi_data()
+
+
+def _clustering():
+    model = ConstrainedClusteringVAE(
+        3, 2, latent_dim=2, hidden_sizes=(4,), constraints=[[0, 1], [2, 3]], weights=[1.0, -1.0]
+    )
+    return model, _treevi_guide(False), TreeVIELBO, _treevi_data()
+
+
 def _trained(model, guide):
     """Every trainable tensor of the model and guide, by name."""
     out = {}
@@ -54,7 +91,10 @@ def _trained(model, guide):
 
 
 # the HME and its RNN-Tree guide register parameters in Pyro's global store (under
-# TreeELBO too), so module-local parameters are not offered for that pair
+# TreeELBO too), so module-local parameters are not offered for that pair; the TreeVI
+# models and guide hold plain nn.Parameters, which Pyro's SVI cannot train with
+# module-local parameters under any loss (Trace_ELBO raises the same AttributeError)
+_GLOBAL_ONLY = ("hme", "treevi graph prior", "treevi clustering, mean-field")
 _CASES = [
     pytest.param(build, local, id=f"{name}-{'module-local' if local else 'global store'}")
     for name, build in (
@@ -62,9 +102,11 @@ _CASES = [
         ("classes", _vart_classification),
         ("forest", _forest),
         ("hme", _hme),
+        ("treevi graph prior", _graph_prior),
+        ("treevi clustering, mean-field", _clustering),
     )
     for local in (False, True)
-    if not (local and build is _hme)
+    if not (local and name in _GLOBAL_ONLY)
 ]
 
 
@@ -72,13 +114,13 @@ _CASES = [
 @pytest.mark.parametrize(("build", "local"), _CASES)
 def test_svi_trains_every_parameter(build, local, compile):
     with isolated_params(), pyro.settings.context(module_local_params=local):
-        model, guide, loss_cls, (x, y) = build()
+        model, guide, loss_cls, data = build()
         svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), loss_cls(compile=compile))
-        svi.step(x, y)  # the lazy starts
+        svi.step(*data)  # the lazy starts
         before = {k: v.detach().clone() for k, v in _trained(model, guide).items()}
         assert before, "nothing to train"
         for _ in range(3):
-            svi.step(x, y)
+            svi.step(*data)
         after = _trained(model, guide)
         still = sorted(k for k, v in before.items() if torch.equal(v, after[k].detach()))
         assert not still, f"{loss_cls.__name__} under plain SVI left {still} unchanged"
