@@ -352,9 +352,10 @@ class TreeVIGuide(TreeGuide, PyroModule):
         :param idx: ``(B,)`` indices of the batch, or ``None`` (all ``N``).
         :param bool check: scan the batch's rows for NaN and infinite values (``False``
             where the caller has checked every row of ``x``).
-        :returns: ``{"x": (B, F), "forest": None (mean-field) or {"jumps": tuple of
-            (B,) pointer arrays, "noise_order": (B,), "safe", "root", "edges",
-            "nodes"}}``.
+        :returns: ``{"x": (B, F), "forest": None (mean-field) or {"jumps": the pointer
+            arrays ``(B,)`` of pointer jumping (``ceil(log2 B)`` of them for a
+            minibatch, whatever its forest's height), "noise_order":
+            (B,), "safe", "root", "edges", "nodes"}}``.
         :raises ValueError: as :meth:`distribution`.
         """
         xb, idx = self._inputs(x, idx, finite=check)
@@ -369,7 +370,13 @@ class TreeVIGuide(TreeGuide, PyroModule):
         # TreeNormal.rsample reads i.i.d. noise in the order of its recursion's plan
         sorted_by = plan.levels if plan.height <= TreeNormal.max_levels_height else plan.paths
         forest["noise_order"] = sorted_by[1]
-        forest["jumps"] = tuple(plan.jumps)
+        # a minibatch: ceil(log2 B) jumps whatever its forest's height (enough for any
+        # forest of B nodes; the extra ones add exact zeros), so that every batch of B
+        # rows shares one compiled program
+        jumps = list(plan.jumps)
+        while idx is not None and len(jumps) < math.ceil(math.log2(max(plan.n, 1))):
+            jumps.append(jumps[-1].index_select(0, jumps[-1]) if jumps else plan.safe_parents)
+        forest["jumps"] = tuple(jumps)
         return {"x": xb, "forest": forest}
 
     def program_parts(self) -> dict:
@@ -398,6 +405,12 @@ class TreeVIGuide(TreeGuide, PyroModule):
         """
         xb = inputs["x"]
         loc, scale = parts["encoder"](xb)
+        if loc.shape != eps.shape:
+            raise ValueError(
+                f"the guide's encoder gives codes of shape {tuple(loc.shape)} but the model's "
+                f"latent site has shape {tuple(eps.shape)}: the encoder's latent_dim must be "
+                "the model's"
+            )
         log_noise = -0.5 * eps.pow(2).sum() - 0.5 * eps.numel() * _LOG_2PI
         forest = inputs["forest"]
         if forest is None:

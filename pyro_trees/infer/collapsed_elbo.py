@@ -123,7 +123,7 @@ class CollapsedELBO(CompilesLoss, DifferentiableLossELBO):
     def _check_data(self, model, x: torch.Tensor, y: torch.Tensor) -> None:
         """``model.check(x, y)`` (shapes, finite values: what ``collapsed_bound`` checks),
         once per pair of tensors and versions (:meth:`_once`)."""
-        self._once("data", (x, y), lambda: model.check(x, y))
+        self._once("data", (x, y), lambda: model.check(x, y), owner=model)
 
     def _program_bound(self, model, guide, args, kwargs) -> torch.Tensor | None:
         """The bound through the tensor program (compiled where asked), or ``None`` where

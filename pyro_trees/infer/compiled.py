@@ -166,19 +166,23 @@ class CompilesLoss:
         self._compiled = CompiledLoss(type(self)._program, compile, mode) if compile else None
         self._checked = {}  # name -> (weak references, versions, the check's result)
 
-    def _once(self, name: str, tensors: tuple, check: Callable):
+    def _once(self, name: str, tensors: tuple, check: Callable, owner=None):
         """``check()``'s result, computed once per ``tensors`` (the same objects at the
-        same versions) under ``name``: a fit passes the same tensors at every step, and a
-        check of their values reads back from the device."""
+        same versions) and ``owner`` (the model whose rules the check applies, if any)
+        under ``name``: a fit passes the same tensors at every step, and a check of their
+        values reads back from the device."""
         checked = self._checked if isinstance(self._checked, dict) else {}
         self._checked = checked
         versions = tuple(t._version for t in tensors)
+        refs = tensors if owner is None else (*tensors, owner)
         hit = checked.get(name)
         if hit is not None and hit[1] == versions:
-            if all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
+            if len(hit[0]) == len(refs) and all(
+                ref() is t for ref, t in zip(hit[0], refs, strict=True)
+            ):
                 return hit[2]
         value = check()
-        checked[name] = (tuple(weakref.ref(t) for t in tensors), versions, value)
+        checked[name] = (tuple(weakref.ref(t) for t in refs), versions, value)
         return value
 
     def _complete(self, x: torch.Tensor) -> bool:

@@ -61,10 +61,17 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
     ``model(x, idx=idx)``. Anything else trains with ``Trace_ELBO``, after one warning
     that says why (:class:`MixtureTreeELBO` is the loss of a mixture guide).
 
-    The data's rows are checked once per tensor (finite, and in ``[0, 1]`` for the
-    clustering model) instead of once per step; a tensor that fails the check is then
-    checked batch by batch, as the model does, so the same batches raise the same
-    errors.
+    The data's rows are checked once per tensor and model (finite; in ``[0, 1]`` for the
+    clustering model; 0 or 1 for the graph model's Bernoulli likelihood while Pyro's
+    validation is on) instead of once per step, so a full-batch step reads nothing back
+    from the device (a minibatch's index checks still do); a tensor that fails the check
+    is then checked batch by batch, as the model does, so the same batches raise. An
+    edit that torch's version counter does not see (through ``.data``, or the NumPy
+    array under ``torch.from_numpy``) is not checked again.
+
+    With ``compile=True`` a program is compiled per batch size (a full batch: one; a
+    last, smaller minibatch: a second, with a symbolic size) and per number of
+    constraints inside a batch being 0, 1 or more; compiling costs 10-50 s on a CPU.
 
     :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
     :param mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
@@ -97,14 +104,25 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
     @staticmethod
     def unsupported(model, guide, args, kwargs) -> str | None:
         """Why the program does not apply to this model, guide and call, or ``None``."""
-        if isinstance(guide, TreeVIMixtureGuide) or not isinstance(guide, TreeVIGuide):
+        if isinstance(guide, TreeVIMixtureGuide):
+            return "the guide is a TreeVIMixtureGuide (its loss is MixtureTreeELBO)"
+        if not isinstance(guide, TreeVIGuide):
             return f"the guide is a {type(guide).__name__}, not a TreeVIGuide"
+        if type(guide).forward is not TreeVIGuide.forward:
+            return f"the guide's class {type(guide).__name__} overrides forward"
         if guide.plate is not None:
             return "the guide has a group plate"
         needed = ("program_parts", "step_inputs", "check", "log_joint_of")
         missing = [name for name in needed if not callable(getattr(model, name, None))]
         if missing:
             return f"the model {type(model).__name__} has no {', '.join(missing)}"
+        # the log-joint is written for the forward of the class that defines it
+        owner = next(c for c in type(model).__mro__ if "log_joint_of" in vars(c))
+        if type(model).forward is not owner.forward:
+            return (
+                f"the model's class {type(model).__name__} overrides the forward of "
+                f"{owner.__name__}, whose log_joint_of it would not follow"
+            )
         if len(args) != 1 or set(kwargs) - {"idx"}:
             return "the model is called with arguments other than x and idx"
         if guide.site != "z":
@@ -124,14 +142,11 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
                 )
             return Trace_ELBO().differentiable_loss(model, guide, *args, **kwargs)
         x, idx = as_tensor(args[0], "x"), kwargs.get("idx")
-        checked = self._once("rows", (x,), lambda: _passes(model.check, x))
+        checked = self._once("rows", (x,), lambda: _passes(model.check, x), owner=model)
         guide_inputs = guide.step_inputs(x, idx, check=not checked)  # builds a default pair_net
         guide_parts = guide.program_parts()
         model_parts = model.program_parts(x)
-        if idx is None and checked:  # the whole data: the same inputs at every step
-            model_inputs = self._once("inputs", (x,), lambda: model.step_inputs(x, check=False))
-        else:
-            model_inputs = model.step_inputs(x, idx, check=not checked)
+        model_inputs = model.step_inputs(x, idx, check=not checked)
         xb = guide_inputs["x"]
         eps = torch.randn(xb.shape[:-1] + (model.latent_dim,), dtype=xb.dtype, device=xb.device)
         args = (guide_parts, model_parts, guide_inputs, model_inputs, eps, model.log_joint_of)

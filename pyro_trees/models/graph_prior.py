@@ -10,6 +10,7 @@ objective a minibatch step estimates with :class:`~pyro_trees.guides.TreeVIGuide
 from __future__ import annotations
 
 import math
+import weakref
 
 import pyro
 import pyro.distributions as dist
@@ -28,6 +29,8 @@ __all__ = ["DENSE_CHECK_MAX_NODES", "GraphPriorVAE"]
 #: Graphs up to this size get the exact (dense Cholesky) positive-definiteness check.
 DENSE_CHECK_MAX_NODES = 4096
 _LOG_2PI = math.log(2 * math.pi)
+# per model: the Cholesky factor of the whole graph's prior, with what it was made from
+_FULL_TRIL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _check_sparse_pd(rows, cols, vals, n: int, strength: float, iters: int = 100):
@@ -199,10 +202,27 @@ class GraphPriorVAE(PyroModule):
     def prior(self, idx=None) -> KroneckerNormal:
         """The exact marginal prior of the instances ``idx`` (``(B,)`` distinct indices,
         or ``None`` for all): event shape ``(B, D)``."""
+        return KroneckerNormal(self._prior_tril(idx), self.latent_dim)
+
+    def _prior_tril(self, idx=None) -> torch.Tensor:
+        """The Cholesky factor of ``(I + strength A)_BB``; the whole graph's is kept
+        (per strength, graph and dtype), since a full-batch fit asks for it every step."""
+        if idx is None:
+            key = (
+                self.strength,
+                self.adj_vals.dtype,
+                self.adj_vals.device,
+                *((t.data_ptr(), t._version) for t in (self.adj_ptr, self.adj_cols, self.adj_vals)),
+            )
+            hit = _FULL_TRIL.get(self)
+            if hit is not None and hit[0] == key:
+                return hit[1]
         a = self.adjacency_matrix(idx)
         eye = torch.eye(a.shape[0], dtype=torch.float64, device=a.device)
         tril = torch.linalg.cholesky(eye + self.strength * a.double()).to(a.dtype)
-        return KroneckerNormal(tril, self.latent_dim)
+        if idx is None:
+            _FULL_TRIL[self] = (key, tril)
+        return tril
 
     @property
     def num_nodes(self) -> int:
@@ -210,10 +230,22 @@ class GraphPriorVAE(PyroModule):
         return self.adj_ptr.numel() - 1
 
     def check(self, x) -> None:
-        """Raise :class:`ValueError` if ``x`` is not ``(N, F)`` or a row is not finite:
-        :meth:`forward`'s checks of a batch, on every row at once (one read back from
-        the device)."""
-        instance_rows(x, None, self.num_nodes, self.in_features)
+        """Raise :class:`ValueError` if ``x`` is not ``(N, F)`` or a row is not finite, or,
+        with the Bernoulli likelihood while Pyro's validation is on, holds a value other
+        than 0 and 1: :meth:`forward`'s checks of a batch (Pyro's for the likelihood), on
+        every row at once (one read back from the device)."""
+        self._rows(x, None)
+
+    def _rows(self, x, idx, check: bool = True):
+        xb, idx = instance_rows(x, idx, self.num_nodes, self.in_features, finite=check)
+        validating = torch.distributions.Distribution._validate_args  # as the likelihood
+        if check and self.likelihood == "bernoulli" and validating:
+            if bool(((xb != 0) & (xb != 1)).any()):
+                raise ValueError(
+                    "x must hold 0 or 1 for the Bernoulli likelihood (Pyro's validation "
+                    "rejects other values; use likelihood='normal' for real values)"
+                )
+        return xb, idx
 
     # -- the log-joint as plain tensor code, for a loss that compiles it (TreeVIELBO) ----
     def program_parts(self, x) -> dict:
@@ -237,8 +269,8 @@ class GraphPriorVAE(PyroModule):
         :returns: ``{"x": (B, F), "tril": (B, B)}``.
         :raises ValueError: as :meth:`forward`.
         """
-        xb, idx = instance_rows(x, idx, self.num_nodes, self.in_features, finite=check)
-        return {"x": xb, "tril": self.prior(idx).scale_tril.to(xb)}
+        xb, idx = self._rows(x, idx, check)
+        return {"x": xb, "tril": self._prior_tril(idx).to(xb)}
 
     @staticmethod
     def log_joint_of(parts: dict, inputs: dict, z: torch.Tensor) -> torch.Tensor:

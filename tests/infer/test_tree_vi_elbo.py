@@ -183,3 +183,83 @@ def test_the_loss_pickles():
         loss.differentiable_loss(_model("graph"), _guide("tree", parents), x)
     again = pickle.loads(pickle.dumps(loss))
     assert again.compile == BACKEND and again._checked == {} and again.fallback is None
+
+
+def _ring_graph(strength: float, name: str):
+    edges = torch.stack([torch.arange(N), (torch.arange(N) + 1) % N], 1)
+    model = GraphPriorVAE(
+        edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,), strength=strength, name=name
+    )
+    return model.double()
+
+
+def test_each_model_and_each_change_of_a_model_is_scored_afresh():
+    parents, x = _data()
+    with isolated_params():
+        guide, loss = _guide("tree", parents), TreeVIELBO()
+        weak, strong = _ring_graph(0.05, "weak"), _ring_graph(0.45, "strong")
+        for model in (weak, strong, _model("clustering")):
+            torch.manual_seed(2)
+            a = loss.differentiable_loss(model, guide, x)
+            torch.manual_seed(2)
+            torch.testing.assert_close(a, Trace_ELBO().differentiable_loss(model, guide, x))
+        torch.manual_seed(2)
+        before = loss.differentiable_loss(weak, guide, x)
+        weak.strength = 0.45  # the whole graph's prior factor is kept per strength
+        torch.manual_seed(2)
+        a = loss.differentiable_loss(weak, guide, x)
+        torch.manual_seed(2)
+        torch.testing.assert_close(a, Trace_ELBO().differentiable_loss(weak, guide, x))
+        assert not torch.isclose(a, before)
+
+
+def test_an_encoder_of_another_latent_width_raises():
+    parents, x = _data()
+    for tree in (parents, None):
+        with isolated_params():
+            guide = TreeVIGuide(GaussianEncoder(F, 1, (8,)), tree).double()
+            with pytest.raises(ValueError, match="latent_dim must be the model's"):
+                TreeVIELBO().differentiable_loss(_model("graph"), guide, x)
+
+
+def test_a_bernoulli_graph_model_refuses_values_other_than_0_and_1():
+    parents, x = _data()
+    grey = x.clone()
+    grey[0, 0] = 0.5
+    with isolated_params(), pyro.validation_enabled(True):
+        model, guide = _model("graph"), _guide("tree", parents)
+        with pytest.raises(ValueError):
+            Trace_ELBO().differentiable_loss(model, guide, grey)
+        with pytest.raises(ValueError, match="0 or 1 for the Bernoulli likelihood"):
+            TreeVIELBO().differentiable_loss(model, guide, grey)
+
+
+def test_a_model_class_that_overrides_forward_trains_with_trace_elbo():
+    class Scaled(GraphPriorVAE):
+        def forward(self, x, *args, **kwargs):
+            with pyro.poutine.scale(scale=0.1):
+                return super().forward(x, *args, **kwargs)
+
+    parents, x = _data()
+    edges = torch.stack([torch.arange(N - 1), torch.arange(1, N)], 1)
+    with isolated_params():
+        model = Scaled(edges, F, num_nodes=N, latent_dim=D, hidden_sizes=(8,)).double()
+        guide = _guide("tree", parents)
+        with pytest.warns(RuntimeWarning, match="overrides the forward of GraphPriorVAE"):
+            torch.manual_seed(1)
+            a = TreeVIELBO().differentiable_loss(model, guide, x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(a, Trace_ELBO().differentiable_loss(model, guide, x))
+
+
+def test_every_minibatch_of_one_size_shares_one_program():
+    # pointer jumping runs ceil(log2 B) jumps whatever the forest's height
+    gen = torch.Generator().manual_seed(4)
+    n = 64
+    parents = (torch.rand(n, generator=gen) * torch.arange(n)).long()
+    parents[0] = -1
+    guide = TreeVIGuide(GaussianEncoder(F, D, (8,)), parents, pair_net=PairNet(F, D, (8,)))
+    x = torch.rand(n, F, generator=gen).round()
+    counts = {len(guide.step_inputs(x, torch.randperm(n, generator=gen)[:16])["forest"]["jumps"])}
+    counts.add(len(guide.step_inputs(x, torch.arange(16))["forest"]["jumps"]))  # a chain
+    assert counts == {4}
