@@ -97,7 +97,8 @@ def kernel_matrix(kernel, x1: torch.Tensor, x2: torch.Tensor | None = None, *, d
         where ``Pk`` is 1 or the kernel's batch size.
     """
     if isinstance(kernel, TensorKernel):
-        return kernel(x1, x2, diag=diag).unsqueeze(-2 if diag else -3)
+        out = kernel(x1, x2, diag=diag)
+        return out if kernel.batch_shape else out.unsqueeze(-2 if diag else -3)
     a = x1.unsqueeze(-3)
     if diag:
         out = kernel(a, a, diag=True)
@@ -134,8 +135,14 @@ class TensorKernel:
     with :math:`p_{1/2} = 1`, :math:`p_{3/2} = 1 + \sqrt3 r`,
     :math:`p_{5/2} = 1 + \sqrt5 r + \tfrac53 r^2`.
 
-    :param torch.Tensor lengthscale: ``(L,)`` (one per input, ARD) or ``(1,)``.
-    :param outputscale: the ``ScaleKernel``'s :math:`s`, a 0-dim tensor, or ``None``.
+    A kernel batched over outputs (GPyTorch's ``batch_shape=(P,)``, as a deep GP's layer
+    uses) has lengthscales ``(P, 1, L)`` and output scales ``(P,)``; it then maps inputs
+    ``(..., N, L)`` to ``(..., P, N, M)`` (:attr:`batch_shape` is ``(P,)``).
+
+    :param torch.Tensor lengthscale: ``(L,)`` (one per input, ARD) or ``(1,)``; batched,
+        ``(P, 1, L)`` or ``(P, 1, 1)``.
+    :param outputscale: the ``ScaleKernel``'s :math:`s`, a 0-dim tensor (batched:
+        ``(P,)``), or ``None``.
     :param nu: ``None`` for the RBF kernel, else the Matérn smoothness (0.5, 1.5, 2.5).
 
     .. rubric:: Examples
@@ -156,32 +163,45 @@ class TensorKernel:
         self.lengthscale = lengthscale
         self.outputscale = outputscale
         self.nu = None if nu is None else float(nu)
+        self.batch_shape = lengthscale.shape[:-2] if lengthscale.dim() > 1 else torch.Size()
 
     @classmethod
-    def of(cls, kernel) -> TensorKernel | None:
+    def of(cls, kernel, *, batched: bool = False) -> TensorKernel | None:
         """The tensors of ``kernel`` read now, or ``None`` for a kernel this class does
-        not cover (another family, a batch shape, ``active_dims``)."""
+        not cover (another family, ``active_dims``, a batch shape unless ``batched``).
+
+        :param bool batched: also take a kernel batched over outputs (one batch
+            dimension, the same for a ``ScaleKernel`` and its base kernel)."""
         gpytorch = import_gpytorch()
         kernels = gpytorch.kernels
         outputscale, base = None, kernel
         if type(kernel) is kernels.ScaleKernel:
             outputscale, base = kernel.outputscale, kernel.base_kernel
+        batch = base.batch_shape
         for part in (kernel, base):
-            if part.active_dims is not None or part.batch_shape != torch.Size():
+            if part.active_dims is not None or part.batch_shape != batch:
                 return None
+        if len(batch) > (1 if batched else 0):
+            return None
         if type(base) is kernels.RBFKernel:
             nu = None
         elif type(base) is kernels.MaternKernel and float(base.nu) in _MATERN_NU:
             nu = float(base.nu)
         else:
             return None
-        return cls(base.lengthscale.reshape(-1), outputscale, nu)
+        lengthscale = base.lengthscale if len(batch) else base.lengthscale.reshape(-1)
+        return cls(lengthscale, outputscale, nu)
 
     def __call__(self, x1: torch.Tensor, x2: torch.Tensor | None = None, *, diag: bool = False):
         """``k(x1, x2)`` ``(N, M)`` for ``x1`` ``(N, L)`` and ``x2`` ``(M, L)`` (``None``:
-        ``x1``); with ``diag``, the diagonal of ``k(x1, x1)``, ``(N,)``."""
+        ``x1``); with ``diag``, the diagonal of ``k(x1, x1)``, ``(N,)``. A batched
+        kernel puts its batch before the rows: ``(..., P, N, M)``, ``(..., P, N)``."""
+        if self.batch_shape:
+            x1 = x1.unsqueeze(-3)
+            x2 = None if x2 is None else x2.unsqueeze(-3)
         if diag:
-            k = x1.new_ones(x1.shape[:-1])  # r = 0 on the diagonal
+            k = x1.new_ones(())  # r = 0 on the diagonal
+            k = k.expand(torch.broadcast_shapes(x1.shape[:-1], self.lengthscale.shape[:-1]))
         else:
             a = x1 / self.lengthscale
             b = a if x2 is None else x2 / self.lengthscale
@@ -204,7 +224,12 @@ class TensorKernel:
                     k = k * (1 + math.sqrt(3) * r)
                 elif self.nu == 2.5:
                     k = k * (1 + math.sqrt(5) * r + (5.0 / 3.0) * sq)
-        return k if self.outputscale is None else self.outputscale * k
+        if self.outputscale is None:
+            return k
+        scale = self.outputscale
+        if self.batch_shape:  # (P,) -> (P, 1, 1), or (P, 1) for the diagonal
+            scale = scale.reshape(scale.shape + (1,) * (1 if diag else 2))
+        return scale * k
 
 
 def cholesky(K: torch.Tensor, jitter: float = 1e-6, *, max_tries: int = 4) -> torch.Tensor:

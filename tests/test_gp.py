@@ -256,6 +256,39 @@ def test_tensor_kernel_gives_gpytorch_values_and_gradients(family, scaled):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("family", ["rbf", "1.5"])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_a_kernel_batched_over_outputs_gives_gpytorch_values_and_gradients(family, scaled):
+    shape = torch.Size([3])
+    base = (
+        gpytorch.kernels.RBFKernel(ard_num_dims=2, batch_shape=shape)
+        if family == "rbf"
+        else gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=2, batch_shape=shape)
+    )
+    kernel = gpytorch.kernels.ScaleKernel(base, batch_shape=shape) if scaled else base
+    kernel = kernel.double()
+    with torch.no_grad():
+        for p in kernel.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    assert TensorKernel.of(kernel) is None  # batched kernels only on request
+    ours = TensorKernel.of(kernel, batched=True)
+    assert ours.batch_shape == shape
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 7, 2, generator=gen, dtype=torch.float64)  # particles of a layer
+    z = torch.randn(5, 2, generator=gen, dtype=torch.float64)
+    for a, b, diag in [(z, None, False), (z, x, False), (x, None, True), (x[0], None, False)]:
+        ref = kernel_matrix(kernel, a, b, diag=diag)
+        got = kernel_matrix(ours, a, b, diag=diag)
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    w = torch.randn(4, 3, 5, 7, generator=gen, dtype=torch.float64)
+    params = list(kernel.parameters())
+    ref = torch.autograd.grad((kernel_matrix(kernel, z, x) * w).sum(), params)
+    mine = kernel_matrix(TensorKernel.of(kernel, batched=True), z, x)
+    for g, r in zip(torch.autograd.grad((mine * w).sum(), params), ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-12)
+
+
 def test_tensor_kernel_declines_the_kernels_it_does_not_cover():
     kernels = gpytorch.kernels
     assert TensorKernel.of(kernels.PeriodicKernel()) is None
