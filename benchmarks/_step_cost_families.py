@@ -298,6 +298,18 @@ def treevi(rows: int, quick: bool) -> Setup:
     )
 
 
+def deep_gp_program(rows: int, quick: bool) -> Setup:
+    """Deep GP as ``deep_gp``, trained with :class:`~pyro_trees.infer.DGPELBO` (4
+    particles) instead of ``TraceMeanField_ELBO``: the same estimator on the same draws
+    as one tensor program (the ``compiled`` mode compiles it)."""
+    from pyro_trees.infer import DGPELBO
+
+    setup = deep_gp(rows, quick)
+    setup.fit_kwargs = {**setup.fit_kwargs, "loss": DGPELBO(4)}
+    setup.note += "; DGPELBO"
+    return setup
+
+
 def treevi_program(rows: int, quick: bool) -> Setup:
     """TreeVI as ``treevi``, trained with :class:`~pyro_trees.infer.TreeVIELBO` instead of
     ``Trace_ELBO``: the same ELBO on the same draws as one tensor program (the
@@ -318,6 +330,7 @@ FAMILIES = {
     "vart_classification": vart_classification,
     "heteroscedastic_gp": heteroscedastic_gp,
     "deep_gp": deep_gp,
+    "deep_gp_program": deep_gp_program,
     "treevi": treevi,
     "treevi_program": treevi_program,
 }

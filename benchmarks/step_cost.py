@@ -41,8 +41,10 @@ steps (1 where a step takes over 2 s) run under :mod:`torch.profiler` for the co
 **Families** (model, guide, loss, optimiser and schedule as the estimator or the
 documented path trains them; float32 unless said): HME + RNN-Tree guide, Bayesian HME
 (its SVI path), VaRT, VaRT forest, VaRT classification, heteroscedastic GP, deep GP
-(factorised guide), TreeVI (``Trace_ELBO``, and ``treevi_program``: the same through
-:class:`~pyro_trees.infer.TreeVIELBO`); ``benchmarks/_step_cost_families.py`` builds them, each
+(factorised guide; ``deep_gp_program``: the same through
+:class:`~pyro_trees.infer.DGPELBO`), TreeVI (``Trace_ELBO``, and ``treevi_program``: the
+same through :class:`~pyro_trees.infer.TreeVIELBO`); ``benchmarks/_step_cost_families.py``
+builds them, each
 builder's docstring saying what it follows and leaves out. Rows are
 :func:`benchmarks._common.synthetic_rows` (8 features, seed 0); full batch unless the
 family's estimator minibatches by default (the VaRT families: ``min(N, 2048)`` rows per
@@ -59,8 +61,8 @@ raises (e.g. out of memory) is a ``failed`` row with the error.
 **Modes**: ``eager``, the family's training as its estimator runs it on the CPU; and
 ``compiled``, the same with the family's loss compiled (``compile=True``, the default
 ``inductor`` backend: :mod:`pyro_trees.infer.compiled`), where it has a compiled loss
-(the VaRT families, the HME, the heteroscedastic GP and ``treevi_program``; the
-others are ``n/a`` rows). A compiled cell's ``first s`` is its
+(the VaRT families, the HME, the heteroscedastic GP, ``deep_gp_program`` and
+``treevi_program``; the others are ``n/a`` rows). A compiled cell's ``first s`` is its
 first step, compilation included; its steps are timed after the warm-up steps, as the
 eager cells'. Rows of one batch size share one program, so a later cell of the same
 family and batch compiles nothing.
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import math
 import os
 import re
@@ -106,7 +109,9 @@ def mode_kwargs(mode: str, fit_kwargs: dict) -> dict | None:
     if not isinstance(loss, CompilesLoss):
         return None
     weights = {
-        k: getattr(loss, k) for k in ("balance_weight", "entropy_weight") if hasattr(loss, k)
+        k: getattr(loss, k)
+        for k in ("balance_weight", "entropy_weight", "num_particles")
+        if hasattr(loss, k) and k in inspect.signature(type(loss)).parameters
     }
     return {**fit_kwargs, "loss": type(loss)(**weights, compile=True)}
 

@@ -70,6 +70,16 @@ class _PerSiteGaussianGuide(TreeGuide, PyroModule):
         """Sample every site (the data arguments are ignored)."""
         return {name: pyro.sample(name, self.distribution(name)) for name in self.site_names}
 
+    def site_params(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(loc, scale_tril)`` of every site, ``(P_i, M_i)`` and ``(P_i, M_i, M_i)``,
+        read once through Pyro's store (so that plain ``SVI`` trains them), for a loss
+        that draws the sites as plain tensor code."""
+        with self._pyro_context:
+            return [
+                (getattr(self, f"{name}_loc"), getattr(self, f"{name}_scale_tril"))
+                for name in self.site_names
+            ]
+
 
 class DGPFactorisedGuide(_PerSiteGaussianGuide):
     """Mean-field over layers: :math:`q(U_i) = N(m_i, S_i)` independently per layer.

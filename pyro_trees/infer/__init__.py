@@ -38,6 +38,9 @@ from pyro_trees.infer.dgp import (
     dgp_predict,
     layer_samples,
 )
+from pyro_trees.infer.dgp_elbo import (
+    DGPELBO,
+)
 from pyro_trees.infer.distributed import (
     RankSubsample,
     all_reduce_sum,
@@ -107,6 +110,7 @@ from pyro_trees.infer.vart_forest_elbo import (
 
 __all__ = [
     "Checkpoint",
+    "DGPELBO",
     "CollapsedELBO",
     "CompiledLoss",
     "EarlyStopping",

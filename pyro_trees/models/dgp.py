@@ -52,7 +52,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 
-from ..gp import check_kernel_memory, cholesky, conditional, kernel_matrix
+from ..gp import TensorKernel, check_kernel_memory, cholesky, conditional, kernel_matrix
 from ..validation import as_tensor, check_finite, check_X
 
 __all__ = ["DeepGP"]
@@ -351,18 +351,16 @@ class DeepGP(PyroModule):
         z = (self.inducing_inputs if zs is None else zs)[0]
         return check_X(x, n_features=self.dims[0], dtype=z.dtype).to(z.device)
 
-    def forward(self, x, y=None, *, num_data: int | None = None, subsample_size=None):
-        """Sample the deep GP at ``x``; condition on ``y`` when given.
+    def checked_data(self, x, y=None, *, num_data=None, subsample_size=None, zs=None):
+        """``x`` ``(N, D_0)`` and ``y`` ``(N,)`` (or ``None``) checked and converted as
+        :meth:`forward` takes them (the model's dtype and device, finite values), and the
+        memory of a step's kernel matrices checked. A tensor that needs no conversion is
+        remembered with its version counter and not scanned again (a fit passes the same
+        tensors at every step).
 
-        :param x: inputs ``(N, D_0)``.
-        :param y: targets ``(N,)`` or ``None``.
-        :param int num_data: size of the full data set when ``x`` is already a
-            minibatch (scales the likelihood by ``num_data / N``).
-        :param int subsample_size: draw a minibatch of this size inside the data plate.
-        :returns: ``f_loc``, the mean of the last layer, ``batch + (N,)``.
+        :raises ValueError: as :meth:`forward`.
         """
-        # read the inducing inputs once: each read of a PyroParam goes through Pyro
-        zs = self.inducing_inputs
+        zs = self.inducing_inputs if zs is None else zs
         entry = _VALIDATED.get(self)
         z = zs[0]
         if not (
@@ -398,6 +396,54 @@ class DeepGP(PyroModule):
             dtype=x.dtype,
             device=x.device,
         )
+        return x, y
+
+    # -- the ELBO's model part as plain tensor code, for a loss that compiles it --------
+    def program_parts(self) -> dict | None:
+        """The model's tensors, read once through Pyro's store (so that plain ``SVI``
+        trains them), for :func:`~pyro_trees.infer.dgp_elbo.dgp_elbo_of`: the inducing
+        inputs ``zs``, the kernels as :class:`~pyro_trees.gp.TensorKernel` (batched over
+        outputs where the layer's kernel is), the mean functions (``"identity"``,
+        ``"zero"`` or the module), the noise scale and the numerical settings. ``None``
+        for a model the tensor program does not cover (``inducing="propagated"``, a
+        kernel other than an RBF or Matérn kernel, optionally in a ``ScaleKernel``)."""
+        if self.inducing != "layer":
+            return None
+        with self._store_params():
+            zs = self.inducing_inputs
+            noise = self.noise
+            kernels = [TensorKernel.of(k, batched=True) for k in self.kernels]
+        if any(k is None for k in kernels):
+            return None
+        means = tuple(
+            name if name is not None else self.mean_modules[i]
+            for i, name in enumerate(self._mean_names)
+        )
+        return {
+            "zs": zs,
+            "kernels": kernels,
+            "means": means,
+            "dims": tuple(self.dims),
+            "noise": noise,
+            "whiten": self.whiten,
+            "jitter": self.jitter,
+            "min_variance": getattr(self, "min_variance", 0.0),
+        }
+
+    def forward(self, x, y=None, *, num_data: int | None = None, subsample_size=None):
+        """Sample the deep GP at ``x``; condition on ``y`` when given.
+
+        :param x: inputs ``(N, D_0)``.
+        :param y: targets ``(N,)`` or ``None``.
+        :param int num_data: size of the full data set when ``x`` is already a
+            minibatch (scales the likelihood by ``num_data / N``).
+        :param int subsample_size: draw a minibatch of this size inside the data plate.
+        :returns: ``f_loc``, the mean of the last layer, ``batch + (N,)``.
+        """
+        # read the inducing inputs once: each read of a PyroParam goes through Pyro
+        zs = self.inducing_inputs
+        x, y = self.checked_data(x, y, num_data=num_data, subsample_size=subsample_size, zs=zs)
+        N = x.shape[0]
         self._sync_modules()
         sites = self._sample_inducing(zs)
         if num_data is not None:

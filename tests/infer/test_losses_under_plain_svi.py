@@ -9,6 +9,7 @@ import torch
 from pyro.infer import SVI
 
 from pyro_trees.guides import (
+    DGPFactorisedGuide,
     GaussianEncoder,
     PairNet,
     RNNTreeGuide,
@@ -16,11 +17,12 @@ from pyro_trees.guides import (
     VaRTForestGuide,
     VaRTGuide,
 )
-from pyro_trees.infer import HMEELBO, TreeVIELBO, VaRTELBO, VaRTForestELBO
+from pyro_trees.infer import DGPELBO, HMEELBO, TreeVIELBO, VaRTELBO, VaRTForestELBO
 from pyro_trees.infer.fit import isolated_params
 from pyro_trees.models import (
     HME,
     ConstrainedClusteringVAE,
+    DeepGP,
     GraphPriorVAE,
     VaRT,
     VaRTClassification,
@@ -80,6 +82,15 @@ def _clustering():
     return model, _treevi_guide(False), TreeVIELBO, _treevi_data()
 
 
+def _deep_gp():
+    import gpytorch
+
+    x, y = _data()
+    kernels = [gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) for _ in range(2)]
+    model = DeepGP(kernels, x[:6].clone(), whiten=False)
+    return model, DGPFactorisedGuide(model), DGPELBO, (x, y)
+
+
 def _trained(model, guide):
     """Every trainable tensor of the model and guide, by name."""
     out = {}
@@ -93,8 +104,9 @@ def _trained(model, guide):
 # the HME and its RNN-Tree guide register parameters in Pyro's global store (under
 # TreeELBO too), so module-local parameters are not offered for that pair; the TreeVI
 # models and guide hold plain nn.Parameters, which Pyro's SVI cannot train with
-# module-local parameters under any loss (Trace_ELBO raises the same AttributeError)
-_GLOBAL_ONLY = ("hme", "treevi graph prior", "treevi clustering, mean-field")
+# module-local parameters under any loss (Trace_ELBO raises the same AttributeError), nor
+# the deep GP's GPyTorch kernels
+_GLOBAL_ONLY = ("hme", "treevi graph prior", "treevi clustering, mean-field", "deep gp")
 _CASES = [
     pytest.param(build, local, id=f"{name}-{'module-local' if local else 'global store'}")
     for name, build in (
@@ -104,6 +116,7 @@ _CASES = [
         ("hme", _hme),
         ("treevi graph prior", _graph_prior),
         ("treevi clustering, mean-field", _clustering),
+        ("deep gp", _deep_gp),
     )
     for local in (False, True)
     if not (local and name in _GLOBAL_ONLY)

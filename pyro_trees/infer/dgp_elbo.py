@@ -1,0 +1,220 @@
+"""``DGPELBO``: the deep GP's ELBO with closed-form KL terms, as one tensor program.
+
+:class:`pyro.infer.TraceMeanField_ELBO` on a :class:`~pyro_trees.models.DeepGP` and its
+:class:`~pyro_trees.guides.DGPFactorisedGuide` (the doubly stochastic deep GP of
+Salimbeni & Deisenroth) runs a poutine stack over the inducing sites, the layer draws
+and the likelihood, and reads values back to the host at every step. :class:`DGPELBO`
+computes the same estimator as plain tensor code: the draws of the inducing outputs,
+the layers' conditionals (:func:`~pyro_trees.gp.conditional` with the kernels as
+:class:`~pyro_trees.gp.TensorKernel`), the expected log-likelihood of the last layer
+and the closed-form KL of every inducing site (:func:`~pyro_trees.gp.gaussian_kl`). Its
+random numbers are drawn eagerly, in the order and shapes ``TraceMeanField_ELBO``
+draws them, so on the same draws the two agree in value and gradients (tested), and
+with ``compile=True`` the rest is one program under ``torch.compile``
+(:mod:`pyro_trees.infer.compiled`).
+
+References
+
+* H. Salimbeni, M. Deisenroth, *Doubly stochastic variational inference for deep
+  Gaussian processes*, NeurIPS 2017.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+from pyro_trees.gp import cholesky as retrying_cholesky
+from pyro_trees.gp import conditional, gaussian_kl, kernel_matrix
+from pyro_trees.guides.dgp import DGPFactorisedGuide
+from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
+from pyro_trees.infer.collapsed_elbo import _FirstTry
+from pyro_trees.infer.compiled import CompilesLoss
+from pyro_trees.models.dgp import DeepGP
+
+__all__ = ["DGPELBO", "dgp_elbo_of"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _mean(mean, f: torch.Tensor, width: int) -> torch.Tensor:
+    if isinstance(mean, str):
+        return f if mean == "identity" else f.new_zeros(*f.shape[:-1], width)
+    return mean(f)
+
+
+def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale, chol=None):
+    """The ELBO of :class:`~pyro_trees.models.DeepGP` (``inducing="layer"``) with a
+    Gaussian per inducing site, one value per particle averaged, from its tensors:
+    ``TraceMeanField_ELBO``'s estimator as plain code.
+
+    :param dict parts: :meth:`DeepGP.program_parts <pyro_trees.models.DeepGP.program_parts>`.
+    :param list sites: ``(loc, scale_tril)`` per layer, ``(P_i, M_i)`` and
+        ``(P_i, M_i, M_i)`` (:meth:`~pyro_trees.guides.DGPFactorisedGuide.site_params`).
+    :param x: the rows of the step, ``(N, D_0)``; ``y`` their targets ``(N,)``.
+    :param list eps_u: standard normal noise of each inducing site, ``(S, P_i, M_i)``.
+    :param list eps_f: standard normal noise of each inner layer's draw, ``(S, N, P_i)``.
+    :param scale: the likelihood's scale (the rows the step stands for over ``N``).
+    :param chol: the Cholesky factorisation ``(K, jitter) -> L`` (default: the one that
+        retries with more jitter).
+    :returns: the ELBO estimate, a scalar (maximise it).
+    """
+    chol = retrying_cholesky if chol is None else chol
+    jitter, whiten = parts["jitter"], parts["whiten"]
+    f, kl = x, 0.0
+    layers = len(parts["kernels"])
+    for i, (kernel, (loc, tril)) in enumerate(zip(parts["kernels"], sites, strict=True)):
+        z = parts["zs"][i]
+        u = loc + (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
+        Lzz = chol(kernel_matrix(kernel, z), jitter)  # (Pk, M, M)
+        prior = None if whiten else Lzz.expand(tril.shape)
+        kl = kl + gaussian_kl(loc, tril, None, prior).sum()
+        mean, var = conditional(kernel, f, z, u, whiten=whiten, jitter=jitter, Lzz=Lzz)
+        mean = mean.mT + _mean(parts["means"][i], f, parts["dims"][i + 1])
+        var = var.mT.clamp_min(parts["min_variance"])
+        if i < layers - 1:
+            f = mean + var.sqrt() * eps_f[i]
+    f_loc, f_var = mean.squeeze(-1), var.squeeze(-1)
+    noise = parts["noise"]
+    log_lik = -0.5 * ((y - f_loc) / noise).pow(2) - noise.log() - _HALF_LOG_2PI
+    log_lik = (log_lik - 0.5 * f_var / noise.pow(2)).sum(-1) * scale  # (S,)
+    return log_lik.mean() - kl
+
+
+def _outputs(kernel) -> int:
+    """The kernel's number of outputs (its batch size, 1 when shared)."""
+    return kernel.batch_shape[0] if kernel.batch_shape else 1
+
+
+def _layer_noise(S: int, n: int, p: int, by_output: bool, like: dict) -> torch.Tensor:
+    """``(S, n, p)`` standard normal noise of an inner layer's draw, as the model's
+    ``randn_like(mean)`` draws it: torch fills a strided tensor element by element in
+    memory order (not as a contiguous one), so the noise takes the layout of the layer's
+    mean, the conditional's ``(..., P, N)`` mean transposed, in memory ``(S, P, N)``;
+    ``(P, S, N)`` where :func:`~pyro_trees.gp.conditional` projects particles without
+    a batch of inputs one output at a time (``by_output``: the first layer, several
+    particles, as many kernels as outputs)."""
+    strides = (n, 1, S * n) if by_output else (p * n, 1, n)
+    return torch.empty_strided((S, n, p), strides, **like).normal_()
+
+
+def _dgp_program(parts, sites, x, y, eps_u, eps_f, scale):
+    """:func:`dgp_elbo_of` with factorisations tried once, and whether one failed: the
+    part of a step that compiles."""
+    chol = _FirstTry()
+    return dgp_elbo_of(parts, sites, x, y, eps_u, eps_f, scale, chol), chol.failed
+
+
+class DGPELBO(CompilesLoss, DifferentiableLossELBO):
+    """:class:`~pyro.infer.TraceMeanField_ELBO` of a deep GP with the factorised guide,
+    as one tensor program.
+
+    For a :class:`~pyro_trees.models.DeepGP` with ``inducing="layer"`` and RBF or Matérn
+    kernels (optionally in a ``ScaleKernel``, batched over the layer's outputs or
+    shared), trained with a :class:`~pyro_trees.guides.DGPFactorisedGuide` and called as
+    ``model(x, y)``, ``model(x, y, subsample_size=B)`` or ``model(x, y,
+    num_data=N)``, its value and gradients equal ``TraceMeanField_ELBO(num_particles,
+    vectorize_particles=True, max_plate_nesting=1)``'s on the same draws (tested), with
+    one operator stream and no poutine stack. Anything else trains with that
+    ``TraceMeanField_ELBO`` after one warning that says why.
+
+    The compiled program tries each Cholesky factorisation once and returns whether one
+    failed; a step where one did is scored again eagerly on the same draws, where the
+    factorisations retry with more jitter (one host read per step).
+
+    :param int num_particles: Monte Carlo draws per step, vectorised.
+    :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
+    :param mode: ``torch.compile``'s ``mode``.
+
+    .. rubric:: Examples
+
+    >>> import gpytorch, pyro, torch
+    >>> from pyro_trees.guides import DGPFactorisedGuide
+    >>> from pyro_trees.infer import DGPELBO
+    >>> from pyro_trees.models import DeepGP
+    >>> x = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
+    >>> y = torch.sin(3 * x).squeeze(-1)
+    >>> model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[::2])
+    >>> guide = DGPFactorisedGuide(model)
+    >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), DGPELBO(2))
+    >>> isinstance(svi.step(x, y), float)
+    True
+    """
+
+    _program = staticmethod(_dgp_program)
+
+    def __init__(
+        self, num_particles: int = 1, *, compile: bool | str = False, mode: str | None = None
+    ):
+        if int(num_particles) < 1:
+            raise ValueError(f"num_particles must be >= 1, got {num_particles}")
+        super().__init__(num_particles=int(num_particles), compile=compile, mode=mode)
+        self.fallback: str | None = None
+
+    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
+        raise NotImplementedError("DGPELBO scores the ELBO without traces")
+
+    @staticmethod
+    def unsupported(model, guide, args, kwargs) -> str | None:
+        """Why the program does not apply to this model, guide and call, or ``None``."""
+        if not isinstance(model, DeepGP):
+            return f"the model is a {type(model).__name__}, not a DeepGP"
+        if type(guide) is not DGPFactorisedGuide:
+            return f"the guide is a {type(guide).__name__}, not a DGPFactorisedGuide"
+        if model.inducing != "layer":
+            return "the model's inducing outputs are propagated"
+        if len(args) != 2 or args[1] is None or set(kwargs) - {"num_data", "subsample_size"}:
+            return "the model is not called as model(x, y) (with num_data or subsample_size)"
+        return None
+
+    def _fallback(self, why: str, model, guide, args, kwargs):
+        if self.fallback is None:
+            self.fallback = why
+            warnings.warn(
+                f"DGPELBO trains with TraceMeanField_ELBO instead: {why}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        loss = TraceMeanField_ELBO(
+            num_particles=self.num_particles, vectorize_particles=True, max_plate_nesting=1
+        )
+        return loss.differentiable_loss(model, guide, *args, **kwargs)
+
+    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+        """Minus the ELBO estimate, differentiable in the parameters of both."""
+        why = self.unsupported(model, guide, args, kwargs)
+        parts = None if why is not None else model.program_parts()
+        if parts is None:
+            why = why or "a kernel other than an RBF or Matern kernel (in a ScaleKernel)"
+            return self._fallback(why, model, guide, args, kwargs)
+        num_data, subsample_size = kwargs.get("num_data"), kwargs.get("subsample_size")
+        x, y = model.checked_data(*args, num_data=num_data, subsample_size=subsample_size)
+        sites = guide.site_params()
+        S, n, like = self.num_particles, x.shape[0], {"dtype": x.dtype, "device": x.device}
+        # the draws, in TraceMeanField_ELBO's order: the guide's sites, the data plate's
+        # subsample, each inner layer's noise
+        eps_u = [torch.randn((S,) + tuple(loc.shape), **like) for loc, _ in sites]
+        scale = 1.0
+        if num_data is not None:
+            scale = float(num_data) / n
+        elif subsample_size is not None and int(subsample_size) < n:
+            idx = torch.randperm(n, device=x.device)[: int(subsample_size)]
+            x, y, scale = x[idx], y[idx], n / int(subsample_size)
+        eps_f = [
+            _layer_noise(S, x.shape[0], p, i == 0 and S > 1 and _outputs(k) == p, like)
+            for i, (k, p) in enumerate(zip(parts["kernels"][:-1], parts["dims"][1:-1], strict=True))
+        ]
+        inputs = (parts, sites, x, y, eps_u, eps_f, torch.tensor(scale, **like))
+        if self._compiled is not None:
+            value, failed = self._compiled(*inputs)
+            if not bool(failed):
+                return -value
+        return -dgp_elbo_of(*inputs)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["fallback"] = None
+        return state
