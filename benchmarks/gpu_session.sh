@@ -70,6 +70,11 @@ part step_cost 180 "$res/variants/step_cost_cuda.*" python3 -m benchmarks.step_c
     --device "$device" --families vart,vart_forest,vart_classification,hme,heteroscedastic_gp \
     --rows "$rows" \
     --threads 1 --modes "$modes" --name step_cost_cuda
+# TreeVI's and the deep GP's tensor-program losses against their traced ones (not in the
+# default PARTS: about 3 minutes; PARTS="... step_cost_programs" adds it)
+part step_cost_programs 180 "$res/variants/step_cost_programs_cuda.*" python3 -m benchmarks.step_cost \
+    --device "$device" --families treevi,treevi_program,deep_gp,deep_gp_program \
+    --rows "$rows" --threads 1 --modes "$modes" --name step_cost_programs_cuda
 # the Bayesian HME's VB search, eager and compiled (not in the default PARTS: about 4
 # minutes; PARTS="... bhme_vb" adds it)
 part bhme_vb 300 "$res/variants/bhme_vb_compiled_cuda.*" python3 -m benchmarks.bhme_vb_compiled \
