@@ -298,6 +298,18 @@ def treevi(rows: int, quick: bool) -> Setup:
     )
 
 
+def bayesian_hme_program(rows: int, quick: bool) -> Setup:
+    """Bayesian HME as ``bayesian_hme``, trained with
+    :class:`~pyro_trees.infer.BayesianHMEELBO` instead of ``Trace_ELBO``: the same ELBO on
+    the same draws as one tensor program (the ``compiled`` mode compiles it)."""
+    from pyro_trees.infer import BayesianHMEELBO
+
+    setup = bayesian_hme(rows, quick)
+    setup.fit_kwargs = {**setup.fit_kwargs, "loss": BayesianHMEELBO()}
+    setup.note += "; BayesianHMEELBO"
+    return setup
+
+
 def deep_gp_program(rows: int, quick: bool) -> Setup:
     """Deep GP as ``deep_gp``, trained with :class:`~pyro_trees.infer.DGPELBO` (4
     particles) instead of ``TraceMeanField_ELBO``: the same estimator on the same draws
@@ -325,6 +337,7 @@ def treevi_program(rows: int, quick: bool) -> Setup:
 FAMILIES = {
     "hme": hme,
     "bayesian_hme": bayesian_hme,
+    "bayesian_hme_program": bayesian_hme_program,
     "vart": vart,
     "vart_forest": vart_forest,
     "vart_classification": vart_classification,

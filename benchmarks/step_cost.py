@@ -40,7 +40,9 @@ steps (1 where a step takes over 2 s) run under :mod:`torch.profiler` for the co
 
 **Families** (model, guide, loss, optimiser and schedule as the estimator or the
 documented path trains them; float32 unless said): HME + RNN-Tree guide, Bayesian HME
-(its SVI path), VaRT, VaRT forest, VaRT classification, heteroscedastic GP, deep GP
+(its SVI path; ``bayesian_hme_program``: the same through
+:class:`~pyro_trees.infer.BayesianHMEELBO`), VaRT, VaRT forest, VaRT classification,
+heteroscedastic GP, deep GP
 (factorised guide; ``deep_gp_program``: the same through
 :class:`~pyro_trees.infer.DGPELBO`), TreeVI (``Trace_ELBO``, and ``treevi_program``: the
 same through :class:`~pyro_trees.infer.TreeVIELBO`); ``benchmarks/_step_cost_families.py``
@@ -61,11 +63,11 @@ raises (e.g. out of memory) is a ``failed`` row with the error.
 **Modes**: ``eager``, the family's training as its estimator runs it on the CPU; and
 ``compiled``, the same with the family's loss compiled (``compile=True``, the default
 ``inductor`` backend: :mod:`pyro_trees.infer.compiled`), where it has a compiled loss
-(the VaRT families, the HME, the heteroscedastic GP, ``deep_gp_program`` and
-``treevi_program``; the others are ``n/a`` rows). A compiled cell's ``first s`` is its
-first step, compilation included; its steps are timed after the warm-up steps, as the
-eager cells'. Rows of one batch size share one program, so a later cell of the same
-family and batch compiles nothing.
+(the VaRT families, the HME, the heteroscedastic GP, ``bayesian_hme_program``,
+``deep_gp_program`` and ``treevi_program``; the others are ``n/a`` rows). A compiled
+cell's ``first s`` is its first step, compilation included; its steps are timed after the
+warm-up steps, as the eager cells'. Rows of one batch size share one program, so a later
+cell of the same family and batch compiles nothing.
 """
 
 from __future__ import annotations

@@ -233,6 +233,24 @@ class BayesianHMEGuide(TreeGuide, AutoGuide):
         """Whether the parameters exist (after the first call or an explicit init)."""
         return "W_loc" in self._pyro_params
 
+    @property
+    def awaiting_data(self) -> bool:
+        """Whether the next call with data (``x``, ``y``) initialises ``q`` (no
+        parameters yet, or placeholders from a call without ``y``)."""
+        return not self.initialised or self._awaiting_data
+
+    def site_params(self) -> dict:
+        """The constrained parameters, read once through Pyro's store (so that plain
+        ``SVI`` trains them), with the Cholesky factors of the Gaussian factors:
+        ``v_tril`` ``batch + (G, P, P)`` and ``W_tril`` ``batch + (E, 1, P, P)``, for a
+        loss that draws the sites as plain tensor code."""
+        with self._pyro_context:
+            out = {key: getattr(self, key) for key in self._names()}
+        if self.num_gates:
+            out["v_tril"] = out["v_scale"].unsqueeze(-1) * out["v_scale_tril"]
+        out["W_tril"] = (out["W_scale"].unsqueeze(-1) * out["W_scale_tril"]).unsqueeze(-3)
+        return out
+
     def _constraint(self, key: str):
         if key in self._SHAPES:
             return constraints.greater_than(self.prior_a)

@@ -10,6 +10,9 @@ from pyro_trees._interrupts import (
 from pyro_trees.infer.allocator import (
     keep_freed_memory,
 )
+from pyro_trees.infer.bayesian_hme_elbo import (
+    BayesianHMEELBO,
+)
 from pyro_trees.infer.bayesian_hme_svi import (
     SVIRestarts,
     fit_svi_restarts,
@@ -109,6 +112,7 @@ from pyro_trees.infer.vart_forest_elbo import (
 )
 
 __all__ = [
+    "BayesianHMEELBO",
     "Checkpoint",
     "DGPELBO",
     "CollapsedELBO",

@@ -9,18 +9,28 @@ import torch
 from pyro.infer import SVI
 
 from pyro_trees.guides import (
+    BayesianHMEGuide,
     DGPFactorisedGuide,
     GaussianEncoder,
     PairNet,
+    RestartPlate,
     RNNTreeGuide,
     TreeVIGuide,
     VaRTForestGuide,
     VaRTGuide,
 )
-from pyro_trees.infer import DGPELBO, HMEELBO, TreeVIELBO, VaRTELBO, VaRTForestELBO
+from pyro_trees.infer import (
+    DGPELBO,
+    HMEELBO,
+    BayesianHMEELBO,
+    TreeVIELBO,
+    VaRTELBO,
+    VaRTForestELBO,
+)
 from pyro_trees.infer.fit import isolated_params
 from pyro_trees.models import (
     HME,
+    BayesianHME,
     ConstrainedClusteringVAE,
     DeepGP,
     GraphPriorVAE,
@@ -91,6 +101,13 @@ def _deep_gp():
     return model, DGPFactorisedGuide(model), DGPELBO, (x, y)
 
 
+def _bayesian_hme():
+    x, y = _data()
+    model = BayesianHME(3)
+    guide = BayesianHMEGuide(model, init="random", num_restarts=2)
+    return RestartPlate(model, 2), guide, BayesianHMEELBO, (x, y)
+
+
 def _trained(model, guide):
     """Every trainable tensor of the model and guide, by name."""
     out = {}
@@ -117,6 +134,7 @@ _CASES = [
         ("treevi graph prior", _graph_prior),
         ("treevi clustering, mean-field", _clustering),
         ("deep gp", _deep_gp),
+        ("bayesian hme", _bayesian_hme),
     )
     for local in (False, True)
     if not (local and name in _GLOBAL_ONLY)

@@ -1,0 +1,196 @@
+"""``BayesianHMEELBO``: ``Trace_ELBO`` of the Bayesian HME's SVI path as one tensor program.
+
+:class:`pyro.infer.Trace_ELBO` on a :class:`~pyro_trees.models.BayesianHME` (in a
+:class:`~pyro_trees.guides.RestartPlate` for a batch of restarts) and its
+:class:`~pyro_trees.guides.BayesianHMEGuide` records the gate, expert and noise sites of
+every restart and the mixture likelihood through a poutine stack. :class:`BayesianHMEELBO`
+computes the same single-draw estimator as plain tensor code: the guide's Gamma draws are
+taken eagerly (torch's implicitly reparameterised sampler, in the guide's order), as is
+the standard noise behind its Gaussian draws; the Gaussian sites, every prior and guide
+log-density and the likelihood with the assignment summed out are then one program, so
+on the same draws the two agree in value and gradients (tested), and with
+``compile=True`` the program runs under ``torch.compile``
+(:mod:`pyro_trees.infer.compiled`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from pyro.infer import Trace_ELBO
+
+from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
+from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
+from pyro_trees.infer.compiled import CompilesLoss
+from pyro_trees.models.bayesian_hme import BayesianHME
+from pyro_trees.topology import expert_log_probs
+
+__all__ = ["BayesianHMEELBO", "bayesian_hme_elbo_of"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _gamma_lp(value, conc, rate):
+    """``Gamma(conc, rate).log_prob(value)`` elementwise."""
+    return (
+        torch.xlogy(conc, rate) + torch.xlogy(conc - 1, value) - rate * value - torch.lgamma(conc)
+    )
+
+
+def _gaussian_lp(eps, tril):
+    """``log N(loc + tril eps; loc, tril tril^T)`` from the noise ``eps`` ``(..., P)``: the
+    change of variables, per Gaussian (summed over ``P``)."""
+    log_det = tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    return -0.5 * eps.pow(2).sum(-1) - log_det - eps.shape[-1] * _HALF_LOG_2PI
+
+
+def _normal_lp(value, precision):
+    """``Normal(0, precision ** -0.5).log_prob(value)`` as the model scores it."""
+    scale = precision.rsqrt()
+    return -0.5 * (value / scale).pow(2) - scale.log() - _HALF_LOG_2PI
+
+
+def bayesian_hme_elbo_of(q: dict, prior: dict, draws: dict, x, y, scale):
+    """The single-draw ELBO of a Bayesian HME (summed over restarts) from its tensors.
+
+    :param dict q: :meth:`~pyro_trees.guides.BayesianHMEGuide.site_params`.
+    :param dict prior: ``{"a", "b"}`` (the Gamma prior's shape and rate, 0-dim tensors)
+        and ``"signs"`` (the topology's path signs ``(G, E)``).
+    :param dict draws: the Gamma draws ``beta`` ``batch + (G,)``, ``alpha``, ``tau``
+        ``batch + (E,)`` (with their graphs to ``q``) and the standard noise ``eps_v``
+        ``batch + (G, P)``, ``eps_W`` ``batch + (E, D, P)`` behind the Gaussian sites.
+    :param x: the rows of the step ``(B, L)``; ``y`` their targets ``(B, D)``.
+    :param scale: the likelihood's scale (the rows the step stands for over ``B``).
+    :returns: the ELBO estimate, a scalar.
+    """
+    a, b = prior["a"], prior["b"]
+    xb = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)  # (B, P)
+    total = 0.0
+    if "beta" in draws:
+        beta, eps_v = draws["beta"], draws["eps_v"]
+        v = q["v_loc"] + (q["v_tril"] @ eps_v.unsqueeze(-1)).squeeze(-1)
+        total = (
+            total + (_gamma_lp(beta, a, b) - _gamma_lp(beta, q["beta_conc"], q["beta_rate"])).sum()
+        )
+        log_p_v = _normal_lp(v, beta.unsqueeze(-1)).sum(-1)
+        total = total + (log_p_v - _gaussian_lp(eps_v, q["v_tril"])).sum()
+        logits = xb @ v.transpose(-1, -2)  # (..., B, G)
+        log_pi = expert_log_probs(logits, prior["signs"])
+    else:
+        log_pi = xb.new_zeros(xb.shape[:-1] + (1,))
+    alpha, tau, eps_w = draws["alpha"], draws["tau"], draws["eps_W"]
+    W = q["W_loc"] + (q["W_tril"] @ eps_w.unsqueeze(-1)).squeeze(-1)  # (..., E, D, P)
+    total = (
+        total + (_gamma_lp(alpha, a, b) - _gamma_lp(alpha, q["alpha_conc"], q["alpha_rate"])).sum()
+    )
+    total = total + (_gamma_lp(tau, a, b) - _gamma_lp(tau, q["tau_conc"], q["tau_rate"])).sum()
+    log_p_w = _normal_lp(W, alpha[..., None, None]).sum((-2, -1))
+    total = total + (log_p_w - _gaussian_lp(eps_w, q["W_tril"]).sum(-1)).sum()
+    # the likelihood, with the assignment summed out (BayesianHME.mixture)
+    means = torch.einsum("np,...jdp->...njd", xb, W)  # (..., B, E, D)
+    tau = tau.clamp_min(torch.finfo(tau.dtype).tiny ** 0.25)
+    sd = tau.rsqrt()[..., None, :, None]
+    comp = (-0.5 * ((y.unsqueeze(-2) - means) / sd).pow(2) - sd.log() - _HALF_LOG_2PI).sum(-1)
+    log_lik = (comp + log_pi.log_softmax(-1)).logsumexp(-1)  # (..., B)
+    return total + log_lik.sum() * scale
+
+
+class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
+    """``Trace_ELBO`` of a :class:`~pyro_trees.models.BayesianHME` (alone, or in a
+    :class:`~pyro_trees.guides.RestartPlate` with as many restarts as the guide) and its
+    :class:`~pyro_trees.guides.BayesianHMEGuide`, called as ``model(x, y)`` or
+    ``model(x, y, subsample_size=B)``, as one tensor program: equal values and gradients
+    on the same draws (tested). The guide's first call with data (its start) and any
+    other model, guide or call train with ``Trace_ELBO`` (the latter after one warning
+    that says why).
+
+    :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
+    :param mode: ``torch.compile``'s ``mode``.
+
+    .. rubric:: Examples
+
+    >>> import pyro, torch
+    >>> from pyro_trees.guides import BayesianHMEGuide, RestartPlate
+    >>> from pyro_trees.infer import BayesianHMEELBO
+    >>> from pyro_trees.models import BayesianHME
+    >>> x, y = torch.randn(20, 1), torch.randn(20)
+    >>> model = BayesianHME(1)
+    >>> guide = BayesianHMEGuide(model, init="random", num_restarts=3)
+    >>> svi = pyro.infer.SVI(RestartPlate(model, 3), guide, pyro.optim.Adam({"lr": 0.01}),
+    ...                      BayesianHMEELBO())
+    >>> isinstance(svi.step(x, y), float)
+    True
+    """
+
+    _program = staticmethod(bayesian_hme_elbo_of)
+
+    def __init__(self, *, compile: bool | str = False, mode: str | None = None):
+        super().__init__(num_particles=1, max_plate_nesting=2, compile=compile, mode=mode)
+        self.fallback: str | None = None
+
+    def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
+        raise NotImplementedError("BayesianHMEELBO scores the ELBO without traces")
+
+    @staticmethod
+    def unsupported(model, guide, args, kwargs) -> str | None:
+        """Why the program does not apply to this model, guide and call, or ``None``."""
+        inner = model.model if isinstance(model, RestartPlate) else model
+        if type(inner) is not BayesianHME:
+            return f"the model is a {type(inner).__name__}, not a BayesianHME"
+        if type(guide) is not BayesianHMEGuide:
+            return f"the guide is a {type(guide).__name__}, not a BayesianHMEGuide"
+        if guide.master is not None:
+            return "the guide is part of an AutoGuideList"
+        restarts = model.num_restarts if isinstance(model, RestartPlate) else None
+        if guide.num_restarts != restarts:
+            return f"the guide has {guide.num_restarts} restarts and the model's plate {restarts}"
+        if len(args) != 2 or args[1] is None or set(kwargs) - {"subsample_size"}:
+            return "the model is not called as model(x, y) (with subsample_size)"
+        return None
+
+    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+        """Minus the ELBO estimate, differentiable in the guide's parameters."""
+        why = self.unsupported(model, guide, args, kwargs)
+        if why is not None or guide.awaiting_data:
+            if why is not None and self.fallback is None:
+                self.fallback = why
+                warnings.warn(
+                    f"BayesianHMEELBO trains with Trace_ELBO instead: {why}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            loss = Trace_ELBO(max_plate_nesting=2)
+            return loss.differentiable_loss(model, guide, *args, **kwargs)
+        inner = model.model if isinstance(model, RestartPlate) else model
+        x, y = args
+        y = inner._check(x, y)
+        q = guide.site_params()
+        # the draws, in the guide's order (Gamma draws eagerly: torch's sampler)
+        draws = {}
+        gamma = torch.distributions.Gamma
+        if guide.num_gates:
+            draws["beta"] = gamma(q["beta_conc"], q["beta_rate"], validate_args=False).rsample()
+            draws["eps_v"] = torch.randn_like(q["v_loc"])
+        draws["alpha"] = gamma(q["alpha_conc"], q["alpha_rate"], validate_args=False).rsample()
+        draws["tau"] = gamma(q["tau_conc"], q["tau_rate"], validate_args=False).rsample()
+        draws["eps_W"] = torch.randn_like(q["W_loc"])
+        n, size = x.shape[0], kwargs.get("subsample_size")
+        scale = 1.0
+        if size is not None and int(size) < n:
+            idx = torch.randperm(n, device=x.device)[: int(size)]
+            x, y, scale = x[idx], y[idx], n / int(size)
+        like = {"dtype": x.dtype, "device": x.device}
+        prior = {
+            "a": torch.tensor(inner.prior_a, **like),
+            "b": torch.tensor(inner.prior_b, **like),
+            "signs": inner.signs.to(**like),
+        }
+        program = self._compiled if self._compiled is not None else bayesian_hme_elbo_of
+        return -program(q, prior, draws, x, y, torch.tensor(scale, **like))
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["fallback"] = None
+        return state
