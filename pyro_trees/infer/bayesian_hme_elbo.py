@@ -16,7 +16,6 @@ on the same draws the two agree in value and gradients (tested), and with
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from pyro.infer import Trace_ELBO
@@ -97,6 +96,17 @@ def bayesian_hme_elbo_of(q: dict, prior: dict, draws: dict, x, y, scale):
     return total + log_lik.sum() * scale
 
 
+def _call(args: tuple, kwargs: dict):
+    """``(x, y, other arguments)`` of a call ``model(x, y)`` or ``model(x, y=y)`` (with
+    ``subsample_size``)."""
+    extra = set(kwargs) - {"y", "subsample_size"}
+    if len(args) == 2 and "y" not in kwargs:
+        return args[0], args[1], extra
+    if len(args) == 1:
+        return args[0], kwargs.get("y"), extra
+    return None, None, extra or {"arguments"}
+
+
 class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
     """``Trace_ELBO`` of a :class:`~pyro_trees.models.BayesianHME` (alone, or in a
     :class:`~pyro_trees.guides.RestartPlate` with as many restarts as the guide) and its
@@ -128,7 +138,6 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
 
     def __init__(self, *, compile: bool | str = False, mode: str | None = None):
         super().__init__(num_particles=1, max_plate_nesting=2, compile=compile, mode=mode)
-        self.fallback: str | None = None
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
         raise NotImplementedError("BayesianHMEELBO scores the ELBO without traces")
@@ -138,15 +147,16 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
         """Why the program does not apply to this model, guide and call, or ``None``."""
         inner = model.model if isinstance(model, RestartPlate) else model
         if type(inner) is not BayesianHME:
-            return f"the model is a {type(inner).__name__}, not a BayesianHME"
+            return f"the model is not a BayesianHME (got {type(inner).__name__})"
         if type(guide) is not BayesianHMEGuide:
-            return f"the guide is a {type(guide).__name__}, not a BayesianHMEGuide"
+            return f"the guide is not a BayesianHMEGuide (got {type(guide).__name__})"
         if guide.master is not None:
             return "the guide is part of an AutoGuideList"
         restarts = model.num_restarts if isinstance(model, RestartPlate) else None
         if guide.num_restarts != restarts:
             return f"the guide has {guide.num_restarts} restarts and the model's plate {restarts}"
-        if len(args) != 2 or args[1] is None or set(kwargs) - {"subsample_size"}:
+        x, y, extra = _call(args, kwargs)
+        if x is None or y is None or extra:
             return "the model is not called as model(x, y) (with subsample_size)"
         return None
 
@@ -154,17 +164,13 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
         """Minus the ELBO estimate, differentiable in the guide's parameters."""
         why = self.unsupported(model, guide, args, kwargs)
         if why is not None or guide.awaiting_data:
-            if why is not None and self.fallback is None:
-                self.fallback = why
-                warnings.warn(
-                    f"BayesianHMEELBO trains with Trace_ELBO instead: {why}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            if why is not None:
+                self._fall_back("Trace_ELBO", why)
             loss = Trace_ELBO(max_plate_nesting=2)
             return loss.differentiable_loss(model, guide, *args, **kwargs)
+        self.fallback = None
         inner = model.model if isinstance(model, RestartPlate) else model
-        x, y = args
+        x, y, _ = _call(args, kwargs)
         y = inner._check(x, y)
         q = guide.site_params()
         # the draws, in the guide's order (Gamma draws eagerly: torch's sampler)
@@ -189,8 +195,3 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
         }
         program = self._compiled if self._compiled is not None else bayesian_hme_elbo_of
         return -program(q, prior, draws, x, y, torch.tensor(scale, **like))
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["fallback"] = None
-        return state

@@ -32,15 +32,36 @@ saving outweighs the compilation (see its docstring).
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
 
+import pyro
 import torch
 
 from pyro_trees.guides.stacked import StackedGuides
 
 __all__ = ["CompiledLoss", "CompilesLoss", "CompilesVaRTLoss", "should_compile"]
+
+#: the packages whose frames a warning skips: this one (two levels above this file),
+#: Pyro's and torch's
+_LIBRARIES = tuple(
+    os.path.dirname(path) + os.sep
+    for path in (os.path.dirname(__file__), pyro.__file__, torch.__file__)
+)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn``, called by the caller of this function, that
+    points at the first frame outside pyro_trees, Pyro and torch: the user's line, whether
+    a loss is called directly or through ``SVI`` or ``fit``."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame, level = frame.f_back, level + 1
+    return level
+
 
 #: compiled functions shared by every CompiledLoss of the process: (program, backend, mode)
 _COMPILED: dict = {}
@@ -50,6 +71,9 @@ _FUNCTION_INSTANCE = ".*autograd.function.Function'> should not be instantiated"
 
 #: gradient steps from which a CUDA fit compiles its loss
 CUDA_MIN_STEPS = 1000
+
+#: the most programs a CompiledLoss compiles for its program (shapes, depths, dtypes...)
+RECOMPILE_LIMIT = 64
 
 
 def should_compile(device, num_steps: int, batch_rows: int | None = None) -> bool:
@@ -80,11 +104,18 @@ class CompiledLoss:
     constants from) compiled with ``torch.compile``, shared across instances, with an
     eager fallback.
 
+    A program is recompiled for each new combination of what it specialises on (shapes
+    that are not yet symbolic, the number of layers or jumps, the dtype, the model and
+    guide objects it reads), up to ``recompile_limit`` programs in all (torch's own
+    default is 8, after which it would run the function eagerly with only a log line);
+    past the limit the loss warns once, says so, and runs eagerly.
+
     :param program: the loss's tensor program.
     :param compile: ``True`` (the default backend, ``"inductor"``) or the name of a
         ``torch.compile`` backend (``"aot_eager"`` traces and differentiates without
         generating code: fast to build, used by the tests).
     :param mode: ``torch.compile``'s ``mode`` (``"reduce-overhead"``: CUDA graphs).
+    :param int recompile_limit: the most programs compiled for ``program``.
 
     .. rubric:: Examples
 
@@ -97,10 +128,17 @@ class CompiledLoss:
     (3.0, None)
     """
 
-    def __init__(self, program: Callable, compile: bool | str = True, mode: str | None = None):
+    def __init__(
+        self,
+        program: Callable,
+        compile: bool | str = True,
+        mode: str | None = None,
+        recompile_limit: int = RECOMPILE_LIMIT,
+    ):
         self.program = program
         self.backend = "inductor" if compile is True else str(compile)
         self.mode = mode
+        self.recompile_limit = int(recompile_limit)
         self.failed: str | None = None
 
     def _compiled(self) -> Callable:
@@ -125,14 +163,21 @@ class CompiledLoss:
                     warnings.filterwarnings(
                         "ignore", message=_FUNCTION_INSTANCE, category=DeprecationWarning
                     )
-                    return self._compiled()(*args)
+                    # torch's compiler calls its own deprecated helpers while it traces
+                    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
+                    limits = {
+                        "recompile_limit": self.recompile_limit,
+                        "fail_on_recompile_limit_hit": True,  # an error, caught below
+                    }
+                    with torch._dynamo.config.patch(**limits):
+                        return self._compiled()(*args)
             except Exception as err:  # noqa: BLE001 - any compiler failure falls back
                 self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 warnings.warn(
                     f"torch.compile could not compile {self.program.__qualname__} "
                     f"({self.failed}); training runs eagerly",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
             finally:
                 # torch.compile's first use turns off the validation of every
@@ -142,10 +187,16 @@ class CompiledLoss:
         return self.program(*args)
 
     def __getstate__(self):
-        return {"program": self.program, "backend": self.backend, "mode": self.mode}
+        return {
+            "program": self.program,
+            "backend": self.backend,
+            "mode": self.mode,
+            "recompile_limit": self.recompile_limit,
+        }
 
     def __setstate__(self, state):
-        self.__init__(state["program"], state["backend"], state["mode"])
+        limit = state.get("recompile_limit", RECOMPILE_LIMIT)
+        self.__init__(state["program"], state["backend"], state["mode"], limit)
 
 
 class CompilesLoss:
@@ -185,6 +236,22 @@ class CompilesLoss:
         checked[name] = (tuple(weakref.ref(t) for t in refs), versions, value)
         return value
 
+    #: why the latest call trained with Pyro's loss instead of the program (else ``None``)
+    fallback: str | None = None
+
+    def _fall_back(self, replacement: str, why: str) -> None:
+        """Record that a call trains with ``replacement`` because ``why``, warning once per
+        reason (at the user's line)."""
+        seen = self.__dict__.setdefault("_fallbacks", set())
+        if why not in seen:
+            seen.add(why)
+            warnings.warn(
+                f"{type(self).__name__} trains with {replacement} instead: {why}",
+                RuntimeWarning,
+                stacklevel=user_stacklevel(),
+            )
+        self.fallback = why
+
     def _complete(self, x: torch.Tensor) -> bool:
         """Whether ``x`` has no missing value (checked once per tensor and version)."""
         return self._once("complete", (x,), lambda: not bool(torch.isnan(x).any()))
@@ -195,6 +262,8 @@ class CompilesLoss:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_checked"] = {}
+        state.pop("_fallbacks", None)
+        state.pop("fallback", None)
         return state
 
 

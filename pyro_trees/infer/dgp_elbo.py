@@ -22,7 +22,6 @@ References
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from pyro.infer import TraceMeanField_ELBO
@@ -84,6 +83,28 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     return log_lik.mean() - kl
 
 
+def _call(args: tuple, kwargs: dict):
+    """``(x, y, other arguments)`` of a call ``model(x, y)`` or ``model(x, y=y)`` (with
+    ``num_data`` or ``subsample_size``)."""
+    extra = set(kwargs) - {"y", "num_data", "subsample_size"}
+    if len(args) == 2 and "y" not in kwargs:
+        return args[0], args[1], extra
+    if len(args) == 1:
+        return args[0], kwargs.get("y"), extra
+    return None, None, extra or {"arguments"}
+
+
+def _check_sizes(n: int, num_data, subsample_size) -> None:
+    """``num_data`` a count of rows, ``subsample_size`` one in ``[1, N]``, as the data
+    plate requires."""
+    if num_data is not None and (isinstance(num_data, bool) or int(num_data) < 1):
+        raise ValueError(f"num_data must be a positive number of rows, got {num_data!r}")
+    if subsample_size is not None and not 1 <= int(subsample_size) <= n:
+        raise ValueError(
+            f"subsample_size must lie in [1, {n}] (the rows of x), got {subsample_size!r}"
+        )
+
+
 def _outputs(kernel) -> int:
     """The kernel's number of outputs (its batch size, 1 when shared)."""
     return kernel.batch_shape[0] if kernel.batch_shape else 1
@@ -125,6 +146,13 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
     failed; a step where one did is scored again eagerly on the same draws, where the
     factorisations retry with more jitter (one host read per step).
 
+    "Equal" is up to rounding, which float32 can make large: with a Matérn 1/2 kernel
+    (its kink at distance 0) the two losses' float32 gradients can differ by a good part
+    of their size, each as far from a float64 computation as the other. The step does
+    not validate the parameters (Pyro's distributions do, under ``TraceMeanField_ELBO``):
+    a parameter that became NaN gives a NaN loss, which :func:`~pyro_trees.infer.fit`
+    reports at its next read of the loss.
+
     :param int num_particles: Monte Carlo draws per step, vectorised.
     :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
     :param mode: ``torch.compile``'s ``mode``.
@@ -151,8 +179,13 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
     ):
         if int(num_particles) < 1:
             raise ValueError(f"num_particles must be >= 1, got {num_particles}")
-        super().__init__(num_particles=int(num_particles), compile=compile, mode=mode)
-        self.fallback: str | None = None
+        super().__init__(
+            num_particles=int(num_particles),
+            vectorize_particles=True,
+            max_plate_nesting=1,
+            compile=compile,
+            mode=mode,
+        )
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
         raise NotImplementedError("DGPELBO scores the ELBO without traces")
@@ -161,37 +194,37 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
     def unsupported(model, guide, args, kwargs) -> str | None:
         """Why the program does not apply to this model, guide and call, or ``None``."""
         if not isinstance(model, DeepGP):
-            return f"the model is a {type(model).__name__}, not a DeepGP"
+            return f"the model is not a DeepGP (got {type(model).__name__})"
+        if type(model).forward is not DeepGP.forward:
+            return f"the model's class {type(model).__name__} overrides DeepGP.forward"
         if type(guide) is not DGPFactorisedGuide:
-            return f"the guide is a {type(guide).__name__}, not a DGPFactorisedGuide"
+            return f"the guide is not a DGPFactorisedGuide (got {type(guide).__name__})"
         if model.inducing != "layer":
             return "the model's inducing outputs are propagated"
-        if len(args) != 2 or args[1] is None or set(kwargs) - {"num_data", "subsample_size"}:
+        x, y, extra = _call(args, kwargs)
+        if x is None or y is None or extra:
             return "the model is not called as model(x, y) (with num_data or subsample_size)"
         return None
-
-    def _fallback(self, why: str, model, guide, args, kwargs):
-        if self.fallback is None:
-            self.fallback = why
-            warnings.warn(
-                f"DGPELBO trains with TraceMeanField_ELBO instead: {why}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        loss = TraceMeanField_ELBO(
-            num_particles=self.num_particles, vectorize_particles=True, max_plate_nesting=1
-        )
-        return loss.differentiable_loss(model, guide, *args, **kwargs)
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """Minus the ELBO estimate, differentiable in the parameters of both."""
         why = self.unsupported(model, guide, args, kwargs)
         parts = None if why is not None else model.program_parts()
         if parts is None:
-            why = why or "a kernel other than an RBF or Matern kernel (in a ScaleKernel)"
-            return self._fallback(why, model, guide, args, kwargs)
+            why = why or (
+                "a layer's kernel is not one TensorKernel covers (an RBF or Matern kernel, "
+                "alone or in a ScaleKernel of the same batch shape, without active_dims)"
+            )
+            self._fall_back("TraceMeanField_ELBO", why)
+            loss = TraceMeanField_ELBO(
+                num_particles=self.num_particles, vectorize_particles=True, max_plate_nesting=1
+            )
+            return loss.differentiable_loss(model, guide, *args, **kwargs)
+        self.fallback = None
+        x, y, _ = _call(args, kwargs)
         num_data, subsample_size = kwargs.get("num_data"), kwargs.get("subsample_size")
-        x, y = model.checked_data(*args, num_data=num_data, subsample_size=subsample_size)
+        x, y = model.checked_data(x, y, num_data=num_data, subsample_size=subsample_size)
+        _check_sizes(x.shape[0], num_data, subsample_size)
         sites = guide.site_params()
         S, n, like = self.num_particles, x.shape[0], {"dtype": x.dtype, "device": x.device}
         # the draws, in TraceMeanField_ELBO's order: the guide's sites, the data plate's
@@ -213,8 +246,3 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
             if not bool(failed):
                 return -value
         return -dgp_elbo_of(*inputs)
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["fallback"] = None
-        return state

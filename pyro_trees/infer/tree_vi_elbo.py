@@ -4,8 +4,6 @@ with one pairwise factor (Xiao & Su 2024)."""
 
 from __future__ import annotations
 
-import warnings
-
 import pyro
 import torch
 from pyro import poutine
@@ -69,6 +67,10 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
     edit that torch's version counter does not see (through ``.data``, or the NumPy
     array under ``torch.from_numpy``) is not checked again.
 
+    The step does not validate the networks' outputs (Pyro's distributions do, under
+    ``Trace_ELBO``): a parameter that became NaN gives a NaN loss, which
+    :func:`~pyro_trees.infer.fit` reports at its next read of the loss.
+
     With ``compile=True`` a program is compiled per batch size (a full batch: one; a
     last, smaller minibatch: a second, with a symbolic size) and per number of
     constraints inside a batch being 0, 1 or more; compiling costs 10-50 s on a CPU.
@@ -96,7 +98,6 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
 
     def __init__(self, *, compile: bool | str = False, mode: str | None = None):
         super().__init__(num_particles=1, compile=compile, mode=mode)
-        self.fallback: str | None = None
 
     def _get_trace(self, model, guide, args, kwargs):  # pragma: no cover - not used
         raise NotImplementedError("TreeVIELBO scores the ELBO without traces")
@@ -107,7 +108,7 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
         if isinstance(guide, TreeVIMixtureGuide):
             return "the guide is a TreeVIMixtureGuide (its loss is MixtureTreeELBO)"
         if not isinstance(guide, TreeVIGuide):
-            return f"the guide is a {type(guide).__name__}, not a TreeVIGuide"
+            return f"the guide is not a TreeVIGuide (got {type(guide).__name__})"
         if type(guide).forward is not TreeVIGuide.forward:
             return f"the guide's class {type(guide).__name__} overrides forward"
         if guide.plate is not None:
@@ -133,14 +134,9 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
         """Minus the ELBO estimate (one draw), differentiable in the parameters of both."""
         why = self.unsupported(model, guide, args, kwargs)
         if why is not None:
-            if self.fallback is None:
-                self.fallback = why
-                warnings.warn(
-                    f"TreeVIELBO trains with Trace_ELBO instead: {why}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            self._fall_back("Trace_ELBO", why)
             return Trace_ELBO().differentiable_loss(model, guide, *args, **kwargs)
+        self.fallback = None
         x, idx = as_tensor(args[0], "x"), kwargs.get("idx")
         checked = self._once("rows", (x,), lambda: _passes(model.check, x), owner=model)
         guide_inputs = guide.step_inputs(x, idx, check=not checked)  # builds a default pair_net
@@ -152,11 +148,6 @@ class TreeVIELBO(CompilesLoss, DifferentiableLossELBO):
         args = (guide_parts, model_parts, guide_inputs, model_inputs, eps, model.log_joint_of)
         program = self._compiled if self._compiled is not None else _treevi_program
         return -program(*args)
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["fallback"] = None
-        return state
 
 
 class MixtureTreeELBO(Trace_ELBO):

@@ -203,8 +203,12 @@ class DeepGP(PyroModule):
                         f"mean_functions[{i}] is 'identity' but layer {i + 1} maps "
                         f"{dims[i]} inputs to {dims[i + 1]} outputs; use a torch.nn.Linear"
                     )
-            elif not callable(m):
-                raise ValueError(f"mean_functions[{i}] must be 'identity', 'zero' or a module")
+            elif not isinstance(m, torch.nn.Module):
+                raise ValueError(
+                    f"mean_functions[{i}] must be 'identity', 'zero' or a torch.nn.Module, got "
+                    f"{type(m).__name__} (wrap a function of your own in a torch.nn.Module, so "
+                    "that the model moves, saves and trains it)"
+                )
         for z in zs:
             check_kernel_memory(z.shape[0], 0, num_outputs=max(dims[1:]), dtype=z.dtype)
         if not zs[0].is_floating_point() or zs[0].dtype not in _MIN_VARIANCE:

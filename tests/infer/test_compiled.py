@@ -10,7 +10,7 @@ import torch
 from pyro.infer import SVI
 
 from pyro_trees.guides import VaRTForestGuide, VaRTGuide
-from pyro_trees.infer import VaRTELBO, VaRTForestELBO, compiled, fit
+from pyro_trees.infer import CompiledLoss, VaRTELBO, VaRTForestELBO, compiled, fit
 from pyro_trees.models import VaRT, VaRTClassification, VaRTForest
 
 # "aot_eager" traces the program (one graph, differentiated by AOTAutograd) without
@@ -116,6 +116,21 @@ def test_a_program_that_cannot_compile_warns_once_and_trains_eagerly():
         pyro.set_rng_seed(0)
         assert torch.equal(again, VaRTELBO().differentiable_loss(model, guide, x, y))
         assert torch.isfinite(first)
+
+
+def _scaled_sum(x, weights):
+    return (x * weights[0]).sum()
+
+
+def test_past_its_recompile_limit_a_program_warns_once_and_runs_eagerly():
+    program = CompiledLoss(_scaled_sum, compile="eager", recompile_limit=2)
+    for n in (1, 2):  # as many weight tuples, one program each (a tuple's length is static)
+        assert float(program(torch.ones(3), (torch.tensor(2.0),) * n)) == 6.0
+    assert program.failed is None
+    with pytest.warns(RuntimeWarning, match="could not compile .* training runs eagerly"):
+        assert float(program(torch.ones(3), (torch.tensor(2.0),) * 3)) == 6.0
+    assert "recompile" in program.failed.lower()
+    assert float(program(torch.ones(3), (torch.tensor(2.0),) * 4)) == 6.0  # no second warning
 
 
 def test_fit_and_svi_train_through_a_compiled_loss_and_it_pickles():

@@ -3,6 +3,7 @@ tensor program: the same value and gradients on the same draws, eager and compil
 with particles, minibatches and ``num_data``; a warned fallback elsewhere."""
 
 import pickle
+import warnings
 
 import gpytorch
 import pyro
@@ -140,7 +141,7 @@ def test_other_models_and_guides_train_with_trace_mean_field_after_one_warning()
     with isolated_params():
         kernels = [gpytorch.kernels.PeriodicKernel(), gpytorch.kernels.RBFKernel()]
         model = DeepGP(kernels, x[:5, :1].clone())
-        with pytest.warns(RuntimeWarning, match="a kernel other than"):
+        with pytest.warns(RuntimeWarning, match="kernel is not one TensorKernel covers"):
             DGPELBO().differentiable_loss(model, DGPFactorisedGuide(model), x[:, :1], y)
     with pytest.raises(ValueError, match="num_particles"):
         DGPELBO(0)
@@ -156,3 +157,49 @@ def test_plain_svi_trains_and_the_loss_pickles():
     assert losses[-1] < losses[0]
     again = pickle.loads(pickle.dumps(loss))
     assert again.num_particles == 2 and again.compile == BACKEND and again.fallback is None
+
+
+def test_bad_sizes_raise_and_y_may_be_a_keyword():
+    x, y = _data()
+    with isolated_params():
+        model, guide = _pair("batched", True)
+        loss = DGPELBO(2)
+        for kwargs in ({"subsample_size": -5}, {"subsample_size": 31}, {"num_data": 0}):
+            with pytest.raises(ValueError, match="subsample_size|num_data"):
+                loss.differentiable_loss(model, guide, x, y, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            torch.manual_seed(2)
+            a = loss.differentiable_loss(model, guide, x, y=y)
+        torch.manual_seed(2)
+        torch.testing.assert_close(a, loss.differentiable_loss(model, guide, x, y))
+    same = TraceMeanField_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=1)
+    assert loss.vectorize_particles and loss.max_plate_nesting == same.max_plate_nesting
+
+
+def test_each_new_reason_to_fall_back_warns_once_at_the_callers_line():
+    x, y = _data()
+    with isolated_params():
+        model = DeepGP(
+            [gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5], inducing="propagated"
+        )
+        loss = DGPELBO()
+        with pytest.warns(RuntimeWarning, match="not a DGPFactorisedGuide") as caught:
+            loss.differentiable_loss(model, DGPIntermediateGuide(model), x, y)
+        assert caught[0].filename == __file__
+    with isolated_params():  # another model, under the same names
+        kernels = [gpytorch.kernels.PeriodicKernel(), gpytorch.kernels.RBFKernel()]
+        other = DeepGP(kernels, x[:5, :1].clone())
+        with pytest.warns(RuntimeWarning, match="TensorKernel covers"):
+            loss.differentiable_loss(other, DGPFactorisedGuide(other), x[:, :1], y)
+    with isolated_params(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loss.differentiable_loss(model, DGPIntermediateGuide(model), x, y)  # seen before
+    assert "not a DGPFactorisedGuide" in loss.fallback
+
+
+def test_a_mean_function_must_be_a_module():
+    x, _ = _data()
+    kernels = [gpytorch.kernels.RBFKernel() for _ in range(2)]
+    with pytest.raises(ValueError, match="wrap a function of your own in a torch.nn.Module"):
+        DeepGP(kernels, x[:5], mean_functions=[lambda f: 0 * f, "zero"])

@@ -88,11 +88,6 @@ def _with_signs(data: VBData, signs: torch.Tensor) -> VBData:
     return new
 
 
-#: compiled programs of one search: one per number of experts (the gates' count and the
-#: arrays' widths follow from it), each for a static and then a symbolic batch size
-_RECOMPILE_LIMIT = 64
-
-
 def cycle_program(compile: bool | str = False):
     """The VB cycle of a search: :func:`~pyro_trees.infer.bayesian_hme_vb.fused_cycle`,
     or with ``compile`` (``True`` or a ``torch.compile`` backend name) the same function
@@ -117,8 +112,10 @@ def cycle_program(compile: bool | str = False):
         # cached_property holds a lock)
         data.num_rows, data._pairs, data._xt  # noqa: B018
         temp = torch.tensor(float(temperature), dtype=data.x.dtype, device=data.x.device)
-        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-            return program(data, state, temp, sq_a)
+        # one program per number of experts (the gates' count and the arrays' widths follow
+        # from it), each for a static and then a symbolic batch size: within the
+        # CompiledLoss's recompile limit
+        return program(data, state, temp, sq_a)
 
     compiled_cycle.program = program  # its compiler state (``failed``: why it fell back)
     return compiled_cycle
