@@ -22,7 +22,7 @@ from pyro.infer import Trace_ELBO
 
 from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.infer.compiled import CompilesLoss
+from pyro_trees.infer.compiled import CompilesLoss, xy_call
 from pyro_trees.models.bayesian_hme import BayesianHME
 from pyro_trees.topology import expert_log_probs
 
@@ -96,17 +96,6 @@ def bayesian_hme_elbo_of(q: dict, prior: dict, draws: dict, x, y, scale):
     return total + log_lik.sum() * scale
 
 
-def _call(args: tuple, kwargs: dict):
-    """``(x, y, other arguments)`` of a call ``model(x, y)`` or ``model(x, y=y)`` (with
-    ``subsample_size``)."""
-    extra = set(kwargs) - {"y", "subsample_size"}
-    if len(args) == 2 and "y" not in kwargs:
-        return args[0], args[1], extra
-    if len(args) == 1:
-        return args[0], kwargs.get("y"), extra
-    return None, None, extra or {"arguments"}
-
-
 class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
     """``Trace_ELBO`` of a :class:`~pyro_trees.models.BayesianHME` (alone, or in a
     :class:`~pyro_trees.guides.RestartPlate` with as many restarts as the guide) and its
@@ -155,7 +144,7 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
         restarts = model.num_restarts if isinstance(model, RestartPlate) else None
         if guide.num_restarts != restarts:
             return f"the guide has {guide.num_restarts} restarts and the model's plate {restarts}"
-        x, y, extra = _call(args, kwargs)
+        x, y, extra = xy_call(args, kwargs, ("subsample_size",))
         if x is None or y is None or extra:
             return "the model is not called as model(x, y) (with subsample_size)"
         return None
@@ -170,7 +159,7 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
             return loss.differentiable_loss(model, guide, *args, **kwargs)
         self.fallback = None
         inner = model.model if isinstance(model, RestartPlate) else model
-        x, y, _ = _call(args, kwargs)
+        x, y, _ = xy_call(args, kwargs, ("subsample_size",))
         y = inner._check(x, y)
         q = guide.site_params()
         # the draws, in the guide's order (Gamma draws eagerly: torch's sampler)

@@ -76,6 +76,18 @@ CUDA_MIN_STEPS = 1000
 RECOMPILE_LIMIT = 64
 
 
+def xy_call(args: tuple, kwargs: dict, options: tuple = ()):
+    """``(x, y, unexpected)`` of a call ``model(x, y, **options)`` or ``model(x, y=y,
+    **options)``: ``x`` and ``y`` are ``None`` for any other call, ``unexpected`` the
+    keywords it has beyond ``y`` and ``options``."""
+    unexpected = set(kwargs) - {"y", *options}
+    if len(args) == 2 and "y" not in kwargs:
+        return args[0], args[1], unexpected
+    if len(args) == 1:
+        return args[0], kwargs.get("y"), unexpected
+    return None, None, unexpected or {"positional arguments"}
+
+
 def should_compile(device, num_steps: int, batch_rows: int | None = None) -> bool:
     """Whether an estimator's fit compiles its loss by default.
 

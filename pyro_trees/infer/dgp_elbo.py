@@ -31,7 +31,7 @@ from pyro_trees.gp import conditional, gaussian_kl, kernel_matrix
 from pyro_trees.guides.dgp import DGPFactorisedGuide
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.collapsed_elbo import _FirstTry
-from pyro_trees.infer.compiled import CompilesLoss
+from pyro_trees.infer.compiled import CompilesLoss, xy_call
 from pyro_trees.models.dgp import DeepGP
 
 __all__ = ["DGPELBO", "dgp_elbo_of"]
@@ -81,17 +81,6 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     log_lik = -0.5 * ((y - f_loc) / noise).pow(2) - noise.log() - _HALF_LOG_2PI
     log_lik = (log_lik - 0.5 * f_var / noise.pow(2)).sum(-1) * scale  # (S,)
     return log_lik.mean() - kl
-
-
-def _call(args: tuple, kwargs: dict):
-    """``(x, y, other arguments)`` of a call ``model(x, y)`` or ``model(x, y=y)`` (with
-    ``num_data`` or ``subsample_size``)."""
-    extra = set(kwargs) - {"y", "num_data", "subsample_size"}
-    if len(args) == 2 and "y" not in kwargs:
-        return args[0], args[1], extra
-    if len(args) == 1:
-        return args[0], kwargs.get("y"), extra
-    return None, None, extra or {"arguments"}
 
 
 def _check_sizes(n: int, num_data, subsample_size) -> None:
@@ -201,7 +190,7 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
             return f"the guide is not a DGPFactorisedGuide (got {type(guide).__name__})"
         if model.inducing != "layer":
             return "the model's inducing outputs are propagated"
-        x, y, extra = _call(args, kwargs)
+        x, y, extra = xy_call(args, kwargs, ("num_data", "subsample_size"))
         if x is None or y is None or extra:
             return "the model is not called as model(x, y) (with num_data or subsample_size)"
         return None
@@ -221,7 +210,7 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
             )
             return loss.differentiable_loss(model, guide, *args, **kwargs)
         self.fallback = None
-        x, y, _ = _call(args, kwargs)
+        x, y, _ = xy_call(args, kwargs, ("num_data", "subsample_size"))
         num_data, subsample_size = kwargs.get("num_data"), kwargs.get("subsample_size")
         x, y = model.checked_data(x, y, num_data=num_data, subsample_size=subsample_size)
         _check_sizes(x.shape[0], num_data, subsample_size)
