@@ -22,9 +22,10 @@ from pyro.infer import Trace_ELBO
 
 from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.infer.compiled import CompilesLoss, xy_call
+from pyro_trees.infer.compiled import CompilesLoss, check_subsample_size, xy_call
 from pyro_trees.models.bayesian_hme import BayesianHME
 from pyro_trees.topology import expert_log_probs
+from pyro_trees.validation import check_finite
 
 __all__ = ["BayesianHMEELBO", "bayesian_hme_elbo_of"]
 
@@ -49,6 +50,11 @@ def _normal_lp(value, precision):
     """``Normal(0, precision ** -0.5).log_prob(value)`` as the model scores it."""
     scale = precision.rsqrt()
     return -0.5 * (value / scale).pow(2) - scale.log() - _HALF_LOG_2PI
+
+
+def _check_data(x: torch.Tensor, y: torch.Tensor) -> None:
+    check_finite(x, "x")
+    check_finite(y, "y")
 
 
 def bayesian_hme_elbo_of(q: dict, prior: dict, draws: dict, x, y, scale):
@@ -103,7 +109,9 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
     ``model(x, y, subsample_size=B)``, as one tensor program: equal values and gradients
     on the same draws (tested). The guide's first call with data (its start) and any
     other model, guide or call train with ``Trace_ELBO`` (the latter after one warning
-    that says why).
+    that says why); a guide whose number of restarts is not the model's
+    ``RestartPlate``'s raises. The data are checked once per pair of tensors (finite
+    values), and ``subsample_size`` at every call.
 
     :param compile: ``False`` (eager), ``True`` or a ``torch.compile`` backend name.
     :param mode: ``torch.compile``'s ``mode``.
@@ -141,9 +149,6 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
             return f"the guide is not a BayesianHMEGuide (got {type(guide).__name__})"
         if guide.master is not None:
             return "the guide is part of an AutoGuideList"
-        restarts = model.num_restarts if isinstance(model, RestartPlate) else None
-        if guide.num_restarts != restarts:
-            return f"the guide has {guide.num_restarts} restarts and the model's plate {restarts}"
         x, y, extra = xy_call(args, kwargs, ("subsample_size",))
         if x is None or y is None or extra:
             return "the model is not called as model(x, y) (with subsample_size)"
@@ -159,8 +164,17 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
             return loss.differentiable_loss(model, guide, *args, **kwargs)
         self.fallback = None
         inner = model.model if isinstance(model, RestartPlate) else model
+        restarts = model.num_restarts if isinstance(model, RestartPlate) else None
+        if guide.num_restarts != restarts:
+            raise ValueError(
+                f"the guide has {guide.num_restarts} restarts but the model's RestartPlate "
+                f"{restarts}: give both the same number (None: no RestartPlate)"
+            )
         x, y, _ = xy_call(args, kwargs, ("subsample_size",))
         y = inner._check(x, y)
+        # the values Pyro's validation would refuse, once per pair of tensors and model
+        self._once("data", (x, y), lambda: _check_data(x, y), owner=inner)
+        check_subsample_size(kwargs.get("subsample_size"), x.shape[0])
         q = guide.site_params()
         # the draws, in the guide's order (Gamma draws eagerly: torch's sampler)
         draws = {}

@@ -32,6 +32,7 @@ saving outweighs the compilation (see its docstring).
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import warnings
@@ -86,6 +87,19 @@ def xy_call(args: tuple, kwargs: dict, options: tuple = ()):
     if len(args) == 1:
         return args[0], kwargs.get("y"), unexpected
     return None, None, unexpected or {"positional arguments"}
+
+
+def check_subsample_size(subsample_size, n: int) -> None:
+    """Raise :class:`ValueError` unless ``subsample_size`` is ``None`` or an integer in
+    ``[1, n]``, as a Pyro plate over ``n`` rows requires."""
+    if subsample_size is None:
+        return
+    if isinstance(subsample_size, bool) or not hasattr(subsample_size, "__index__"):
+        raise ValueError(f"subsample_size must be an integer in [1, {n}], got {subsample_size!r}")
+    if not 1 <= operator.index(subsample_size) <= n:
+        raise ValueError(
+            f"subsample_size must lie in [1, {n}] (the rows of x), got {subsample_size!r}"
+        )
 
 
 def should_compile(device, num_steps: int, batch_rows: int | None = None) -> bool:

@@ -31,7 +31,7 @@ from pyro_trees.gp import conditional, gaussian_kl, kernel_matrix
 from pyro_trees.guides.dgp import DGPFactorisedGuide
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.collapsed_elbo import _FirstTry
-from pyro_trees.infer.compiled import CompilesLoss, xy_call
+from pyro_trees.infer.compiled import CompilesLoss, check_subsample_size, xy_call
 from pyro_trees.models.dgp import DeepGP
 
 __all__ = ["DGPELBO", "dgp_elbo_of"]
@@ -88,10 +88,7 @@ def _check_sizes(n: int, num_data, subsample_size) -> None:
     plate requires."""
     if num_data is not None and (isinstance(num_data, bool) or int(num_data) < 1):
         raise ValueError(f"num_data must be a positive number of rows, got {num_data!r}")
-    if subsample_size is not None and not 1 <= int(subsample_size) <= n:
-        raise ValueError(
-            f"subsample_size must lie in [1, {n}] (the rows of x), got {subsample_size!r}"
-        )
+    check_subsample_size(subsample_size, n)
 
 
 def _outputs(kernel) -> int:

@@ -98,8 +98,6 @@ def test_other_pairs_train_with_trace_elbo_after_one_warning():
             warnings.filterwarnings("ignore", "Found vars in model but not guide")
             b = Trace_ELBO(max_plate_nesting=2).differentiable_loss(model, guide, x, None)
         torch.testing.assert_close(a, b)
-        reason = BayesianHMEELBO.unsupported(model.model, guide, (x, y), {})
-        assert "3 restarts and the model's plate None" in reason
 
 
 def test_plain_svi_trains_every_restart_and_the_loss_pickles():
@@ -115,3 +113,20 @@ def test_plain_svi_trains_every_restart_and_the_loss_pickles():
     assert losses[-1] < losses[0]
     again = pickle.loads(pickle.dumps(loss))
     assert again.compile == BACKEND and again.fallback is None
+
+
+def test_bad_data_sizes_and_restart_counts_raise():
+    x, y = _data()
+    with isolated_params():
+        model, guide = _pair("balanced, 4 experts", 3)
+        loss = BayesianHMEELBO()
+        loss.differentiable_loss(model, guide, x, y)  # the start
+        bad = y.clone()
+        bad[0, 0] = float("nan")
+        with pytest.raises(ValueError, match="y contains 1 NaN"):
+            loss.differentiable_loss(model, guide, x, bad)
+        for size in (-1, 0, 41, 32.0, True):
+            with pytest.raises(ValueError, match="subsample_size"):
+                loss.differentiable_loss(model, guide, x, y, subsample_size=size)
+        with pytest.raises(ValueError, match="3 restarts but the model's RestartPlate 5"):
+            loss.differentiable_loss(RestartPlate(model.model, 5), guide, x, y)
