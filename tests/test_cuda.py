@@ -1,7 +1,8 @@
 """The GPU contract: every estimator and every model + guide pair of the Pyro contract
 trains on ``cuda`` and predicts there, finite and close to the CPU fit; the compiled VaRT
-and HME losses, the heteroscedastic GP's bound program and the Bayesian HME's compiled VB
-cycle equal the eager ones on the GPU. Every test is marked ``cuda`` and skips without
+and HME losses, the heteroscedastic GP's bound program, the Bayesian HME's compiled VB
+cycle and the TreeVI, deep GP and Bayesian HME program losses equal the eager (or Pyro's)
+ones on the GPU. Every test is marked ``cuda`` and skips without
 a CUDA device (tests/conftest.py)."""
 
 import numpy as np
@@ -204,3 +205,57 @@ def test_the_compiled_vb_cycle_equals_the_eager_one_on_cuda(backend):
         for c in (False, backend)
     ]
     assert torch.allclose(sels[0].bounds, sels[1].bounds, rtol=1e-9)
+
+
+def _program_loss_case(name: str, backend, device: str):
+    """Pyro's loss and ours on ``device`` from the same seed: (theirs, ours, gradients of
+    each, the loss)."""
+    from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+
+    from pyro_trees.infer import DGPELBO, BayesianHMEELBO, TreeVIELBO
+    from pyro_trees.infer.fit import isolated_params
+    from tests.infer import test_bayesian_hme_elbo as bhme
+    from tests.infer import test_dgp_elbo as dgp
+    from tests.infer import test_tree_vi_elbo as treevi
+
+    with isolated_params():
+        if name == "treevi":
+            parents, x = treevi._data()
+            model, guide = treevi._model("clustering"), treevi._guide("tree", parents)
+            args, kwargs = (x.to(device),), {"idx": treevi.BATCH}
+            theirs, ours = Trace_ELBO(), TreeVIELBO(compile=backend)
+        elif name == "deep gp":
+            x, y = dgp._data()
+            model, guide = dgp._pair("batched", True)
+            args, kwargs = (x.to(device), y.to(device)), {}
+            theirs = TraceMeanField_ELBO(
+                num_particles=3, vectorize_particles=True, max_plate_nesting=1
+            )
+            ours = DGPELBO(3, compile=backend)
+        else:
+            x, y = bhme._data()
+            model, guide = bhme._pair("balanced, 4 experts", 3)
+            args, kwargs = (x.to(device), y.to(device)), {"subsample_size": 15}
+            theirs, ours = Trace_ELBO(max_plate_nesting=2), BayesianHMEELBO(compile=backend)
+        model, guide = model.to(device), guide.to(device)
+        theirs.differentiable_loss(model, guide, *args)  # lazy starts
+        params = [p for p in (*model.parameters(), *guide.parameters()) if p.requires_grad]
+        values, grads = [], []
+        for loss in (theirs, ours):
+            torch.manual_seed(5)
+            value = loss.differentiable_loss(model, guide, *args, **kwargs)
+            values.append(value)
+            grads.append(torch.autograd.grad(value, params, allow_unused=True))
+    return values, grads, ours
+
+
+@pytest.mark.parametrize("backend", [False, "aot_eager", "inductor"])
+@pytest.mark.parametrize("name", ["treevi", "deep gp", "bayesian hme"])
+def test_the_program_losses_equal_pyros_on_cuda(name, backend):
+    (theirs, ours), grads, loss = _program_loss_case(name, backend, "cuda")
+    assert ours.is_cuda and torch.allclose(ours, theirs, rtol=1e-9)
+    for ga, gb in zip(*grads, strict=True):
+        if ga is not None:
+            assert torch.allclose(ga, gb, rtol=1e-7, atol=1e-9)
+    if backend:
+        assert loss._compiled.failed is None
