@@ -213,9 +213,9 @@ class TensorKernel:
             right = torch.cat([b, torch.ones_like(b_sq), b_sq], -1)
             if self.nu is None:
                 # -r^2 / 2 straight from the product, each summand scaled by -1/2 (exact),
-                # and the exponential in place: two passes over the (N, M) result
+                # and the clamp and the exponential in place, as GPyTorch does
                 left = torch.cat([a, -0.5 * a_sq, torch.full_like(a_sq, -0.5)], -1)
-                half = (left @ right.mT).clamp_max(0)
+                half = (left @ right.mT).clamp_max_(0)
                 if x2 is None:  # r = 0 on the diagonal exactly, not the product's rounding
                     half = half - torch.diag_embed(half.diagonal(dim1=-2, dim2=-1))
                 k = half.exp_()
