@@ -298,6 +298,48 @@ def treevi(rows: int, quick: bool) -> Setup:
     )
 
 
+def deep_gp_intermediate(rows: int, quick: bool) -> Setup:
+    """Deep GP with propagated inducing outputs and the whitened intermediate guide (eq.
+    4), as ``benchmarks/dgp_composition.py`` builds it but with RBF kernels in both
+    layers (its last layer's periodic kernel has no tensor form): two layers of width 1,
+    15 inducing inputs, ``TraceMeanField_ELBO`` with 4 vectorised samples, Adam at
+    0.01, full batch, float64."""
+    import gpytorch
+    from pyro.infer import TraceMeanField_ELBO
+
+    from pyro_trees.guides import DGPIntermediateGuide
+    from pyro_trees.models import DeepGP
+
+    x, y = _data(rows, torch.float64)
+    x = x[:, :1]
+    kernels = [gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) for _ in range(2)]
+    z = torch.linspace(float(x.min()), float(x.max()), 15, dtype=torch.float64).unsqueeze(-1)
+    with pyro.settings.context(module_local_params=True):
+        model = DeepGP(kernels, z, inducing="propagated", noise=0.1)
+        guide = DGPIntermediateGuide(model, whiten=True)
+    loss = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    return Setup(
+        model,
+        guide,
+        (x, y),
+        dict(loss=loss, optim="adam", lr=0.01),
+        context=lambda: pyro.settings.context(module_local_params=True),
+        batch=rows,
+        note="propagated, M = 15, 4 samples",
+    )
+
+
+def deep_gp_intermediate_program(rows: int, quick: bool) -> Setup:
+    """``deep_gp_intermediate`` trained with :class:`~pyro_trees.infer.DGPELBO` (4
+    particles): the same estimator on the same draws as one tensor program."""
+    from pyro_trees.infer import DGPELBO
+
+    setup = deep_gp_intermediate(rows, quick)
+    setup.fit_kwargs = {**setup.fit_kwargs, "loss": DGPELBO(4)}
+    setup.note += "; DGPELBO"
+    return setup
+
+
 def bayesian_hme_program(rows: int, quick: bool) -> Setup:
     """Bayesian HME as ``bayesian_hme``, trained with
     :class:`~pyro_trees.infer.BayesianHMEELBO` instead of ``Trace_ELBO``: the same ELBO on
@@ -344,6 +386,8 @@ FAMILIES = {
     "heteroscedastic_gp": heteroscedastic_gp,
     "deep_gp": deep_gp,
     "deep_gp_program": deep_gp_program,
+    "deep_gp_intermediate": deep_gp_intermediate,
+    "deep_gp_intermediate_program": deep_gp_intermediate_program,
     "treevi": treevi,
     "treevi_program": treevi_program,
 }

@@ -44,7 +44,8 @@ documented path trains them; float32 unless said): HME + RNN-Tree guide, Bayesia
 :class:`~pyro_trees.infer.BayesianHMEELBO`), VaRT, VaRT forest, VaRT classification,
 heteroscedastic GP, deep GP
 (factorised guide; ``deep_gp_program``: the same through
-:class:`~pyro_trees.infer.DGPELBO`), TreeVI (``Trace_ELBO``, and ``treevi_program``: the
+:class:`~pyro_trees.infer.DGPELBO`; ``deep_gp_intermediate`` and its ``_program``: the
+intermediate guide), TreeVI (``Trace_ELBO``, and ``treevi_program``: the
 same through :class:`~pyro_trees.infer.TreeVIELBO`); ``benchmarks/_step_cost_families.py``
 builds them, each
 builder's docstring saying what it follows and leaves out. Rows are
@@ -63,8 +64,8 @@ raises (e.g. out of memory) is a ``failed`` row with the error.
 **Modes**: ``eager``, the family's training as its estimator runs it on the CPU; and
 ``compiled``, the same with the family's loss compiled (``compile=True``, the default
 ``inductor`` backend: :mod:`pyro_trees.infer.compiled`), where it has a compiled loss
-(the VaRT families, the HME, the heteroscedastic GP, ``bayesian_hme_program``,
-``deep_gp_program`` and ``treevi_program``; the others are ``n/a`` rows). A compiled
+(the VaRT families, the HME, the heteroscedastic GP and the ``_program`` families; the
+others are ``n/a`` rows). A compiled
 cell's ``first s`` is its first step, compilation included; its steps are timed after the
 warm-up steps, as the eager cells'. Rows of one batch size share one program, so a later
 cell of the same family and batch compiles nothing.

@@ -2,7 +2,9 @@
 
 :class:`pyro.infer.TraceMeanField_ELBO` on a :class:`~pyro_trees.models.DeepGP` and its
 :class:`~pyro_trees.guides.DGPFactorisedGuide` (the doubly stochastic deep GP of
-Salimbeni & Deisenroth) runs a poutine stack over the inducing sites, the layer draws
+Salimbeni & Deisenroth) or, with propagated inducing outputs, its
+:class:`~pyro_trees.guides.DGPIntermediateGuide` (eq. 4 of Ustyuzhaninov et al.) runs
+a poutine stack over the inducing sites, the layer draws
 and the likelihood, and reads values back to the host at every step. :class:`DGPELBO`
 computes the same estimator as plain tensor code: the draws of the inducing outputs,
 the layers' conditionals (:func:`~pyro_trees.gp.conditional` with the kernels as
@@ -28,7 +30,7 @@ from pyro.infer import TraceMeanField_ELBO
 
 from pyro_trees.gp import cholesky as retrying_cholesky
 from pyro_trees.gp import conditional, gaussian_kl, kernel_matrix
-from pyro_trees.guides.dgp import DGPFactorisedGuide
+from pyro_trees.guides.dgp import DGPFactorisedGuide, DGPIntermediateGuide
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.collapsed_elbo import _FirstTry
 from pyro_trees.infer.compiled import CompilesLoss, check_subsample_size, xy_call
@@ -46,11 +48,19 @@ def _mean(mean, f: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale, chol=None):
-    """The ELBO of :class:`~pyro_trees.models.DeepGP` (``inducing="layer"``) with a
-    Gaussian per inducing site, one value per particle averaged, from its tensors:
-    ``TraceMeanField_ELBO``'s estimator as plain code.
+    """The ELBO of :class:`~pyro_trees.models.DeepGP` with a Gaussian per inducing site,
+    one value per particle averaged, from its tensors: ``TraceMeanField_ELBO``'s
+    estimator as plain code.
 
-    :param dict parts: :meth:`DeepGP.program_parts <pyro_trees.models.DeepGP.program_parts>`.
+    With ``inducing="layer"`` the sites are ``q(u_i) = N(loc_i, S_i)`` (the factorised
+    guide). With ``inducing="propagated"`` they are the intermediate guide's
+    ``F_i^Z``: whitened (``parts["guide_whiten"]``), ``mu_i + L_i (loc_i + S_i eps)`` with
+    ``mu_i`` and ``L_i L_i^T`` the prior's mean and covariance at the drawn
+    ``F_{i-1}^Z``, whose KL is ``KL[N(loc_i, S_i) || N(0, I)]``; free-form,
+    ``N(loc_i, S_i)`` with its KL to that prior, averaged over the particles.
+
+    :param dict parts: :meth:`DeepGP.program_parts <pyro_trees.models.DeepGP.program_parts>`
+        and ``"guide_whiten"``.
     :param list sites: ``(loc, scale_tril)`` per layer, ``(P_i, M_i)`` and
         ``(P_i, M_i, M_i)`` (:meth:`~pyro_trees.guides.DGPFactorisedGuide.site_params`).
     :param x: the rows of the step, ``(N, D_0)``; ``y`` their targets ``(N,)``.
@@ -63,19 +73,36 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     """
     chol = retrying_cholesky if chol is None else chol
     jitter, whiten = parts["jitter"], parts["whiten"]
-    f, kl = x, 0.0
+    propagated = parts["inducing"] == "propagated"
+    f, kl, z = x, 0.0, parts["zs"][0]
     layers = len(parts["kernels"])
     for i, (kernel, (loc, tril)) in enumerate(zip(parts["kernels"], sites, strict=True)):
-        z = parts["zs"][i]
-        u = loc + (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
-        Lzz = chol(kernel_matrix(kernel, z), jitter)  # (Pk, M, M)
-        prior = None if whiten else Lzz.expand(tril.shape)
-        kl = kl + gaussian_kl(loc, tril, None, prior).sum()
+        width = parts["dims"][i + 1]
+        noise = (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
+        if propagated:  # the inducing inputs are the previous layer's draw at Z
+            Lzz = chol(kernel_matrix(kernel, z), jitter)  # (..., Pk, M, M)
+            mu = _mean(parts["means"][i], z, width).mT  # (..., P, M)
+            if parts["guide_whiten"]:
+                site = mu + (Lzz @ (loc + noise).unsqueeze(-1)).squeeze(-1)
+                kl = kl + gaussian_kl(loc, tril).sum()
+            else:
+                site = loc + noise
+                prior = Lzz.expand(mu.shape + mu.shape[-1:])
+                pair = torch.broadcast_tensors(loc, mu)
+                kl = kl + gaussian_kl(pair[0], tril.expand_as(prior), pair[1], prior).sum(-1).mean()
+            u = site - mu
+        else:
+            z = parts["zs"][i]
+            u = loc + noise
+            Lzz = chol(kernel_matrix(kernel, z), jitter)  # (Pk, M, M)
+            kl = kl + gaussian_kl(loc, tril, None, None if whiten else Lzz.expand(tril.shape)).sum()
         mean, var = conditional(kernel, f, z, u, whiten=whiten, jitter=jitter, Lzz=Lzz)
-        mean = mean.mT + _mean(parts["means"][i], f, parts["dims"][i + 1])
+        mean = mean.mT + _mean(parts["means"][i], f, width)
         var = var.mT.clamp_min(parts["min_variance"])
         if i < layers - 1:
             f = mean + var.sqrt() * eps_f[i]
+            if propagated:
+                z = site.mT  # (S, M, P)
     f_loc, f_var = mean.squeeze(-1), var.squeeze(-1)
     noise = parts["noise"]
     log_lik = -0.5 * ((y - f_loc) / noise).pow(2) - noise.log() - _HALF_LOG_2PI
@@ -116,12 +143,14 @@ def _dgp_program(parts, sites, x, y, eps_u, eps_f, scale):
 
 
 class DGPELBO(CompilesLoss, DifferentiableLossELBO):
-    """:class:`~pyro.infer.TraceMeanField_ELBO` of a deep GP with the factorised guide,
-    as one tensor program.
+    """:class:`~pyro.infer.TraceMeanField_ELBO` of a deep GP with the factorised or the
+    intermediate guide, as one tensor program.
 
-    For a :class:`~pyro_trees.models.DeepGP` with ``inducing="layer"`` and RBF or Matérn
-    kernels (optionally in a ``ScaleKernel``, batched over the layer's outputs or
-    shared), trained with a :class:`~pyro_trees.guides.DGPFactorisedGuide` and called as
+    For a :class:`~pyro_trees.models.DeepGP` with RBF or Matérn kernels (optionally in a
+    ``ScaleKernel``, batched over the layer's outputs or shared), trained with a
+    :class:`~pyro_trees.guides.DGPFactorisedGuide` (``inducing="layer"``) or a
+    :class:`~pyro_trees.guides.DGPIntermediateGuide`, whitened or free-form
+    (``inducing="propagated"``), and called as
     ``model(x, y)``, ``model(x, y, subsample_size=B)`` or ``model(x, y,
     num_data=N)``, its value and gradients equal ``TraceMeanField_ELBO(num_particles,
     vectorize_particles=True, max_plate_nesting=1)``'s on the same draws (tested), with
@@ -183,10 +212,12 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
             return f"the model is not a DeepGP (got {type(model).__name__})"
         if type(model).forward is not DeepGP.forward:
             return f"the model's class {type(model).__name__} overrides DeepGP.forward"
-        if type(guide) is not DGPFactorisedGuide:
-            return f"the guide is not a DGPFactorisedGuide (got {type(guide).__name__})"
-        if model.inducing != "layer":
-            return "the model's inducing outputs are propagated"
+        wanted = DGPFactorisedGuide if model.inducing == "layer" else DGPIntermediateGuide
+        if type(guide) is not wanted:
+            return (
+                f"the guide is not a {wanted.__name__} (got {type(guide).__name__}) for a "
+                f"model with inducing={model.inducing!r}"
+            )
         x, y, extra = xy_call(args, kwargs, ("num_data", "subsample_size"))
         if x is None or y is None or extra:
             return "the model is not called as model(x, y) (with num_data or subsample_size)"
@@ -212,6 +243,7 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
         x, y = model.checked_data(x, y, num_data=num_data, subsample_size=subsample_size)
         _check_sizes(x.shape[0], num_data, subsample_size)
         sites = guide.site_params()
+        parts["guide_whiten"] = getattr(guide, "whiten", False)
         S, n, like = self.num_particles, x.shape[0], {"dtype": x.dtype, "device": x.device}
         # the draws, in TraceMeanField_ELBO's order: the guide's sites, the data plate's
         # subsample, each inner layer's noise

@@ -405,14 +405,13 @@ class DeepGP(PyroModule):
     # -- the ELBO's model part as plain tensor code, for a loss that compiles it --------
     def program_parts(self) -> dict | None:
         """The model's tensors, read once through Pyro's store (so that plain ``SVI``
-        trains them), for :func:`~pyro_trees.infer.dgp_elbo.dgp_elbo_of`: the inducing
-        inputs ``zs``, the kernels as :class:`~pyro_trees.gp.TensorKernel` (batched over
-        outputs where the layer's kernel is), the mean functions (``"identity"``,
+        trains them), for :func:`~pyro_trees.infer.dgp_elbo.dgp_elbo_of`: ``inducing``,
+        the inducing inputs ``zs`` (one per layer, or the propagated ``Z``), the kernels
+        as :class:`~pyro_trees.gp.TensorKernel` (batched over outputs where the layer's
+        kernel is), the mean functions (``"identity"``,
         ``"zero"`` or the module), the noise scale and the numerical settings. ``None``
-        for a model the tensor program does not cover (``inducing="propagated"``, a
-        kernel other than an RBF or Matérn kernel, optionally in a ``ScaleKernel``)."""
-        if self.inducing != "layer":
-            return None
+        for a model the tensor program does not cover (a kernel other than an RBF or
+        Matérn kernel, optionally in a ``ScaleKernel``)."""
         with self._store_params():
             zs = self.inducing_inputs
             noise = self.noise
@@ -424,6 +423,7 @@ class DeepGP(PyroModule):
             for i, name in enumerate(self._mean_names)
         )
         return {
+            "inducing": self.inducing,
             "zs": zs,
             "kernels": kernels,
             "means": means,

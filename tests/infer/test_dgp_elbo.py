@@ -11,7 +11,7 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide
+from pyro_trees.guides import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer import DGPELBO
 from pyro_trees.infer import dgp_elbo as dgp_elbo_module
 from pyro_trees.infer.fit import isolated_params
@@ -87,6 +87,61 @@ def test_equals_trace_mean_field_elbo_on_the_same_draws(kernel, whiten, particle
                 assert loss._compiled.failed is None
 
 
+def _propagated(whiten: bool, kernel: str, layers: int):
+    gen = torch.Generator().manual_seed(2)
+    x, _ = _data()
+    widths = [3] * (layers - 1) + [1]  # identity means inside: the input's width
+    dims = [3, *widths]
+    kernels = [_kernel(kernel, dims[i], dims[i + 1]) for i in range(layers)]
+    means = ["identity"] * (layers - 1) + ["zero"]
+    model = DeepGP(
+        kernels,
+        x[:6].clone(),
+        output_dims=widths,
+        mean_functions=means,
+        inducing="propagated",
+        noise=0.3,
+        jitter=None if whiten else 1e-4,
+    )
+    guide = DGPIntermediateGuide(model, whiten=whiten)
+    with torch.no_grad():
+        for p in [*guide.parameters(), *model.parameters()]:
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return model, guide
+
+
+@pytest.mark.parametrize("call", ["full batch", "subsample_size"])
+@pytest.mark.parametrize("particles", [1, 3])
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("whiten", [True, False], ids=["whitened guide", "free-form guide"])
+def test_the_intermediate_guide_equals_trace_mean_field_on_the_same_draws(
+    whiten, layers, particles, call
+):
+    x, y = _data()
+    kwargs = CALLS[call]
+    reference = TraceMeanField_ELBO(
+        num_particles=particles, vectorize_particles=True, max_plate_nesting=1
+    )
+    compiles = [False, BACKEND] if call == "full batch" and particles == 3 else [False]
+    for kernel in ("batched",) if layers == 2 else ("shared",):
+        with isolated_params():
+            model, guide = _propagated(whiten, kernel, layers)
+            params = [*model.parameters(), *guide.parameters()]
+            torch.manual_seed(4)
+            a = reference.differentiable_loss(model, guide, x, y, **kwargs)
+            expected = _grads(a, params)
+            for compile in compiles:
+                loss = DGPELBO(particles, compile=compile)
+                torch.manual_seed(4)
+                b = loss.differentiable_loss(model, guide, x, y, **kwargs)
+                torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-10)
+                for gb, ga in zip(_grads(b, params), expected, strict=True):
+                    torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-9)
+                assert loss.fallback is None
+                if compile:
+                    assert loss._compiled.failed is None
+
+
 @pytest.mark.parametrize("particles", [1, 2])
 def test_three_layers(particles):
     x, y = _data()
@@ -125,10 +180,8 @@ def test_a_failed_factorisation_is_scored_again_eagerly(monkeypatch):
 def test_other_models_and_guides_train_with_trace_mean_field_after_one_warning():
     x, y = _data()
     with isolated_params():
-        model = DeepGP(
-            [gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5], inducing="propagated"
-        )
-        guide = DGPIntermediateGuide(model)
+        model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5])
+        guide = DGPJointGuide(model)
         loss = DGPELBO(2)
         with pytest.warns(RuntimeWarning, match="not a DGPFactorisedGuide"):
             torch.manual_seed(1)
@@ -179,13 +232,11 @@ def test_bad_sizes_raise_and_y_may_be_a_keyword():
 
 def test_each_new_reason_to_fall_back_warns_once_at_the_callers_line():
     x, y = _data()
+    loss = DGPELBO()
     with isolated_params():
-        model = DeepGP(
-            [gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5], inducing="propagated"
-        )
-        loss = DGPELBO()
+        model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5])
         with pytest.warns(RuntimeWarning, match="not a DGPFactorisedGuide") as caught:
-            loss.differentiable_loss(model, DGPIntermediateGuide(model), x, y)
+            loss.differentiable_loss(model, DGPJointGuide(model), x, y)
         assert caught[0].filename == __file__
     with isolated_params():  # another model, under the same names
         kernels = [gpytorch.kernels.PeriodicKernel(), gpytorch.kernels.RBFKernel()]
@@ -194,7 +245,7 @@ def test_each_new_reason_to_fall_back_warns_once_at_the_callers_line():
             loss.differentiable_loss(other, DGPFactorisedGuide(other), x[:, :1], y)
     with isolated_params(), warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        loss.differentiable_loss(model, DGPIntermediateGuide(model), x, y)  # seen before
+        loss.differentiable_loss(model, DGPJointGuide(model), x, y)  # seen before
     assert "not a DGPFactorisedGuide" in loss.fallback
 
 
