@@ -298,6 +298,28 @@ def treevi(rows: int, quick: bool) -> Setup:
     )
 
 
+def deep_gp_joint(rows: int, quick: bool) -> Setup:
+    """Deep GP as ``deep_gp`` with the full-factor joint guide (its defaults) instead of
+    the factorised one."""
+    from pyro_trees.guides import DGPJointGuide
+
+    setup = deep_gp(rows, quick)
+    with pyro.settings.context(module_local_params=True):
+        setup.guide = DGPJointGuide(setup.model)
+    setup.note += ", joint guide"
+    return setup
+
+
+def deep_gp_joint_program(rows: int, quick: bool) -> Setup:
+    """``deep_gp_joint`` trained with :class:`~pyro_trees.infer.DGPELBO` (4 particles)."""
+    from pyro_trees.infer import DGPELBO
+
+    setup = deep_gp_joint(rows, quick)
+    setup.fit_kwargs = {**setup.fit_kwargs, "loss": DGPELBO(4)}
+    setup.note += "; DGPELBO"
+    return setup
+
+
 def deep_gp_intermediate(rows: int, quick: bool) -> Setup:
     """Deep GP with propagated inducing outputs and the whitened intermediate guide (eq.
     4), as ``benchmarks/dgp_composition.py`` builds it but with RBF kernels in both
@@ -386,6 +408,8 @@ FAMILIES = {
     "heteroscedastic_gp": heteroscedastic_gp,
     "deep_gp": deep_gp,
     "deep_gp_program": deep_gp_program,
+    "deep_gp_joint": deep_gp_joint,
+    "deep_gp_joint_program": deep_gp_joint_program,
     "deep_gp_intermediate": deep_gp_intermediate,
     "deep_gp_intermediate_program": deep_gp_intermediate_program,
     "treevi": treevi,

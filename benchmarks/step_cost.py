@@ -44,10 +44,10 @@ documented path trains them; float32 unless said): HME + RNN-Tree guide, Bayesia
 :class:`~pyro_trees.infer.BayesianHMEELBO`), VaRT, VaRT forest, VaRT classification,
 heteroscedastic GP, deep GP
 (factorised guide; ``deep_gp_program``: the same through
-:class:`~pyro_trees.infer.DGPELBO`; ``deep_gp_intermediate`` and its ``_program``: the
-intermediate guide), TreeVI (``Trace_ELBO``, and ``treevi_program``: the
-same through :class:`~pyro_trees.infer.TreeVIELBO`); ``benchmarks/_step_cost_families.py``
-builds them, each
+:class:`~pyro_trees.infer.DGPELBO`; ``deep_gp_joint``, ``deep_gp_intermediate`` and their
+``_program``: the joint and intermediate guides), TreeVI (``Trace_ELBO``, and
+``treevi_program``: the same through :class:`~pyro_trees.infer.TreeVIELBO`);
+``benchmarks/_step_cost_families.py`` builds them, each
 builder's docstring saying what it follows and leaves out. Rows are
 :func:`benchmarks._common.synthetic_rows` (8 features, seed 0); full batch unless the
 family's estimator minibatches by default (the VaRT families: ``min(N, 2048)`` rows per

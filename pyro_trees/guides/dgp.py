@@ -271,6 +271,29 @@ class DGPJointGuide(TreeGuide, PyroModule):
             joint.scale_tril = torch.block_diag(*blocks)
         return joint
 
+    def site_params(self) -> list[dict]:
+        """Per layer, the full factor's pieces as :meth:`forward` draws them, read once
+        through Pyro's store (so that plain ``SVI`` trains them), for a loss that draws
+        the sites as plain tensor code: ``{"mean": (n_i,), "tril": (n_i, n_i), "cross":
+        (n_i, s_i)}`` with ``n_i = P_i M_i`` and ``s_i`` the earlier layers' size, so that
+        ``u_i = mean + cross eps_<i + tril eps_i``. Full factor only (``rank=None``)."""
+        if self.rank is not None:
+            raise ValueError("site_params needs the full factor (rank=None)")
+        with self._pyro_context:
+            L, mu = self.scale_tril, self.loc
+        out, start = [], 0
+        for n in self.sizes:
+            stop = start + n
+            out.append(
+                {
+                    "mean": mu[start:stop],
+                    "tril": L[start:stop, start:stop],
+                    "cross": L[start:stop, :start],
+                }
+            )
+            start = stop
+        return out
+
     def distribution(self):
         """The joint ``q(U)`` over the concatenated vector of length ``T``."""
         if self.rank is None:

@@ -2,8 +2,9 @@
 
 :class:`pyro.infer.TraceMeanField_ELBO` on a :class:`~pyro_trees.models.DeepGP` and its
 :class:`~pyro_trees.guides.DGPFactorisedGuide` (the doubly stochastic deep GP of
-Salimbeni & Deisenroth) or, with propagated inducing outputs, its
-:class:`~pyro_trees.guides.DGPIntermediateGuide` (eq. 4 of Ustyuzhaninov et al.) runs
+Salimbeni & Deisenroth), its :class:`~pyro_trees.guides.DGPJointGuide` or, with
+propagated inducing outputs, its :class:`~pyro_trees.guides.DGPIntermediateGuide`
+(eq. 4 of Ustyuzhaninov et al.) runs
 a poutine stack over the inducing sites, the layer draws
 and the likelihood, and reads values back to the host at every step. :class:`DGPELBO`
 computes the same estimator as plain tensor code: the draws of the inducing outputs,
@@ -30,7 +31,7 @@ from pyro.infer import TraceMeanField_ELBO
 
 from pyro_trees.gp import cholesky as retrying_cholesky
 from pyro_trees.gp import conditional, gaussian_kl, kernel_matrix
-from pyro_trees.guides.dgp import DGPFactorisedGuide, DGPIntermediateGuide
+from pyro_trees.guides.dgp import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.collapsed_elbo import _FirstTry
 from pyro_trees.infer.compiled import CompilesLoss, check_subsample_size, xy_call
@@ -53,11 +54,15 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     estimator as plain code.
 
     With ``inducing="layer"`` the sites are ``q(u_i) = N(loc_i, S_i)`` (the factorised
-    guide). With ``inducing="propagated"`` they are the intermediate guide's
-    ``F_i^Z``: whitened (``parts["guide_whiten"]``), ``mu_i + L_i (loc_i + S_i eps)`` with
-    ``mu_i`` and ``L_i L_i^T`` the prior's mean and covariance at the drawn
-    ``F_{i-1}^Z``, whose KL is ``KL[N(loc_i, S_i) || N(0, I)]``; free-form,
-    ``N(loc_i, S_i)`` with its KL to that prior, averaged over the particles.
+    guide, ``(loc, scale_tril)`` per layer) or the joint guide's conditionals
+    ``mean_i + cross_i eps_<i + tril_i eps_i`` (a dict per layer,
+    :meth:`DGPJointGuide.site_params <pyro_trees.guides.DGPJointGuide.site_params>`), whose
+    KL is its expectation over the earlier layers. With ``inducing="propagated"`` they
+    are the intermediate guide's ``F_i^Z``: whitened (``parts["guide_whiten"]``),
+    ``mu_i + L_i (loc_i + S_i eps)`` with ``mu_i`` and ``L_i L_i^T`` the prior's mean
+    and covariance at the drawn ``F_{i-1}^Z``, whose KL is ``KL[N(loc_i, S_i) || N(0,
+    I)]``; free-form, ``N(loc_i, S_i)`` with its KL to that prior, averaged over the
+    particles.
 
     :param dict parts: :meth:`DeepGP.program_parts <pyro_trees.models.DeepGP.program_parts>`
         and ``"guide_whiten"``.
@@ -76,8 +81,28 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     propagated = parts["inducing"] == "propagated"
     f, kl, z = x, 0.0, parts["zs"][0]
     layers = len(parts["kernels"])
-    for i, (kernel, (loc, tril)) in enumerate(zip(parts["kernels"], sites, strict=True)):
+    earlier = []  # the joint guide's noise of the earlier layers, (S, s_i)
+    for i, (kernel, site) in enumerate(zip(parts["kernels"], sites, strict=True)):
         width = parts["dims"][i + 1]
+        if isinstance(site, dict):  # the joint guide's layer i given the earlier ones
+            z = parts["zs"][i]
+            Lzz = chol(kernel_matrix(kernel, z), jitter)  # (Pk, M, M)
+            flat = site["mean"] + (site["tril"] @ eps_u[i].unsqueeze(-1)).squeeze(-1)
+            if earlier:
+                noise = torch.cat(earlier, -1).unsqueeze(-1)
+                flat = flat + (site["cross"] @ noise).squeeze(-1)
+            earlier.append(eps_u[i])
+            M = z.shape[-2]
+            u = flat.reshape(*flat.shape[:-1], width, M)
+            prior = torch.eye(M, dtype=z.dtype, device=z.device) if whiten else Lzz
+            kl = kl + _joint_kl(site, prior.expand(width, M, M))
+            mean, var = conditional(kernel, f, z, u, whiten=whiten, jitter=jitter, Lzz=Lzz)
+            mean = mean.mT + _mean(parts["means"][i], f, width)
+            var = var.mT.clamp_min(parts["min_variance"])
+            if i < layers - 1:
+                f = mean + var.sqrt() * eps_f[i]
+            continue
+        loc, tril = site
         noise = (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
         if propagated:  # the inducing inputs are the previous layer's draw at Z
             Lzz = chol(kernel_matrix(kernel, z), jitter)  # (..., Pk, M, M)
@@ -108,6 +133,20 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     log_lik = -0.5 * ((y - f_loc) / noise).pow(2) - noise.log() - _HALF_LOG_2PI
     log_lik = (log_lik - 0.5 * f_var / noise.pow(2)).sum(-1) * scale  # (S,)
     return log_lik.mean() - kl
+
+
+def _joint_kl(site: dict, prior_tril: torch.Tensor) -> torch.Tensor:
+    """``E KL[q(u_i | u_<i) || N(0, prior_tril prior_tril^T)]`` over the earlier layers
+    (:class:`~pyro_trees.distributions.JointGaussianSlice`'s registered KL), from the
+    layer's pieces of the joint factor; ``prior_tril`` ``(P, M, M)``."""
+    P, M = prior_tril.shape[:2]
+    rows = torch.cat([site["tril"], site["cross"]], -1).reshape(P, M, -1)
+    trace = torch.linalg.solve_triangular(prior_tril, rows, upper=False).pow(2).sum()
+    diff = site["mean"].reshape(P, M, 1)
+    maha = torch.linalg.solve_triangular(prior_tril, diff, upper=False).pow(2).sum()
+    logdet_p = prior_tril.diagonal(dim1=-2, dim2=-1).log().sum()
+    logdet_q = site["tril"].diagonal().log().sum()
+    return 0.5 * (trace + maha - P * M) + logdet_p - logdet_q
 
 
 def _check_sizes(n: int, num_data, subsample_size) -> None:
@@ -143,12 +182,13 @@ def _dgp_program(parts, sites, x, y, eps_u, eps_f, scale):
 
 
 class DGPELBO(CompilesLoss, DifferentiableLossELBO):
-    """:class:`~pyro.infer.TraceMeanField_ELBO` of a deep GP with the factorised or the
+    """:class:`~pyro.infer.TraceMeanField_ELBO` of a deep GP with the factorised, joint or
     intermediate guide, as one tensor program.
 
     For a :class:`~pyro_trees.models.DeepGP` with RBF or Matérn kernels (optionally in a
     ``ScaleKernel``, batched over the layer's outputs or shared), trained with a
-    :class:`~pyro_trees.guides.DGPFactorisedGuide` (``inducing="layer"``) or a
+    :class:`~pyro_trees.guides.DGPFactorisedGuide` or a full-factor
+    :class:`~pyro_trees.guides.DGPJointGuide` (``inducing="layer"``), or a
     :class:`~pyro_trees.guides.DGPIntermediateGuide`, whitened or free-form
     (``inducing="propagated"``), and called as
     ``model(x, y)``, ``model(x, y, subsample_size=B)`` or ``model(x, y,
@@ -212,11 +252,17 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
             return f"the model is not a DeepGP (got {type(model).__name__})"
         if type(model).forward is not DeepGP.forward:
             return f"the model's class {type(model).__name__} overrides DeepGP.forward"
-        wanted = DGPFactorisedGuide if model.inducing == "layer" else DGPIntermediateGuide
-        if type(guide) is not wanted:
+        if model.inducing == "layer":
+            wanted = (DGPFactorisedGuide, DGPJointGuide)
+            if type(guide) is DGPJointGuide and guide.rank is not None:
+                return "the joint guide has a low-rank factor (train it with Trace_ELBO)"
+        else:
+            wanted = (DGPIntermediateGuide,)
+        if type(guide) not in wanted:
+            names = " or a ".join(w.__name__ for w in wanted)
             return (
-                f"the guide is not a {wanted.__name__} (got {type(guide).__name__}) for a "
-                f"model with inducing={model.inducing!r}"
+                f"the guide is not a {names} (got {type(guide).__name__}) for a model with "
+                f"inducing={model.inducing!r}"
             )
         x, y, extra = xy_call(args, kwargs, ("num_data", "subsample_size"))
         if x is None or y is None or extra:
@@ -247,7 +293,8 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
         S, n, like = self.num_particles, x.shape[0], {"dtype": x.dtype, "device": x.device}
         # the draws, in TraceMeanField_ELBO's order: the guide's sites, the data plate's
         # subsample, each inner layer's noise
-        eps_u = [torch.randn((S,) + tuple(loc.shape), **like) for loc, _ in sites]
+        shapes = [s["mean"].shape if isinstance(s, dict) else s[0].shape for s in sites]
+        eps_u = [torch.randn((S,) + tuple(shape), **like) for shape in shapes]
         scale = 1.0
         if num_data is not None:
             scale = float(num_data) / n

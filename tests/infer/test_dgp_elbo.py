@@ -142,6 +142,39 @@ def test_the_intermediate_guide_equals_trace_mean_field_on_the_same_draws(
                     assert loss._compiled.failed is None
 
 
+@pytest.mark.parametrize("relative", [True, False], ids=["relative cross", "absolute cross"])
+@pytest.mark.parametrize("particles", [1, 3])
+@pytest.mark.parametrize("whiten", [True, False], ids=["whitened", "not whitened"])
+def test_the_joint_guide_equals_trace_mean_field_on_the_same_draws(whiten, particles, relative):
+    x, y = _data()
+    reference = TraceMeanField_ELBO(
+        num_particles=particles, vectorize_particles=True, max_plate_nesting=1
+    )
+    compiles = [False, BACKEND] if particles == 3 and relative else [False]
+    for layers, kernel in ((2, "batched"), (3, "shared")):
+        with isolated_params():
+            model, _ = _pair(kernel, whiten, layers)
+            guide = DGPJointGuide(model, cross_scale=0.3, cross_relative=relative)
+            with torch.no_grad():  # away from the start, cross entries included
+                gen = torch.Generator().manual_seed(5)
+                for p in guide.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            params = [*model.parameters(), *guide.parameters()]
+            torch.manual_seed(4)
+            a = reference.differentiable_loss(model, guide, x, y)
+            expected = _grads(a, params)
+            for compile in compiles:
+                loss = DGPELBO(particles, compile=compile)
+                torch.manual_seed(4)
+                b = loss.differentiable_loss(model, guide, x, y)
+                torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-10)
+                for gb, ga in zip(_grads(b, params), expected, strict=True):
+                    torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-9)
+                assert loss.fallback is None
+                if compile:
+                    assert loss._compiled.failed is None
+
+
 @pytest.mark.parametrize("particles", [1, 2])
 def test_three_layers(particles):
     x, y = _data()
@@ -181,9 +214,9 @@ def test_other_models_and_guides_train_with_trace_mean_field_after_one_warning()
     x, y = _data()
     with isolated_params():
         model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5])
-        guide = DGPJointGuide(model)
+        guide = DGPJointGuide(model, rank=2)
         loss = DGPELBO(2)
-        with pytest.warns(RuntimeWarning, match="not a DGPFactorisedGuide"):
+        with pytest.warns(RuntimeWarning, match="low-rank factor"):
             torch.manual_seed(1)
             a = loss.differentiable_loss(model, guide, x, y)
         torch.manual_seed(1)
@@ -235,8 +268,8 @@ def test_each_new_reason_to_fall_back_warns_once_at_the_callers_line():
     loss = DGPELBO()
     with isolated_params():
         model = DeepGP([gpytorch.kernels.RBFKernel() for _ in range(2)], x[:5])
-        with pytest.warns(RuntimeWarning, match="not a DGPFactorisedGuide") as caught:
-            loss.differentiable_loss(model, DGPJointGuide(model), x, y)
+        with pytest.warns(RuntimeWarning, match="low-rank factor") as caught:
+            loss.differentiable_loss(model, DGPJointGuide(model, rank=2), x, y)
         assert caught[0].filename == __file__
     with isolated_params():  # another model, under the same names
         kernels = [gpytorch.kernels.PeriodicKernel(), gpytorch.kernels.RBFKernel()]
@@ -245,8 +278,8 @@ def test_each_new_reason_to_fall_back_warns_once_at_the_callers_line():
             loss.differentiable_loss(other, DGPFactorisedGuide(other), x[:, :1], y)
     with isolated_params(), warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        loss.differentiable_loss(model, DGPJointGuide(model), x, y)  # seen before
-    assert "not a DGPFactorisedGuide" in loss.fallback
+        loss.differentiable_loss(model, DGPJointGuide(model, rank=2), x, y)  # seen before
+    assert "low-rank factor" in loss.fallback
 
 
 def test_a_mean_function_must_be_a_module():
