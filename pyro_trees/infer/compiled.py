@@ -3,7 +3,9 @@
 Pyro's ``Trace_ELBO`` runs a poutine stack, records every sample site and reads each
 site's value back to the host; under ``torch.compile`` it breaks into many small graphs.
 A loss of ours whose estimator is plain tensor code (:class:`~pyro_trees.infer.VaRTELBO`,
-:class:`~pyro_trees.infer.VaRTForestELBO`) splits each step in two:
+:class:`~pyro_trees.infer.VaRTForestELBO`, :class:`~pyro_trees.infer.TreeVIELBO`,
+:class:`~pyro_trees.infer.DGPELBO`, :class:`~pyro_trees.infer.BayesianHMEELBO`; the
+HME's and the heteroscedastic GP's losses need no draws) splits each step in two:
 
 1. **the draws**, eager and cheap: the guide's constrained parameters, the standard
    random draws behind its reparameterised sample (uniforms, normals) and the
