@@ -80,14 +80,16 @@ RECOMPILE_LIMIT = 64
 
 
 def xy_call(args: tuple, kwargs: dict, options: tuple = ()):
-    """``(x, y, unexpected)`` of a call ``model(x, y, **options)`` or ``model(x, y=y,
-    **options)``: ``x`` and ``y`` are ``None`` for any other call, ``unexpected`` the
-    keywords it has beyond ``y`` and ``options``."""
-    unexpected = set(kwargs) - {"y", *options}
-    if len(args) == 2 and "y" not in kwargs:
+    """``(x, y, unexpected)`` of a call ``model(x, y, **options)``, with ``y`` or both
+    as keywords: ``x`` and ``y`` are ``None`` for any other call, ``unexpected`` the
+    keywords it has beyond ``x``, ``y`` and ``options``."""
+    unexpected = set(kwargs) - {"x", "y", *options}
+    if len(args) == 2 and not {"x", "y"} & set(kwargs):
         return args[0], args[1], unexpected
-    if len(args) == 1:
+    if len(args) == 1 and "x" not in kwargs:
         return args[0], kwargs.get("y"), unexpected
+    if not args and "x" in kwargs:
+        return kwargs["x"], kwargs.get("y"), unexpected
     return None, None, unexpected or {"positional arguments"}
 
 

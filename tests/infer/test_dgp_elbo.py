@@ -245,7 +245,7 @@ def test_plain_svi_trains_and_the_loss_pickles():
     assert again.num_particles == 2 and again.compile == BACKEND and again.fallback is None
 
 
-def test_bad_sizes_raise_and_y_may_be_a_keyword():
+def test_bad_sizes_raise_and_x_and_y_may_be_keywords():
     x, y = _data()
     with isolated_params():
         model, guide = _pair("batched", True)
@@ -259,6 +259,10 @@ def test_bad_sizes_raise_and_y_may_be_a_keyword():
             a = loss.differentiable_loss(model, guide, x, y=y)
         torch.manual_seed(2)
         torch.testing.assert_close(a, loss.differentiable_loss(model, guide, x, y))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            torch.manual_seed(2)
+            torch.testing.assert_close(a, loss.differentiable_loss(model, guide, x=x, y=y))
     same = TraceMeanField_ELBO(num_particles=2, vectorize_particles=True, max_plate_nesting=1)
     assert loss.vectorize_particles and loss.max_plate_nesting == same.max_plate_nesting
 
