@@ -59,32 +59,38 @@ def _grads(value, params):
 CALLS = {"full batch": {}, "subsample_size": {"subsample_size": 10}, "num_data": {"num_data": 90}}
 
 
+def _check_against_trace_mean_field(model, guide, particles, kwargs, compiles):
+    """DGPELBO (eager and each of ``compiles``) against TraceMeanField_ELBO on the same
+    draws: values and every parameter's gradient."""
+    x, y = _data()
+    reference = TraceMeanField_ELBO(
+        num_particles=particles, vectorize_particles=True, max_plate_nesting=1
+    )
+    params = [*model.parameters(), *guide.parameters()]
+    torch.manual_seed(4)
+    a = reference.differentiable_loss(model, guide, x, y, **kwargs)
+    expected = _grads(a, params)
+    for compile in [False, *compiles]:
+        loss = DGPELBO(particles, compile=compile)
+        torch.manual_seed(4)
+        b = loss.differentiable_loss(model, guide, x, y, **kwargs)
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-10)
+        for gb, ga in zip(_grads(b, params), expected, strict=True):
+            torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-9)
+        assert loss.fallback is None
+        if compile:
+            assert loss._compiled.failed is None
+
+
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("particles", [1, 3])
 @pytest.mark.parametrize("whiten", [True, False], ids=["whitened", "not whitened"])
 @pytest.mark.parametrize("kernel", ["batched", "shared"])
 def test_equals_trace_mean_field_elbo_on_the_same_draws(kernel, whiten, particles, call):
-    x, y = _data()
-    kwargs = CALLS[call]
-    reference = TraceMeanField_ELBO(
-        num_particles=particles, vectorize_particles=True, max_plate_nesting=1
-    )
-    compiles = [False, BACKEND] if call == "full batch" else [False]
+    compiles = [BACKEND] if call == "full batch" else []
     with isolated_params():
         model, guide = _pair(kernel, whiten)
-        params = [*model.parameters(), *guide.parameters()]
-        torch.manual_seed(4)
-        a = reference.differentiable_loss(model, guide, x, y, **kwargs)
-        expected = _grads(a, params)
-        for compile in compiles:
-            loss = DGPELBO(particles, compile=compile)
-            torch.manual_seed(4)
-            b = loss.differentiable_loss(model, guide, x, y, **kwargs)
-            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-10)
-            for gb, ga in zip(_grads(b, params), expected, strict=True):
-                torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-9)
-            if compile:
-                assert loss._compiled.failed is None
+        _check_against_trace_mean_field(model, guide, particles, CALLS[call], compiles)
 
 
 def _propagated(whiten: bool, kernel: str, layers: int):
@@ -117,40 +123,18 @@ def _propagated(whiten: bool, kernel: str, layers: int):
 def test_the_intermediate_guide_equals_trace_mean_field_on_the_same_draws(
     whiten, layers, particles, call
 ):
-    x, y = _data()
-    kwargs = CALLS[call]
-    reference = TraceMeanField_ELBO(
-        num_particles=particles, vectorize_particles=True, max_plate_nesting=1
-    )
-    compiles = [False, BACKEND] if call == "full batch" and particles == 3 else [False]
-    for kernel in ("batched",) if layers == 2 else ("shared",):
-        with isolated_params():
-            model, guide = _propagated(whiten, kernel, layers)
-            params = [*model.parameters(), *guide.parameters()]
-            torch.manual_seed(4)
-            a = reference.differentiable_loss(model, guide, x, y, **kwargs)
-            expected = _grads(a, params)
-            for compile in compiles:
-                loss = DGPELBO(particles, compile=compile)
-                torch.manual_seed(4)
-                b = loss.differentiable_loss(model, guide, x, y, **kwargs)
-                torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-10)
-                for gb, ga in zip(_grads(b, params), expected, strict=True):
-                    torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-9)
-                assert loss.fallback is None
-                if compile:
-                    assert loss._compiled.failed is None
+    compiles = [BACKEND] if call == "full batch" and particles == 3 else []
+    kernel = "batched" if layers == 2 else "shared"
+    with isolated_params():
+        model, guide = _propagated(whiten, kernel, layers)
+        _check_against_trace_mean_field(model, guide, particles, CALLS[call], compiles)
 
 
 @pytest.mark.parametrize("relative", [True, False], ids=["relative cross", "absolute cross"])
 @pytest.mark.parametrize("particles", [1, 3])
 @pytest.mark.parametrize("whiten", [True, False], ids=["whitened", "not whitened"])
 def test_the_joint_guide_equals_trace_mean_field_on_the_same_draws(whiten, particles, relative):
-    x, y = _data()
-    reference = TraceMeanField_ELBO(
-        num_particles=particles, vectorize_particles=True, max_plate_nesting=1
-    )
-    compiles = [False, BACKEND] if particles == 3 and relative else [False]
+    compiles = [BACKEND] if particles == 3 and relative else []
     for layers, kernel in ((2, "batched"), (3, "shared")):
         with isolated_params():
             model, _ = _pair(kernel, whiten, layers)
@@ -159,20 +143,7 @@ def test_the_joint_guide_equals_trace_mean_field_on_the_same_draws(whiten, parti
                 gen = torch.Generator().manual_seed(5)
                 for p in guide.parameters():
                     p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-            params = [*model.parameters(), *guide.parameters()]
-            torch.manual_seed(4)
-            a = reference.differentiable_loss(model, guide, x, y)
-            expected = _grads(a, params)
-            for compile in compiles:
-                loss = DGPELBO(particles, compile=compile)
-                torch.manual_seed(4)
-                b = loss.differentiable_loss(model, guide, x, y)
-                torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-10)
-                for gb, ga in zip(_grads(b, params), expected, strict=True):
-                    torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-9)
-                assert loss.fallback is None
-                if compile:
-                    assert loss._compiled.failed is None
+            _check_against_trace_mean_field(model, guide, particles, {}, compiles)
 
 
 @pytest.mark.parametrize("particles", [1, 2])
