@@ -15,6 +15,7 @@ from torch.distributions.utils import lazy_property
 
 __all__ = [
     "TreePlan",
+    "jump_solve",
     "parents_and_depths",
     "scale_noise",
     "scan",
@@ -124,6 +125,19 @@ def tree_depths(parents: torch.Tensor) -> torch.Tensor:
     if depth is None:
         raise ValueError("parents contains a cycle")
     return depth
+
+
+def jump_solve(a: torch.Tensor, b: torch.Tensor, jumps) -> torch.Tensor:
+    """Solve ``x[j] = a[j] x[p(j)] + b[j]`` along dim ``-2`` (``a = 0`` at roots) by
+    pointer jumping over ``jumps``, the pointer arrays ``p, p∘p, ...``
+    (:attr:`TreePlan.jumps`): each step substitutes the pointed-to equation, doubling
+    the stretch of absorbed ancestors. Out of place, so autograd and ``torch.compile``
+    follow it."""
+    for k, ptr in enumerate(jumps):
+        b = b + a * b.index_select(-2, ptr)
+        if k + 1 < len(jumps):
+            a = a * a.index_select(-2, ptr)
+    return b
 
 
 def scan(a: torch.Tensor, b: torch.Tensor, inplace: bool) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-from pyro_trees._forest import TreePlan, parents_and_depths, scale_noise, scan
+from pyro_trees._forest import TreePlan, jump_solve, parents_and_depths, scale_noise, scan
 from pyro_trees.distributions.constraints import open_interval
 
 __all__ = ["TreeNormal", "TreeNormalInstances"]
@@ -318,13 +318,7 @@ class TreeNormal(TorchDistribution):
         rho = self._edge_rho
         jumps = self._plan.jumps
         if not inplace:
-            b = (1 - rho.pow(2)).sqrt() * eps
-            a = rho
-            for k, ptr in enumerate(jumps):
-                b = b + a * b.index_select(-2, ptr)
-                if k + 1 < len(jumps):
-                    a = a * a.index_select(-2, ptr)
-            return b
+            return jump_solve(rho, (1 - rho.pow(2)).sqrt() * eps, jumps)
         s = torch.mul(rho, rho).neg_().add_(1).sqrt_()
         b = eps.mul_(s) if own_eps else eps * s
         a = rho.clone()

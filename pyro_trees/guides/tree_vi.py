@@ -61,7 +61,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import nn
 
-from pyro_trees._forest import TreePlan, parents_and_depths, validate_parents
+from pyro_trees._forest import TreePlan, jump_solve, parents_and_depths, validate_parents
 from pyro_trees._param_store import prepare, read_params, shared_plate
 from pyro_trees.distributions.soft_tree_normal import SoftTreeNormal
 from pyro_trees.distributions.tree_normal import TreeNormal
@@ -422,12 +422,7 @@ class TreeVIGuide(TreeGuide, PyroModule):
             feats = torch.cat([loc, scale.log()], -1).detach()
         rho = _edge_correlations(parts["pair_net"], feats, forest)
         sd = (1 - rho.pow(2)).sqrt()
-        u, a = sd * eps, rho
-        jumps = forest["jumps"]
-        for k, ptr in enumerate(jumps):  # u_j = rho_j u_pa(j) + sd_j eps_j, solved
-            u = u + a * u.index_select(-2, ptr)
-            if k + 1 < len(jumps):
-                a = a * a.index_select(-2, ptr)
+        u = jump_solve(rho, sd * eps, forest["jumps"])  # u_j = rho_j u_pa(j) + sd_j eps_j
         log_q = log_noise - scale.log().expand_as(loc).sum() - sd.log().expand_as(loc).sum()
         return loc + scale * u, log_q
 
