@@ -320,16 +320,15 @@ class DGPJointGuide(TreeGuide, PyroModule):
         """
         out = {}
         if self.rank is None:
-            L, mu = self.scale_tril, self.loc
-            start, noise = 0, []
-            for name, (P, M), n in zip(self.site_names, self.site_shapes, self.sizes, strict=True):
-                Lii = L[start : start + n, start : start + n]
-                C = L[start : start + n, :start]
-                loc = mu[start : start + n]
-                if start:
+            noise = []
+            for name, shape, n, piece in zip(
+                self.site_names, self.site_shapes, self.sizes, self.site_params(), strict=True
+            ):
+                Lii, C, loc = piece["tril"], piece["cross"], piece["mean"]
+                if noise:
                     eps = torch.cat(noise, dim=-1)
                     loc = loc + (C @ eps.unsqueeze(-1)).squeeze(-1)
-                q = JointGaussianSlice(loc, Lii, (P, M), mean=mu[start : start + n], cross=C)
+                q = JointGaussianSlice(loc, Lii, shape, mean=piece["mean"], cross=C)
                 value = pyro.sample(name, q)
                 flat = value.reshape(*value.shape[:-2], n)
                 loc = loc.expand(flat.shape)
@@ -338,7 +337,6 @@ class DGPJointGuide(TreeGuide, PyroModule):
                 ).squeeze(-1)
                 noise.append(eps)
                 out[name] = value
-                start += n
             return out
         U = pyro.sample("_dgp_joint_u", self.distribution(), infer={"is_auxiliary": True})
         for name, (P, M), piece in zip(
