@@ -22,7 +22,12 @@ from pyro.infer import Trace_ELBO
 
 from pyro_trees.guides.bayesian_hme import BayesianHMEGuide, RestartPlate
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.infer.compiled import CompilesLoss, check_subsample_size, xy_call
+from pyro_trees.infer.compiled import (
+    CompilesLoss,
+    check_subsample_size,
+    plate_subsample,
+    xy_call,
+)
 from pyro_trees.models.bayesian_hme import BayesianHME
 from pyro_trees.topology import expert_log_probs
 from pyro_trees.validation import check_finite
@@ -185,11 +190,10 @@ class BayesianHMEELBO(CompilesLoss, DifferentiableLossELBO):
         draws["alpha"] = gamma(q["alpha_conc"], q["alpha_rate"], validate_args=False).rsample()
         draws["tau"] = gamma(q["tau_conc"], q["tau_rate"], validate_args=False).rsample()
         draws["eps_W"] = torch.randn_like(q["W_loc"])
-        n, size = x.shape[0], kwargs.get("subsample_size")
-        scale = 1.0
-        if size is not None and int(size) < n:
-            idx = torch.randperm(n, device=x.device)[: int(size)]
-            x, y, scale = x[idx], y[idx], n / int(size)
+        n, scale = x.shape[0], 1.0
+        idx = plate_subsample(n, kwargs.get("subsample_size"), x.device)
+        if idx is not None:
+            x, y, scale = x[idx], y[idx], n / idx.shape[0]
         like = {"dtype": x.dtype, "device": x.device}
         prior = {
             "a": torch.tensor(inner.prior_a, **like),

@@ -93,6 +93,14 @@ def xy_call(args: tuple, kwargs: dict, options: tuple = ()):
     return None, None, unexpected or {"positional arguments"}
 
 
+def plate_subsample(n: int, subsample_size, device=None) -> torch.Tensor | None:
+    """The rows a ``pyro.plate`` over ``n`` rows draws for ``subsample_size``, as it draws
+    them (``torch.randperm(n)[:B]`` from torch's generator), or ``None`` for all rows."""
+    if subsample_size is None or int(subsample_size) >= n:
+        return None
+    return torch.randperm(n, device=device)[: int(subsample_size)]
+
+
 def check_subsample_size(subsample_size, n: int) -> None:
     """Raise :class:`ValueError` unless ``subsample_size`` is ``None`` or an integer in
     ``[1, n]``, as a Pyro plate over ``n`` rows requires."""
@@ -323,9 +331,9 @@ class CompilesVaRTLoss(CompilesLoss):
         q = guide.params(x)
         noise = guide.noise(q)
         n, num_rows = x.shape[0], None
-        if subsample_size is not None and int(subsample_size) < n:
-            # the minibatch is gathered here, so that one program serves every data size
-            subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
+        # the minibatch is gathered here, so that one program serves every data size
+        subsample = plate_subsample(n, subsample_size, x.device)
+        if subsample is not None:
             x, y = x[subsample], y[subsample]
             num_rows = torch.tensor(float(n), dtype=x.dtype, device=x.device)
         temperature = torch.tensor(float(guide.temperature), dtype=x.dtype, device=x.device)

@@ -30,7 +30,7 @@ from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.guides.rnn_tree import RNNTree
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.infer.compiled import CompilesLoss
+from pyro_trees.infer.compiled import CompilesLoss, plate_subsample
 from pyro_trees.models.hme import HME
 
 __all__ = ["HMEELBO", "hme_elbo"]
@@ -76,8 +76,8 @@ def hme_elbo(
     :returns: the ELBO (a scalar tensor; maximise it).
     """
     n = x.shape[0]
-    if subsample is None and subsample_size is not None and int(subsample_size) < n:
-        subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
+    if subsample is None:
+        subsample = plate_subsample(n, subsample_size, x.device)
     if subsample is not None:
         rows = n if num_rows is None else num_rows
         x, y, scale = x[subsample], y[subsample], rows / subsample.shape[0]
@@ -191,9 +191,9 @@ class HMEELBO(CompilesLoss, DifferentiableLossELBO):
             return None
         n = x.shape[0]
         scale = 1.0
-        if subsample_size is not None and int(subsample_size) < n:
-            # the minibatch is gathered here, so that one program serves every data size
-            subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
+        # the minibatch is gathered here, so that one program serves every data size
+        subsample = plate_subsample(n, subsample_size, x.device)
+        if subsample is not None:
             x, y, scale = x[subsample], y[subsample], n / subsample.shape[0]
         scale = torch.tensor(scale, dtype=x.dtype, device=x.device)
         tree_params = guide.tree.node_params(x.dtype)

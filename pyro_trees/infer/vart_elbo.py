@@ -27,7 +27,7 @@ from torch.distributions.utils import clamp_probs
 
 from pyro_trees import trees
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.infer.compiled import CompilesVaRTLoss
+from pyro_trees.infer.compiled import CompilesVaRTLoss, plate_subsample
 from pyro_trees.models.vart import VaRT, log_existence
 from pyro_trees.models.vart_mixture import gaussian, observed, route_log_probs, with_bias
 
@@ -136,8 +136,8 @@ def _batch(x, y, subsample_size, subsample, num_rows, weight=None) -> tuple:
     if weight is not None and (subsample is not None or subsample_size is not None):
         raise ValueError("row weights need a full batch (no subsample)")
     n = x.shape[0]
-    if subsample is None and subsample_size is not None and int(subsample_size) < n:
-        subsample = torch.randperm(n, device=x.device)[: int(subsample_size)]
+    if subsample is None:
+        subsample = plate_subsample(n, subsample_size, x.device)
     if subsample is not None:
         total = n if num_rows is None else _rows(num_rows)
         return x[subsample], y[subsample], total / subsample.shape[0]
