@@ -34,7 +34,12 @@ from pyro_trees.gp import conditional, gaussian_kl, kernel_matrix
 from pyro_trees.guides.dgp import DGPFactorisedGuide, DGPIntermediateGuide, DGPJointGuide
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
 from pyro_trees.infer.collapsed_elbo import _FirstTry
-from pyro_trees.infer.compiled import CompilesLoss, check_subsample_size, xy_call
+from pyro_trees.infer.compiled import (
+    CompilesLoss,
+    check_subsample_size,
+    plate_subsample,
+    xy_call,
+)
 from pyro_trees.models.dgp import DeepGP
 
 __all__ = ["DGPELBO", "dgp_elbo_of"]
@@ -84,50 +89,45 @@ def dgp_elbo_of(parts: dict, sites: list, x, y, eps_u: list, eps_f: list, scale,
     earlier = []  # the joint guide's noise of the earlier layers, (S, s_i)
     for i, (kernel, site) in enumerate(zip(parts["kernels"], sites, strict=True)):
         width = parts["dims"][i + 1]
-        if isinstance(site, dict):  # the joint guide's layer i given the earlier ones
-            z = parts["zs"][i]
-            Lzz = chol(kernel_matrix(kernel, z), jitter)  # (Pk, M, M)
-            flat = site["mean"] + (site["tril"] @ eps_u[i].unsqueeze(-1)).squeeze(-1)
-            if earlier:
-                noise = torch.cat(earlier, -1).unsqueeze(-1)
-                flat = flat + (site["cross"] @ noise).squeeze(-1)
-            earlier.append(eps_u[i])
-            M = z.shape[-2]
-            u = flat.reshape(*flat.shape[:-1], width, M)
-            prior = torch.eye(M, dtype=z.dtype, device=z.device) if whiten else Lzz
-            kl = kl + _joint_kl(site, prior.expand(width, M, M))
-            mean, var = conditional(kernel, f, z, u, whiten=whiten, jitter=jitter, Lzz=Lzz)
-            mean = mean.mT + _mean(parts["means"][i], f, width)
-            var = var.mT.clamp_min(parts["min_variance"])
-            if i < layers - 1:
-                f = mean + var.sqrt() * eps_f[i]
-            continue
-        loc, tril = site
-        noise = (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
         if propagated:  # the inducing inputs are the previous layer's draw at Z
+            loc, tril = site
+            noise = (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
             Lzz = chol(kernel_matrix(kernel, z), jitter)  # (..., Pk, M, M)
             mu = _mean(parts["means"][i], z, width).mT  # (..., P, M)
             if parts["guide_whiten"]:
-                site = mu + (Lzz @ (loc + noise).unsqueeze(-1)).squeeze(-1)
+                draw = mu + (Lzz @ (loc + noise).unsqueeze(-1)).squeeze(-1)
                 kl = kl + gaussian_kl(loc, tril).sum()
             else:
-                site = loc + noise
+                draw = loc + noise
                 prior = Lzz.expand(mu.shape + mu.shape[-1:])
                 pair = torch.broadcast_tensors(loc, mu)
                 kl = kl + gaussian_kl(pair[0], tril.expand_as(prior), pair[1], prior).sum(-1).mean()
-            u = site - mu
+            u = draw - mu
         else:
             z = parts["zs"][i]
-            u = loc + noise
             Lzz = chol(kernel_matrix(kernel, z), jitter)  # (Pk, M, M)
-            kl = kl + gaussian_kl(loc, tril, None, None if whiten else Lzz.expand(tril.shape)).sum()
+            if isinstance(site, dict):  # the joint guide's layer i given the earlier ones
+                flat = site["mean"] + (site["tril"] @ eps_u[i].unsqueeze(-1)).squeeze(-1)
+                if earlier:
+                    noise = torch.cat(earlier, -1).unsqueeze(-1)
+                    flat = flat + (site["cross"] @ noise).squeeze(-1)
+                earlier.append(eps_u[i])
+                M = z.shape[-2]
+                u = flat.reshape(*flat.shape[:-1], width, M)
+                prior = torch.eye(M, dtype=z.dtype, device=z.device) if whiten else Lzz
+                kl = kl + _joint_kl(site, prior.expand(width, M, M))
+            else:
+                loc, tril = site
+                u = loc + (tril @ eps_u[i].unsqueeze(-1)).squeeze(-1)  # (S, P, M)
+                prior = None if whiten else Lzz.expand(tril.shape)
+                kl = kl + gaussian_kl(loc, tril, None, prior).sum()
         mean, var = conditional(kernel, f, z, u, whiten=whiten, jitter=jitter, Lzz=Lzz)
         mean = mean.mT + _mean(parts["means"][i], f, width)
         var = var.mT.clamp_min(parts["min_variance"])
         if i < layers - 1:
             f = mean + var.sqrt() * eps_f[i]
             if propagated:
-                z = site.mT  # (S, M, P)
+                z = draw.mT  # (S, M, P)
     f_loc, f_var = mean.squeeze(-1), var.squeeze(-1)
     noise = parts["noise"]
     log_lik = -0.5 * ((y - f_loc) / noise).pow(2) - noise.log() - _HALF_LOG_2PI
@@ -298,9 +298,10 @@ class DGPELBO(CompilesLoss, DifferentiableLossELBO):
         scale = 1.0
         if num_data is not None:
             scale = float(num_data) / n
-        elif subsample_size is not None and int(subsample_size) < n:
-            idx = torch.randperm(n, device=x.device)[: int(subsample_size)]
-            x, y, scale = x[idx], y[idx], n / int(subsample_size)
+        else:
+            idx = plate_subsample(n, subsample_size, x.device)
+            if idx is not None:
+                x, y, scale = x[idx], y[idx], n / idx.shape[0]
         eps_f = [
             _layer_noise(S, x.shape[0], p, i == 0 and S > 1 and _outputs(k) == p, like)
             for i, (k, p) in enumerate(zip(parts["kernels"][:-1], parts["dims"][1:-1], strict=True))
