@@ -223,13 +223,30 @@ def heteroscedastic_gp(rows: int, quick: bool) -> Setup:
     )
 
 
+def _deep_gp_setup(model, guide, x, y, note: str) -> Setup:
+    """A deep GP family's cell as ``benchmarks/dgp_uci.py`` trains it:
+    ``TraceMeanField_ELBO`` with 4 vectorised samples, Adam at 0.01, full batch,
+    module-local parameters."""
+    from pyro.infer import TraceMeanField_ELBO
+
+    loss = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    return Setup(
+        model,
+        guide,
+        (x, y),
+        dict(loss=loss, optim="adam", lr=0.01),
+        context=lambda: pyro.settings.context(module_local_params=True),
+        batch=x.shape[0],
+        note=note,
+    )
+
+
 def deep_gp(rows: int, quick: bool) -> Setup:
     """Deep GP with the factorised guide, as ``benchmarks/dgp_uci.py`` trains it: two
     layers (width 4, linear mean inside, ARD RBF kernels), 64 inducing inputs per
     layer, ``TraceMeanField_ELBO`` with 4 vectorised samples, Adam at 0.01, full batch
     (no estimator: no default minibatch)."""
     import gpytorch
-    from pyro.infer import TraceMeanField_ELBO
 
     from pyro_trees.guides import DGPFactorisedGuide
     from pyro_trees.models import DeepGP
@@ -254,16 +271,7 @@ def deep_gp(rows: int, quick: bool) -> Setup:
             noise=math.sqrt(0.1),
         )
         guide = DGPFactorisedGuide(model)
-    loss = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
-    return Setup(
-        model,
-        guide,
-        (x, y),
-        dict(loss=loss, optim="adam", lr=0.01),
-        context=lambda: pyro.settings.context(module_local_params=True),
-        batch=rows,
-        note=f"M = {m}, 4 samples",
-    )
+    return _deep_gp_setup(model, guide, x, y, f"M = {m}, 4 samples")
 
 
 def treevi(rows: int, quick: bool) -> Setup:
@@ -327,7 +335,6 @@ def deep_gp_intermediate(rows: int, quick: bool) -> Setup:
     15 inducing inputs, ``TraceMeanField_ELBO`` with 4 vectorised samples, Adam at
     0.01, full batch, float64."""
     import gpytorch
-    from pyro.infer import TraceMeanField_ELBO
 
     from pyro_trees.guides import DGPIntermediateGuide
     from pyro_trees.models import DeepGP
@@ -339,16 +346,7 @@ def deep_gp_intermediate(rows: int, quick: bool) -> Setup:
     with pyro.settings.context(module_local_params=True):
         model = DeepGP(kernels, z, inducing="propagated", noise=0.1)
         guide = DGPIntermediateGuide(model, whiten=True)
-    loss = TraceMeanField_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
-    return Setup(
-        model,
-        guide,
-        (x, y),
-        dict(loss=loss, optim="adam", lr=0.01),
-        context=lambda: pyro.settings.context(module_local_params=True),
-        batch=rows,
-        note="propagated, M = 15, 4 samples",
-    )
+    return _deep_gp_setup(model, guide, x, y, "propagated, M = 15, 4 samples")
 
 
 def deep_gp_intermediate_program(rows: int, quick: bool) -> Setup:
