@@ -22,13 +22,13 @@ Every estimator derives from :class:`TabularEstimator` (a
   float64 so that values around ``1e12`` keep their precision, and returns tensors in
   the estimator's ``dtype`` on its ``device``.
 
-Every ``fit`` is guarded (:func:`guarded_fit`, applied to each subclass's ``fit``): it
-holds :func:`~pyro_trees.infer.exclusive` (fits and seeded draws from several threads run
-one at a time), takes Ctrl-C only between training steps
-(:func:`~pyro_trees.infer.deferred_interrupts`) and, when it does not finish (Ctrl-C
-or any error), leaves the estimator unfitted: every attribute it learnt is removed, so
-``predict`` raises :class:`~sklearn.exceptions.NotFittedError` rather than answering
-from half a fit.
+Every ``fit`` is guarded (:func:`~pyro_trees.estimators._fit_guard.guarded_fit`,
+applied to each subclass's ``fit``): it holds :func:`~pyro_trees.infer.exclusive` (fits
+and seeded draws from several threads run one at a time), takes Ctrl-C only between
+training steps (:func:`~pyro_trees.infer.deferred_interrupts`) and, when it does not
+finish (Ctrl-C or any error), leaves the estimator unfitted: every attribute it learnt is
+removed, so ``predict`` raises :class:`~sklearn.exceptions.NotFittedError` rather than
+answering from half a fit.
 
 ``predict`` and friends pass ``X`` through :meth:`TabularEstimator._validate_predict`,
 which raises :class:`~sklearn.exceptions.NotFittedError` before ``fit`` and a
@@ -39,7 +39,6 @@ feature names differ from those seen in ``fit``.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import numpy as np
 import torch
@@ -49,43 +48,10 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from pyro_trees.estimators._distributed import Ranks
-from pyro_trees.infer import deferred_interrupts, exclusive, keep_freed_memory
+from pyro_trees.estimators._fit_guard import guarded_fit
 from pyro_trees.validation import resolve_device, resolve_dtype
 
-__all__ = ["Standardizer", "TabularEstimator", "forget_fit", "guarded_fit"]
-
-
-def forget_fit(estimator: BaseEstimator) -> None:
-    """Return ``estimator`` to its unfitted state: remove every attribute but its
-    constructor parameters (and scikit-learn's own configuration, such as
-    ``set_output``'s)."""
-    keep = set(estimator.get_params(deep=False))
-    for name in list(vars(estimator)):
-        if name not in keep and not name.startswith(("_sklearn", "_metadata")):
-            delattr(estimator, name)
-
-
-def guarded_fit(fit):
-    """Wrap an estimator's ``fit``: under :func:`~pyro_trees.infer.exclusive` and
-    :func:`~pyro_trees.infer.deferred_interrupts`, after
-    :func:`~pyro_trees.infer.keep_freed_memory`, and unfitted (:func:`forget_fit`)
-    when it raises, ``KeyboardInterrupt`` included."""
-    if getattr(fit, "_guarded", False):
-        return fit
-
-    @functools.wraps(fit)
-    def guarded(self, *args, **kwargs):
-        keep_freed_memory()
-        with exclusive():
-            try:
-                with deferred_interrupts():
-                    return fit(self, *args, **kwargs)
-            except BaseException:
-                forget_fit(self)
-                raise
-
-    guarded._guarded = True
-    return guarded
+__all__ = ["Standardizer", "TabularEstimator"]
 
 
 class Standardizer:

@@ -12,13 +12,14 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pyro_trees.estimators._base import guarded_fit, renamed_state
+from pyro_trees.estimators._base import renamed_state
 from pyro_trees.estimators._constraints import (
     SEED_AND_DEVICE,
     Anything,
     Integer,
     validate_params,
 )
+from pyro_trees.estimators._fit_guard import guarded_fit
 from pyro_trees.estimators.vart import VaRTRegressor
 from pyro_trees.estimators.vart_forest import VaRTForestRegressor
 from pyro_trees.validation import check_level
