@@ -129,11 +129,11 @@ class VaRTFits(MissingInputs, SVIEstimator):
         return j % split.num_folds
 
     def _fit_all(self, X, y, split: HeldOut, generator) -> list:
-        """The fits one after another, or as one stacked program where
-        :meth:`_stacks_fits` says so."""
+        """The ``num_fits`` fits as one stacked program where :meth:`_stacks_fits` says
+        so, else one after another (:meth:`_fit_one`)."""
         if self._stacks_fits(X, split):
             return self._fit_stacked(X, y, split, generator)
-        return super()._fit_all(X, y, split, generator)
+        return [self._fit_one(j, X, y, split, generator) for j in range(self._num_fits(split))]
 
     #: the most training rows at which the pooled fits train as one stacked program (a
     #: tree's: every full batch, measured faster at 100-2,000 rows; the forest sets its
