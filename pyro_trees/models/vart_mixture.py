@@ -341,28 +341,37 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
 
 def _complete_forest_mean(forest: dict, x1: torch.Tensor, keepdim: bool) -> torch.Tensor:
     r""":func:`forest_mean` of complete rows ``x1`` ``(N, L + 1)`` (the bias column
-    appended), rows first and in probability space: every split of every tree is one
-    column of a single product with ``x1``, and so is every leaf, its weight
-    :math:`\kappa_{ki}` folded into :math:`\theta_{ki}`; the routing multiplies each
-    level's reach by :math:`\sigma(\beta^\top x)` on the left and takes the rest on
-    the right, over tensors ``(N,) + B + (K, 2**d)``. The same values as the general
-    path (up to rounding) in about half its time on a CPU, whose products are batched
-    over the trees with inner sizes of ``L + 1`` and ``2**D - 1``."""
+    appended), in probability space with the nodes first and the rows last: every split
+    of every tree is one row of a single product with ``x1``'s transpose, and so is every
+    leaf, its weight :math:`\kappa_{ki}` folded into :math:`\theta_{ki}`; the routing
+    multiplies each level's reach by :math:`\sigma(\beta^\top x)` on the left and takes
+    the rest on the right, over tensors ``(2**d,) + B + (K, N)``, and each level's nodes
+    are summed as it is reached. The same values as the general path (up to rounding).
+    On a CPU, where the products are batched over the trees with inner sizes of ``L + 1``
+    and ``2**D - 1``, it takes about 0.4 of that path's time forward and backward: each
+    level is a contiguous block, and both products and their gradients read contiguous
+    operands."""
     beta, theta = forest["beta"], forest["theta"]
     width, n = x1.shape[-1], x1.shape[0]
     trees_shape = beta.shape[:-2]  # B + (K,)
     n_int, m = beta.shape[-2], theta.shape[-2]
-    z = torch.matmul(x1, beta.reshape(-1, width).transpose(0, 1))
-    left = torch.sigmoid(z.view((n,) + trees_shape + (n_int,)))  # P(left) at each split
+    depth = (n_int + 1).bit_length() - 1
+    xt = x1.t().contiguous()  # (L + 1, N)
+    z = torch.matmul(beta.movedim(-2, 0).reshape(-1, width), xt)
+    left = torch.sigmoid(z).view((n_int,) + trees_shape + (n,))  # P(left) at each split
     kappa = forest["log_exist"].exp() * (1 - forest["split"])  # B + (K, M)
-    leaf = torch.matmul(x1, (kappa.unsqueeze(-1) * theta).reshape(-1, width).transpose(0, 1))
-    reach = [left.new_ones(left.shape[:-1] + (1,))]  # P(x -> i), level by level
-    for d in range((n_int + 1).bit_length() - 1):
-        parent = reach[-1]
-        to_left = parent * left[..., (1 << d) - 1 : (2 << d) - 1]
-        reach.append(torch.stack([to_left, parent - to_left], -1).flatten(-2))
-    routed = torch.cat(reach, -1) * leaf.view((n,) + trees_shape + (m,))
-    f = routed.flatten(-2).sum(-1).movedim(0, -1)  # B + (N,)
+    weights = (kappa.unsqueeze(-1) * theta).movedim(-2, 0).reshape(-1, width)
+    leaf = torch.matmul(weights, xt).view((m,) + trees_shape + (n,))
+    lefts = left.split([1 << d for d in range(depth)], 0)
+    leaves = leaf.split([1 << d for d in range(depth + 1)], 0)
+    f = leaves[0].sum(0)  # the root, reached with probability 1
+    reach = None  # P(x -> i) of level d's nodes, (2**d,) + B + (K, N)
+    for d in range(depth):
+        to_left = lefts[0] if reach is None else reach * lefts[d]
+        rest = 1 - to_left if reach is None else reach - to_left
+        reach = torch.stack([to_left, rest], 1).flatten(0, 1)
+        f = f + (reach * leaves[d + 1]).sum(0)
+    f = f.sum(-2)  # B + (N,)
     return f.unsqueeze(-2) if keepdim else f
 
 
