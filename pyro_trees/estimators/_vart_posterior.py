@@ -112,6 +112,18 @@ def stack_tree(samples: dict, model, depth: int) -> dict:
     return _leaf_tree(_stack_trees(samples, depth))
 
 
+def _scaled_noise(samples: dict, noise_factor: float) -> dict:
+    """``samples`` (draws by site) with every leaf's noise scale times ``noise_factor``:
+    ``log(noise_factor)`` added to the ``log_sigma`` sites (a tree's leaves, or a
+    forest's); ``samples`` itself when the factor is 1."""
+    shift = math.log(noise_factor)
+    if shift != 0.0:
+        for key in samples:
+            if key.startswith("log_sigma"):
+                samples[key] = samples[key] + shift
+    return samples
+
+
 class PosteriorTrees:
     """The ``num_samples`` hard posterior trees behind every prediction of a fitted
     :class:`~pyro_trees.estimators.VaRTRegressor` (or forest), and what prediction reads
@@ -141,13 +153,20 @@ class PosteriorTrees:
         self.num_trees = getattr(self.guides[0], "num_trees", 1)
         _check_prediction_memory(self.depth, self.num_samples, like.shape[-1], like.device)
         samples = pooled_guide_draws(self.guides, self.num_samples, like, self.seed + 1)
-        shift = math.log(self.noise_factor)
-        if shift != 0.0:  # calibrated noise: every leaf's scale times noise_factor
-            for key in samples:
-                if key.startswith("log_sigma"):  # a tree's leaves, or a forest's
-                    samples[key] = samples[key] + shift
-        self.samples = samples
+        self.samples = _scaled_noise(samples, self.noise_factor)
         self._leaves = None
+
+    def calibrated(self, noise_factor: float) -> PosteriorTrees:
+        """These trees with every leaf's noise scale times ``noise_factor``: the trees
+        :meth:`of` draws once the estimator holds that factor (the same values), without
+        drawing them again. These must be at factor 1."""
+        if self.noise_factor != 1.0:
+            raise ValueError(f"these trees already hold noise factor {self.noise_factor}")
+        other = copy.copy(self)
+        other.noise_factor = float(noise_factor)
+        other.samples = _scaled_noise(dict(self.samples), other.noise_factor)
+        other._leaves = None
+        return other
 
     @classmethod
     def of(cls, est) -> PosteriorTrees:

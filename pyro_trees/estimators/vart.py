@@ -321,7 +321,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
             rows = -(-rows // len(held))  # shared among the fits
             held = [(Xva[:rows], yva[:rows]) for Xva, yva in held]
             self.noise_factor_ = self._calibrate_noise(held, extra, fits)
-            self._tree_samples = None
+            self._tree_samples = self._posterior().calibrated(self.noise_factor_)
         self._posterior().leaves()  # drawn here once: predicting changes no attribute
 
     def _calibrate_noise(self, held, extra=(), fits=None) -> float:
