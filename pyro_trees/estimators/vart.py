@@ -98,7 +98,7 @@ class VaRTRegressor(RegressorMixin, VaRTFits):
         (``guide_`` is the first) and their results in ``fit_results_`` (the stopped
         fits of ``refit`` in ``stopping_results_``); ``feature_importances_`` is their
         mean. Training costs about ``num_fits`` times one fit; without ``refit`` and
-        up to ``stack_max_rows`` training rows (a class attribute: 2,048 here, 640 for
+        up to ``stack_max_rows`` training rows (a class attribute: 2,048 here, 1,024 for
         the forest) the fits train as one program
         (:class:`~pyro_trees.guides.StackedGuides`), which costs less (the training
         guide's "Several fits as one program").

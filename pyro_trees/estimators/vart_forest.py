@@ -70,7 +70,7 @@ class VaRTForestRegressor(VaRTRegressor):
         than one fit, for three times its training time; five fits are 1.7 % lower
         than three for 1.74 times the training; prediction costs what one fit's does,
         as the ``num_samples`` posterior forests are shared out among the fits). Up to
-        ``stack_max_rows`` training rows (a class attribute, 640) the fits train as
+        ``stack_max_rows`` training rows (a class attribute, 1,024) the fits train as
         one program (:class:`~pyro_trees.guides.StackedGuides`): each with its own
         fold, start, stopping and best state, as alone, but every step draws and
         scores all of them at once, which at a few hundred rows costs about what one
@@ -192,6 +192,6 @@ class VaRTForestRegressor(VaRTRegressor):
         return forest_mean(guide.mean_tree(), Xs)
 
     _losses = (VaRTForestELBO, RankVaRTForestELBO)
-    stack_max_rows = 640
+    stack_max_rows = 1024
 
     _one_tree = False  # no export_text: a forest is not one readable tree
