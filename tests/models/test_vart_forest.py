@@ -63,6 +63,26 @@ def test_batched_equals_loop_over_trees(dtype):
     assert torch.allclose(forest_mean(forest, x), loop, atol=tol)
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_complete_rows_path_has_the_general_paths_gradients(depth):
+    """The complete-rows path (nodes first, in probability space) gives the values and
+    gradients of the general path (log space through the ancestor matrices, taken for
+    inputs with a batch dimension), for a batch of forests."""
+    torch.manual_seed(2)
+    x = torch.randn(9, 3, dtype=torch.float64)
+    model = VaRTForest(3, num_trees=5, depth=depth)
+    with torch.no_grad():
+        forest = model.sample_forest(like=x)
+    forest = {k: torch.stack([v, v.flip(0)]).requires_grad_() for k, v in forest.items()}
+    keys = ("beta", "theta", "split", "log_exist")
+    complete, general = forest_mean(forest, x), forest_mean(forest, x.unsqueeze(0))
+    torch.testing.assert_close(complete, general, rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(complete.pow(2).sum(), [forest[k] for k in keys])
+    want = torch.autograd.grad(general.pow(2).sum(), [forest[k] for k in keys])
+    for k, g, w in zip(keys, got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=k)
+
+
 def test_checks():
     with pytest.raises(ValueError, match="num_trees"):
         VaRTForest(2, num_trees=0)
