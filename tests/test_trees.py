@@ -212,3 +212,22 @@ def test_cuda_budget_counts_the_caching_allocators_unused_blocks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 650)
     assert trees._available_memory_bytes("cuda") == 150
     assert trees._available_memory_bytes(torch.device("cuda", 0)) == 150
+
+
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_logits_log_reach_equals_the_level_by_level_pass(depth):
+    """The two products with the ancestor matrices give ``splits_log_reach`` of
+    ``logsigmoid(z)`` and ``logsigmoid(-z)``, values and gradients (a batch of rows)."""
+    z = torch.randn(2, 7, (1 << depth) - 1, dtype=torch.float64, requires_grad=True)
+    got = trees.logits_log_reach(z)
+    want = trees.splits_log_reach(
+        torch.nn.functional.logsigmoid(z), torch.nn.functional.logsigmoid(-z)
+    )
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    w = torch.randn_like(got)
+    (g,) = torch.autograd.grad((got * w).sum(), z)
+    (h,) = torch.autograd.grad((want * w).sum(), z)
+    torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
+    down, right = trees.ancestor_paths((1 << depth) - 1, torch.float64)
+    assert down.shape == right.shape == ((1 << depth) - 1, (2 << depth) - 1)
+    assert bool((right <= down).all()) and down[:, 0].sum() == 0  # the root has none

@@ -13,7 +13,6 @@ References
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pyro.distributions as dist
@@ -324,13 +323,11 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     beta, theta = forest["beta"], forest["theta"]
     if missing is None and x1.dim() == 2:
         return _complete_forest_mean(forest, x1, keepdim)
-    paths = _paths.__wrapped__ if torch.compiler.is_compiling() else _paths  # traced as is
     z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
-    down, right = paths(beta.shape[-2], z.dtype, z.device)
-    if missing is None:
-        # log P(x -> i) = sum over the ancestors of logsigmoid(+-z) = ls @ down - z @ right
-        log_reach = torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
+    if missing is None:  # log P(x -> i): the sum over the ancestors of logsigmoid(+-z)
+        log_reach = trees.logits_log_reach(z)
     else:  # the same sum with each side's own log-probability (route_log_probs)
+        down, right = trees.ancestor_paths(beta.shape[-2], z.dtype, z.device)
         log_left, log_right = route_log_probs(z, beta, missing, forest.get("rho"))
         log_reach = torch.matmul(log_left, down - right) + torch.matmul(log_right, right)
     weight = (log_reach + forest["log_exist"].unsqueeze(-2)).exp()
@@ -375,21 +372,3 @@ def _complete_forest_mean(forest: dict, x1: torch.Tensor, keepdim: bool) -> torc
     return f.unsqueeze(-2) if keepdim else f
 
 
-@functools.lru_cache(maxsize=64)
-def _paths(n_int: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ancestor matrices ``(n_int, 2 n_int + 1)`` of the heap nodes: ``down[j, i] = 1``
-    when internal node ``j`` is a proper ancestor of node ``i``, ``right[j, i] = 1`` when
-    ``i`` lies in ``j``'s right subtree. Cached per size, dtype and device (constants:
-    every step of a fit reads the same pair; built outside any ``inference_mode``, so
-    that a pair first made there can still enter a backward pass)."""
-    m = 2 * n_int + 1
-    with torch.inference_mode(False):
-        down = torch.zeros(n_int, m, dtype=dtype, device=device)
-        right = torch.zeros(n_int, m, dtype=dtype, device=device)
-        for i in range(2, m + 1):  # heap numbers; the parent of i is i // 2
-            child, j = i, i // 2
-            while j >= 1:
-                down[j - 1, i - 1] = 1.0
-                right[j - 1, i - 1] = float(child % 2)
-                child, j = j, j // 2
-    return down, right

@@ -95,9 +95,9 @@ def test_checks():
 def test_forest_mean_differentiates_after_a_call_in_inference_mode():
     """The cached ancestor matrices first built under ``inference_mode`` still enter a
     backward pass later (a normal tensor, not an inference tensor)."""
-    from pyro_trees.models.vart_mixture import _paths
+    from pyro_trees.trees import _ancestor_paths
 
-    _paths.cache_clear()
+    _ancestor_paths.cache_clear()
     forest = VaRTForest(2, num_trees=3, depth=2).sample_forest()
     x = torch.randn(4, 2)
     with torch.inference_mode():
