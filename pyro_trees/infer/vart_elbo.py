@@ -205,8 +205,7 @@ def _tree_elbo(
     x1, missing = observed(with_bias(xb))  # missing inputs read 0 (their routes: rho)
     z = x1 @ beta.transpose(-1, -2)  # T + (B, 2**D - 1): beta^T x, the log-odds of left
     if missing is None:
-        log_left = F.logsigmoid(z)
-        log_reach = trees.splits_log_reach(log_left, log_left - z)  # logsigmoid(-z) = ls(z) - z
+        log_reach = trees.logits_log_reach(z)
     else:
         log_left, log_right = route_log_probs(z, beta, missing, rho)
         log_reach = trees.splits_log_reach(log_left, log_right)
