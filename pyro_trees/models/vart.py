@@ -292,17 +292,21 @@ class VaRT(PyroModule):
         return self.in_features + 1
 
     def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
-        """The log-likelihood of each row of ``y`` ``(B,)`` given the unnormalised log
-        leaf weights ``mix_logits`` ``T + (B, M)``, inputs with intercept ``x1``
-        ``(B, L + 1)`` and the trees' ``theta`` ``T + (M, leaf_width)`` and
-        ``log_sigma`` ``T + (M,)`` (``T``: a batch of trees, ``()`` for one), ``T + (B,)``:
-        eq. 27 here (:func:`~pyro_trees.infer.vart_elbo.vart_elbo` sums it, so a
-        subclass with another likelihood trains with it too)."""
+        """The log-likelihood of each row of ``y`` ``(B,)`` given the log weights
+        :math:`\\log \\kappa_i + \\log P(x \\to i)` of the nodes ``mix_logits``
+        ``T + (B, M)``, inputs with intercept ``x1`` ``(B, L + 1)`` and the trees'
+        ``theta`` ``T + (M, leaf_width)`` and ``log_sigma`` ``T + (M,)`` (``T``: a batch
+        of trees, ``()`` for one), ``T + (B,)``: eq. 27 here
+        (:func:`~pyro_trees.infer.vart_elbo.vart_elbo` sums it, so a subclass with
+        another likelihood trains with it too). The weights of a row sum to one over the
+        nodes (a node's own weight and its subtree's add up to :math:`A_i P(x \\to i)`,
+        down to the truncation depth, whose nodes do not split), so the mixture needs no
+        normalising."""
         means = x1 @ theta.transpose(-1, -2)
         log_sigma = log_sigma.unsqueeze(-2)
         z = (y.unsqueeze(-1) - means) / log_sigma.exp()
         comp = -0.5 * z * z - log_sigma - 0.5 * math.log(2 * math.pi)
-        return (mix_logits + comp).logsumexp(-1) - mix_logits.logsumexp(-1)
+        return (mix_logits + comp).logsumexp(-1)
 
     def split_prob(self, depth: int) -> float:
         """Prior split probability :math:`\\gamma_d = \\alpha (1 + d)^{-\\beta}`."""

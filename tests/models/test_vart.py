@@ -235,3 +235,26 @@ def test_tree_likelihood_is_the_mixture_of_eq_27():
 def test_the_tree_and_the_forest_refuse_the_same_bad_prior_options(cls, option, value):
     with pytest.raises(ValueError, match=f"^{option} must"):
         cls(2, **{option: value})
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_node_weights_of_a_row_sum_to_one(missing):
+    """``kappa_i P(x -> i)`` sums to one over the nodes of a relaxed tree of depth 3, with
+    or without missing inputs: why the likelihood's mixture (``VaRT._obs_log_lik``) is
+    not normalised again."""
+    from pyro_trees.models.vart import log_existence
+    from pyro_trees.models.vart_mixture import log_leaf_weights, with_bias
+
+    torch.manual_seed(3)
+    x = torch.randn(6, 3, dtype=torch.float64)
+    if missing:
+        x[0, 1] = x[3, 0] = float("nan")
+    split = torch.cat([torch.rand(7, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)])
+    tree = {
+        "split": split,
+        "log_exist": log_existence(split[:7]),
+        "beta": torch.randn(7, 4, dtype=torch.float64),
+        "rho": torch.rand(7, dtype=torch.float64) if missing else None,
+    }
+    total = log_leaf_weights(tree, with_bias(x)).logsumexp(-1)  # (6,)
+    torch.testing.assert_close(total, torch.zeros_like(total), atol=1e-12, rtol=0)
