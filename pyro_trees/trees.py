@@ -337,10 +337,15 @@ def logits_log_reach(z: torch.Tensor) -> torch.Tensor:
     ``batch_shape + (2**D - 1,)``: ``log P(x -> i)``, the sum over the ancestors of
     ``logsigmoid(z)`` on a left turn and ``logsigmoid(-z) = logsigmoid(z) - z`` on a
     right one, as two products with :func:`ancestor_paths` (on a CPU at a few hundred
-    rows about half the time of the level-by-level pass, forward and backward).
+    rows about half the time of the level-by-level pass, forward and backward). Under
+    ``torch.compile`` it is the level-by-level pass, whose elementwise steps the compiler
+    fuses (and whose trace holds no construction of the matrices).
 
     :returns: ``batch_shape + (2**(D+1) - 1,)`` in heap order.
     """
+    if torch.compiler.is_compiling():
+        log_left = F.logsigmoid(z)
+        return splits_log_reach(log_left, log_left - z)
     down, right = ancestor_paths(z.shape[-1], z.dtype, z.device)
     return torch.matmul(F.logsigmoid(z), down) - torch.matmul(z, right)
 
