@@ -370,5 +370,3 @@ def _complete_forest_mean(forest: dict, x1: torch.Tensor, keepdim: bool) -> torc
         f = f + (reach * leaves[d + 1]).sum(0)
     f = f.sum(-2)  # B + (N,)
     return f.unsqueeze(-2) if keepdim else f
-
-
