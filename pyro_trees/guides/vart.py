@@ -82,7 +82,7 @@ class RelaxedSplitGuide:
     the first call (parameters already in Pyro's store win; otherwise the guide follows
     the data's dtype and device and, with ``init="data"``, places its splits among the
     rows, :meth:`init_splits_from_data`). A subclass names its parameters in ``_PARAMS``,
-    has ``init`` and a ``model`` whose ``_check_x`` checks inputs.
+    has ``init`` and a ``model`` whose ``check`` checks inputs.
     """
 
     def __getstate__(self):
@@ -211,7 +211,7 @@ class RelaxedSplitGuide:
         :param float sharpness: slope of the logistic rule along the chosen feature.
         :returns: ``self``.
         """
-        self.model._check_x(x, None)
+        self.model.check(x, None)
         if not sharpness > 0:
             raise ValueError(f"sharpness must be > 0, got {sharpness}")
         shape = self.beta_loc.shape  # (..., M_int, L + 1): a leading dim of trees or none
@@ -383,7 +383,7 @@ class VaRTGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         :returns: dict of the sampled values by site name.
         """
         model = self.model
-        model._check_x(x, y)
+        model.check(x, y)
         q = self.params(x)  # each (constrained) parameter read once, sliced level by level
         plates = self._create_plates(x, y, subsample_size)
         opts = {"dtype": x.dtype, "device": x.device}

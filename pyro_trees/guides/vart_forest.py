@@ -172,7 +172,7 @@ class VaRTForestGuide(RelaxedSplitGuide, TreeGuide, AutoGuide):
         :returns: dict of the sampled values by site name.
         """
         model = self.model
-        model._check_x(x, y)
+        model.check(x, y)
         q = self.params(x)
         plates = self._create_plates(x, y, subsample_size)
         out = {}

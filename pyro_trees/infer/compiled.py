@@ -366,7 +366,7 @@ class CompilesVaRTLoss(CompilesLoss):
         if y is None:
             raise ValueError(f"{name} needs the targets y")
         # the missing-values check reads x back to the host: once per tensor, not per step
-        model._check_x(x, y, complete=None if model.missing else self._complete(x))
+        model.check(x, y, complete=None if model.missing else self._complete(x))
 
     #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
     fit_losses = None

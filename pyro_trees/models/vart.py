@@ -349,10 +349,12 @@ class VaRT(PyroModule):
             "leaf_scale": _fill_scale(ls, self.leaf_scale, n, width, start, opts),
         }
 
-    def _check_x(self, x: torch.Tensor, y, complete: bool | None = None) -> None:
-        """Refuse ``x`` and ``y`` of the wrong shape, and missing values (NaN) in ``x``
-        unless the model routes them; ``complete`` is whether ``x`` is already known to
-        have none (a loss that caches the check across steps passes it)."""
+    def check(self, x: torch.Tensor, y=None, complete: bool | None = None) -> None:
+        """Raise :class:`ValueError` for ``x`` ``(N, L)`` and ``y`` ``(N,)`` (or ``None``)
+        of the wrong shape, and for missing values (NaN) in ``x`` unless the model routes
+        them: :meth:`forward`'s checks, which the guide's data start and the vectorised
+        losses run too; ``complete`` is whether ``x`` is already known to have none (a
+        loss that caches the check across steps passes it)."""
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         if y is not None and y.shape != x.shape[:1]:
@@ -489,7 +491,7 @@ class VaRT(PyroModule):
         :param int subsample_size: minibatch size of the plate ``data`` (default all).
         :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.
         """
-        self._check_x(x, y)
+        self.check(x, y)
         batch = x.shape[0] if subsample_size is None else min(int(subsample_size), x.shape[0])
         tree = self.sample_tree(batch, like=x)
         with pyro.plate(

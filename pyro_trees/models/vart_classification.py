@@ -180,8 +180,10 @@ class VaRTClassification(VaRT):
         """``num_outputs * (in_features + 1)`` leaf weights per node."""
         return self.num_outputs * (self.in_features + 1)
 
-    def _check_x(self, x: torch.Tensor, y, complete: bool | None = None) -> None:
-        super()._check_x(x, y, complete)
+    def check(self, x: torch.Tensor, y=None, complete: bool | None = None) -> None:
+        """:meth:`VaRT.check <pyro_trees.models.VaRT.check>`, and class indices in ``y``
+        (an integer tensor)."""
+        super().check(x, y, complete)
         if y is not None and (y.is_floating_point() or y.is_complex()):
             raise ValueError("y must hold class indices (an integer tensor)")
 
@@ -207,7 +209,7 @@ class VaRTClassification(VaRT):
         :param int subsample_size: minibatch size of the plate ``data`` (default all).
         :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.
         """
-        self._check_x(x, y)
+        self.check(x, y)
         batch = x.shape[0] if subsample_size is None else min(int(subsample_size), x.shape[0])
         tree = self.sample_tree(batch, like=x)
         with pyro.plate(

@@ -204,10 +204,12 @@ class VaRTForest(PyroModule):
         """The full name of the site or plate ``name`` (``"<name>." + name`` if named)."""
         return f"{self._pyro_name}.{name}" if self._pyro_name else name
 
-    def _check_x(self, x: torch.Tensor, y, complete: bool | None = None) -> None:
-        """Refuse ``x`` and ``y`` of the wrong shape, and missing values (NaN) in ``x``
-        unless the model routes them; ``complete`` is whether ``x`` is already known to
-        have none (a loss that caches the check across steps passes it)."""
+    def check(self, x: torch.Tensor, y=None, complete: bool | None = None) -> None:
+        """Raise :class:`ValueError` for ``x`` ``(N, L)`` and ``y`` ``(N,)`` (or ``None``)
+        of the wrong shape, and for missing values (NaN) in ``x`` unless the model routes
+        them: :meth:`forward`'s checks, which the guide's data start and the vectorised
+        losses run too; ``complete`` is whether ``x`` is already known to have none (a
+        loss that caches the check across steps passes it)."""
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (N, {self.in_features}); got {tuple(x.shape)}")
         if y is not None and y.shape != x.shape[:1]:
@@ -279,7 +281,7 @@ class VaRTForest(PyroModule):
         :param int subsample_size: minibatch size of the plate ``data`` (default all).
         :returns: the ``obs`` values of the (sub)sampled points, ``B + (N_b,)``.
         """
-        self._check_x(x, y)
+        self.check(x, y)
         forest = self.sample_forest(like=x)
         loc = torch.tensor(self.noise_prior_loc, dtype=x.dtype, device=x.device)
         with poutine.scale(scale=self.kl_weight):
