@@ -228,6 +228,28 @@ def test_logits_log_reach_equals_the_level_by_level_pass(depth):
     (g,) = torch.autograd.grad((got * w).sum(), z)
     (h,) = torch.autograd.grad((want * w).sum(), z)
     torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
-    down, right = trees.ancestor_paths((1 << depth) - 1, torch.float64)
-    assert down.shape == right.shape == ((1 << depth) - 1, (2 << depth) - 1)
-    assert bool((right <= down).all()) and down[:, 0].sum() == 0  # the root has none
+    left, right = trees.ancestor_paths((1 << depth) - 1, torch.float64)
+    assert left.shape == right.shape == ((1 << depth) - 1, (2 << depth) - 1)
+    assert not (left * right).any() and (left + right)[:, 0].sum() == 0  # the root: none
+    assert (left + right).sum(0).tolist() == [trees.depth_of(i) for i in range(1, 2 << depth)]
+
+
+def test_logits_log_reach_keeps_float32_precision_at_large_logits():
+    """Every summand is at most 0, so large logits do not cancel: the probabilities of
+    reaching the nodes in float32 are those of float64 to 1e-7 (a difference of two sums,
+    logsigmoid(z) over the ancestors minus z over the right turns, was off by 1e-5 at
+    |z| = 30 and 4e-4 at |z| = 1e4)."""
+    z = torch.randn(500, 15, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for size in (30.0, 1e4):
+        want = trees.logits_log_reach(z * size).exp()
+        got = trees.logits_log_reach((z * size).float()).double().exp()
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("n_int", [0, 2, 4, 6])
+def test_ancestor_paths_refuse_an_incomplete_tree(n_int):
+    with pytest.raises(ValueError, match="2\\*\\*D - 1"):
+        trees.ancestor_paths(n_int)
+    if n_int:
+        with pytest.raises(ValueError, match="2\\*\\*D - 1"):
+            trees.logits_log_reach(torch.zeros(3, n_int))

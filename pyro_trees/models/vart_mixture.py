@@ -318,18 +318,24 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
         ``B + (K, 2**D - 1)``, read as 0 by the leaves).
     :param bool keepdim: keep the summed tree dimension (size 1), as the model's sites do.
     :returns: ``B + (N,)`` (``B + (1, N)`` with ``keepdim``).
+    :raises ValueError: if ``x`` is not ``(N, L)`` for the forest's ``L`` inputs.
     """
-    x1, missing = observed(with_bias(x))
     beta, theta = forest["beta"], forest["theta"]
+    if x.dim() < 2 or x.shape[-1] != beta.shape[-1] - 1:
+        raise ValueError(
+            f"x must have shape (N, {beta.shape[-1] - 1}) (the forest's inputs); "
+            f"got {tuple(x.shape)}"
+        )
+    x1, missing = observed(with_bias(x))
     if missing is None and x1.dim() == 2:
         return _complete_forest_mean(forest, x1, keepdim)
     z = torch.matmul(x1, beta.transpose(-1, -2))  # B + (K, N, 2**D - 1): log-odds of left
     if missing is None:  # log P(x -> i): the sum over the ancestors of logsigmoid(+-z)
         log_reach = trees.logits_log_reach(z)
     else:  # the same sum with each side's own log-probability (route_log_probs)
-        down, right = trees.ancestor_paths(beta.shape[-2], z.dtype, z.device)
+        left, right = trees.ancestor_paths(beta.shape[-2], z.dtype, z.device)
         log_left, log_right = route_log_probs(z, beta, missing, forest.get("rho"))
-        log_reach = torch.matmul(log_left, down - right) + torch.matmul(log_right, right)
+        log_reach = torch.matmul(log_left, left) + torch.matmul(log_right, right)
     weight = (log_reach + forest["log_exist"].unsqueeze(-2)).exp()
     weight = weight * (1 - forest["split"]).unsqueeze(-2)  # kappa P(x -> i), B + (K, N, M)
     leaf = torch.matmul(weight, theta)  # B + (K, N, L + 1): the routed leaf weights
