@@ -83,6 +83,17 @@ def test_complete_rows_path_has_the_general_paths_gradients(depth):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=k)
 
 
+def test_forest_mean_refuses_inputs_of_another_shape():
+    """A single row without its row dimension, or another number of inputs, raises
+    (a 1-D row broadcast against the trees and returned one number per tree)."""
+    forest = VaRTForest(5, num_trees=4, depth=2).sample_forest()
+    x = torch.randn(3, 5)
+    assert forest_mean(forest, x[:1]).shape == (1,)
+    for bad in (x[0], torch.randn(3, 4)):
+        with pytest.raises(ValueError, match=r"shape \(N, 5\)"):
+            forest_mean(forest, bad)
+
+
 def test_checks():
     with pytest.raises(ValueError, match="num_trees"):
         VaRTForest(2, num_trees=0)
