@@ -1,4 +1,4 @@
-"""Soft binary-tree algebra shared by every tree model in pyro_trees.
+"""Binary-tree algebra of every tree model (over 600 lines: pickles name its DecisionRules).
 
 Conventions (used by the HME, the Bayesian HME and VaRT alike):
 
@@ -15,6 +15,11 @@ Conventions (used by the HME, the Bayesian HME and VaRT alike):
 
 Everything is computed in log space and never forms a ``2**D x 2**D`` object:
 the leaf log-probabilities of a depth-16 tree in float32 do not underflow.
+
+The hard rules of a fitted tree (:class:`DecisionRules`, :func:`route_by_rules`) would
+make a module of their own, but estimators cache a :class:`DecisionRules` in their state,
+and a pickle names a class by its module: moved, they would no longer load. So this
+module holds both and runs past 600 lines.
 """
 
 from __future__ import annotations
