@@ -108,7 +108,7 @@ def layer_samples(model, guide, x_grid, *, num_samples: int = 10, grids=None, nu
         ``compositions`` (list of ``(S, G, P_i)``: :math:`f_i \\circ \\dots \\circ f_1`
         at ``x_grid``).
     """
-    x_grid = model._check_x(x_grid)
+    x_grid, _ = model.checked_data(x_grid)
     L = model.num_layers
     draws = []
     with _context(guide):
