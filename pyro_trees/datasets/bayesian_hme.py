@@ -26,12 +26,13 @@ def toy_inverse(n: int = 200, noise: float = 0.05, seed: int | None = 0):
     return t[:, None], x
 
 
-def robot_arm_forward(theta: np.ndarray, l1: float = 0.8, l2: float = 0.2) -> np.ndarray:
-    r"""End-effector position of the two-link arm from joint angles ``(..., 2)``:
+def robot_arm_forward(angles: np.ndarray, l1: float = 0.8, l2: float = 0.2) -> np.ndarray:
+    r"""End-effector position of the two-link arm from joint ``angles`` ``(..., 2)``
+    (:math:`\theta_1, \theta_2`):
     :math:`x_1 = L_1\cos\theta_1 - L_2\cos(\theta_1 + \theta_2)`,
     :math:`x_2 = L_1\sin\theta_1 - L_2\sin(\theta_1 + \theta_2)`."""
-    theta = np.asarray(theta, dtype=float)
-    t1, t2 = theta[..., 0], theta[..., 1]
+    angles = np.asarray(angles, dtype=float)
+    t1, t2 = angles[..., 0], angles[..., 1]
     return np.stack(
         [l1 * np.cos(t1) - l2 * np.cos(t1 + t2), l1 * np.sin(t1) - l2 * np.sin(t1 + t2)], -1
     )

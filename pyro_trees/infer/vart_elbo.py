@@ -210,7 +210,7 @@ def _tree_elbo(
         log_left, log_right = route_log_probs(z, beta, missing, rho)
         log_reach = trees.splits_log_reach(log_left, log_right)
     mix_logits = (log_exist + torch.log1p(-split_all)).unsqueeze(-2) + log_reach
-    obs_lp = model._obs_log_lik(mix_logits, x1, theta, log_sigma, yb)  # T + (B,)
+    obs_lp = model.obs_log_lik(mix_logits, x1, theta, log_sigma, yb)  # T + (B,)
     obs_ll = (obs_lp if weight is None else obs_lp * weight).sum(-1)
     return scale * obs_ll + model.kl_weight * kl_terms
 

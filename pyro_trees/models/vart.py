@@ -291,7 +291,7 @@ class VaRT(PyroModule):
         :class:`~pyro_trees.models.VaRTClassification`, has more)."""
         return self.in_features + 1
 
-    def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
+    def obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
         """The log-likelihood of each row of ``y`` ``(B,)`` given the log weights
         :math:`\\log \\kappa_i + \\log P(x \\to i)` of the nodes ``mix_logits``
         ``T + (B, M)``, inputs with intercept ``x1`` ``(B, L + 1)`` and the trees'

@@ -191,9 +191,9 @@ class VaRTClassification(VaRT):
         """Log class probabilities ``B + (N, K)`` of the rows ``x`` under ``tree``."""
         return self._link(tree_scores(tree, x, self.num_outputs))
 
-    def _obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
+    def obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
         """The categorical log-likelihood of each class index of ``y`` ``(B,)``,
-        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT._obs_log_lik`)."""
+        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT.obs_log_lik`)."""
         weights = mix_logits.softmax(-1)  # T + (B, M)
         theta = theta.reshape(theta.shape[:-1] + (self.num_outputs, x1.shape[-1]))
         scores = torch.einsum("...nm,...mkl,nl->...nk", weights, theta, x1)

@@ -240,7 +240,7 @@ def test_the_tree_and_the_forest_refuse_the_same_bad_prior_options(cls, option, 
 @pytest.mark.parametrize("missing", [False, True])
 def test_node_weights_of_a_row_sum_to_one(missing):
     """``kappa_i P(x -> i)`` sums to one over the nodes of a relaxed tree of depth 3, with
-    or without missing inputs: why the likelihood's mixture (``VaRT._obs_log_lik``) is
+    or without missing inputs: why the likelihood's mixture (``VaRT.obs_log_lik``) is
     not normalised again."""
     from pyro_trees.models.vart import log_existence
     from pyro_trees.models.vart_mixture import log_leaf_weights, with_bias
