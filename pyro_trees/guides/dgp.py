@@ -454,7 +454,7 @@ class DGPIntermediateGuide(_PerSiteGaussianGuide):
         if not self.whiten:
             return super().forward(x, y, **kwargs)
         out, prev = {}, None
-        with self._model._store_params():
+        with self._model.store_params():
             zs = self._model.inducing_inputs
             for i, name in enumerate(self.site_names):
                 prev = out[name] = pyro.sample(name, self._whitened(i, prev, zs))

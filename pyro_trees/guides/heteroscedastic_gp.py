@@ -121,7 +121,7 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
             )
         self.__dict__["_model"] = model if bound else None
         if bound:
-            model._bind(self)
+            model.bind(self)
 
     @property
     def depth(self) -> int:
@@ -186,7 +186,7 @@ class HeteroscedasticGPGuide(TreeGuide, PyroModule):
         """
         model = self.model
         if model is not None and y is not None:
-            model._maybe_start(x, y)
+            model.start_once(x, y)
         adopt_param_store(self)
         if model is not None and not model.sparse and y is not None:
             self._keep(x, y)

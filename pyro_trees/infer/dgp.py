@@ -118,7 +118,7 @@ def layer_samples(model, guide, x_grid, *, num_samples: int = 10, grids=None, nu
     comps = [[x_grid] for _ in range(num_samples)]
     layers = [[] for _ in range(L)]
     out_grids = [x_grid]
-    with _context(model), model._store_params():
+    with _context(model), model.store_params():
         _fill_layers(model, draws, comps, layers, out_grids, grids, num_grid)
     return {
         "grids": out_grids,

@@ -254,7 +254,7 @@ class DeepGP(PyroModule):
                 pyro.module(self._pyro_get_fullname(attr), module, update_module_params=True)
 
     @contextlib.contextmanager
-    def _store_params(self):
+    def store_params(self):
         """Read the model's parameters from Pyro's store outside :meth:`forward` (for a
         guide or a plot that uses the model's kernels and inducing inputs)."""
         with self._pyro_context:
@@ -412,7 +412,7 @@ class DeepGP(PyroModule):
         ``"zero"`` or the module), the noise scale and the numerical settings. ``None``
         for a model the tensor program does not cover (a kernel other than an RBF or
         Matérn kernel, optionally in a ``ScaleKernel``)."""
-        with self._store_params():
+        with self.store_params():
             zs = self.inducing_inputs
             noise = self.noise
             kernels = [TensorKernel.of(k, batched=True) for k in self.kernels]

@@ -384,7 +384,7 @@ class HeteroscedasticGP(PyroModule):
         if subsample_size is not None and not self.sparse:
             raise ValueError("subsample_size needs the sparse model (inducing_points)")
         if y is not None:
-            self._maybe_start(x, y)
+            self.start_once(x, y)
         kernel = self._kernel()
         n = x.shape[0]
         mean = self.mean_constant.to(x.dtype)
@@ -642,7 +642,13 @@ class HeteroscedasticGP(PyroModule):
         """The kernel, registered as ``"<name>.kernel"`` with its values from the param store."""
         return pyro.module(self._fullname("kernel"), self.kernel, update_module_params=True)
 
-    def _bind(self, guide) -> None:
+    def bind(self, guide) -> None:
+        """Make ``guide`` (a :class:`~pyro_trees.guides.HeteroscedasticGPGuide` built with
+        this model) the model's guide, whose routing the exact model's collapsed bound
+        reads; a model takes one guide.
+
+        :raises ValueError: when the model already has another guide.
+        """
         if self.__dict__["_guide"] is not None and self.__dict__["_guide"] is not guide:
             raise ValueError(
                 "this HeteroscedasticGP already has a guide; build one guide per model"
@@ -672,9 +678,15 @@ class HeteroscedasticGP(PyroModule):
             )
         return guide
 
-    def _maybe_start(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def start_once(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """:meth:`init_from_data` at the first call on data, when the model has a guide and
-        the param store does not hold its parameters yet (trained or loaded ones stay)."""
+        the param store does not hold its parameters yet (trained or loaded ones stay);
+        later calls do nothing. The model calls it itself; a guide or loss that scores the
+        model without running it calls it first.
+
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)``.
+        """
         guide = self.__dict__["_guide"]
         if guide is None or self._started:
             return
