@@ -148,6 +148,23 @@ class VBData:
         """The number of rows over every rank (``N`` without ``reduce``)."""
         return int(self.rows_sum(self.x.new_tensor(float(self.x.shape[0]))).item())
 
+    def with_signs(self, signs: torch.Tensor) -> VBData:
+        """The same data with other path ``signs`` (other topologies, or another batch of
+        them), sharing the per-row statistics already computed."""
+        new = replace(self, signs=signs)
+        for key in ("_pairs", "_xt", "num_rows"):
+            if key in self.__dict__:
+                new.__dict__[key] = self.__dict__[key]
+        return new
+
+    def precompute(self) -> VBData:
+        """Compute the per-row statistics the updates share (the row count over every
+        rank, the packed products ``x x^T`` and ``x t^T``) now, once; a compiled program
+        then reads them instead of computing them inside (a first computation of a
+        cached property inside a compiled graph would break it). Returns ``self``."""
+        self.num_rows, self._pairs, self._xt  # noqa: B018
+        return self
+
     @functools.cached_property
     def _pairs(self):
         p = self.x.shape[-1]

@@ -277,7 +277,7 @@ def test_race_stops_each_restart_on_its_own():
     x, t = toy(n=40)
     top = TOPS[0]
     data = vb.VBData.build(x, t, top)
-    flat = vb_selection._with_signs(data, data.signs.expand(3, *data.signs.shape).clone())
+    flat = data.with_signs(data.signs.expand(3, *data.signs.shape).clone())
     state = vb.init_state(flat, (3,), generator=torch.Generator().manual_seed(4))
     temps = vb.temperature_schedule(150, anneal_cycles=20)
     final, values, work = vb_selection._race(flat, state, temps, 1e-6)

@@ -15,7 +15,6 @@ from pyro_trees.infer.bayesian_hme_vb.selection import (
     ModelSelection,
     _cat_states,
     _race,
-    _with_signs,
     cycle_program,
 )
 from pyro_trees.models.bayesian_hme_vb_run import run_vb
@@ -303,7 +302,7 @@ def grow_selection(
         finals, values = [], []
         for c in range(0, len(owners), cap):
             sl = slice(c, c + cap)
-            sub = _with_signs(base, sg[sl])
+            sub = base.with_signs(sg[sl])
             st, vals, w = _race(sub, state.index(sl), [1.0] * num_cycles, tol, cycle)
             work += w
             finals.append(st)

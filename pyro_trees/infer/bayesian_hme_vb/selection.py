@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -79,15 +79,6 @@ def _cat_states(states: Sequence[VBState]) -> VBState:
     )
 
 
-def _with_signs(data: VBData, signs: torch.Tensor) -> VBData:
-    """``data`` with other signs, keeping the cached per-point statistics."""
-    new = replace(data, signs=signs)
-    for key in ("_pairs", "_xt", "num_rows"):
-        if key in data.__dict__:
-            new.__dict__[key] = data.__dict__[key]
-    return new
-
-
 def cycle_program(compile: bool | str = False):
     """The VB cycle of a search: :func:`~pyro_trees.infer.bayesian_hme_vb.fused_cycle`,
     or with ``compile`` (``True`` or a ``torch.compile`` backend name) the same function
@@ -108,9 +99,7 @@ def cycle_program(compile: bool | str = False):
     def compiled_cycle(data: VBData, state: VBState, temperature: float = 1.0, sq_a=None):
         if sq_a is None:
             return fused_cycle(data, state, temperature, sq_a)
-        # a first computation inside the program would break its graph (a
-        # cached_property holds a lock)
-        data.num_rows, data._pairs, data._xt  # noqa: B018
+        data.precompute()  # not inside the program: a cached_property holds a lock
         temp = torch.tensor(float(temperature), dtype=data.x.dtype, device=data.x.device)
         # one program per number of experts (the gates' count and the arrays' widths follow
         # from it), each for a static and then a symbolic batch size: within the
@@ -156,7 +145,7 @@ def _race(
                 done_states.append(state.index(halt))
                 done_values.append(value[halt])
                 active, state, sq_a, value = active[go], state.index(go), sq_a[go], value[go]
-                data = _with_signs(data, data.signs[go])
+                data = data.with_signs(data.signs[go])
                 if not len(active):
                     break
         prev = value
@@ -255,7 +244,7 @@ def select_topology(
         for c in range(0, len(members), per_chunk):
             chunk = list(range(c, min(c + per_chunk, len(members))))
             sg = signs[chunk].repeat_interleave(num_restarts, 0)  # (K_c R, G, E)
-            data = _with_signs(base, sg)
+            data = base.with_signs(sg)
             state = init_state(data, (len(sg),), generator=generator)
             state, values, w = _race(data, state, phase1, None if pruning else tol, cycle)
             work += w
@@ -270,13 +259,13 @@ def select_topology(
                 owners.extend((i, int(j)) for i, row in zip(chunk, top, strict=True) for j in row)
             state = _cat_states(survivors)
             sg = signs[torch.tensor([i for i, _ in owners])]
-            data = _with_signs(base, sg)
+            data = base.with_signs(sg)
             finals, values_all = [], []
             cap2 = max(1, cap)
             for c in range(0, len(owners), cap2):
                 sl = slice(c, c + cap2)
                 st, vals, w = _race(
-                    _with_signs(data, sg[sl]), state.index(sl), temps[prune_after:], tol, cycle
+                    data.with_signs(sg[sl]), state.index(sl), temps[prune_after:], tol, cycle
                 )
                 work += w
                 finals.append(st)
