@@ -271,7 +271,7 @@ def fit_args(ranks: Ranks, *tensors) -> tuple:
 class _ReadsRankRows:
     """A loss of ours (VaRT tree or forest, HME) reading this rank's rows of :class:`RankRows`
     (``subsample_size`` per rank); called without ``x``, it reads ``data`` (this rank's
-    shard, see :func:`fit_args`); the family's ELBO function is the loss's ``_elbo``."""
+    shard, see :func:`fit_args`) and scores them with the loss's ``rows_loss``."""
 
     def __init__(self, rows: RankRows, data: tuple | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -283,9 +283,7 @@ class _ReadsRankRows:
         idx, num_rows = self.rows(x.shape[0], subsample_size)
         if idx is None:
             return super().differentiable_loss(model, guide, x, y, subsample_size)
-        self._check(model, guide, x, y)
-        idx = idx.to(x.device)
-        return -self._elbo(model, guide, x, y, subsample=idx, num_rows=num_rows)
+        return self.rows_loss(model, guide, x, y, idx.to(x.device), num_rows)
 
 
 class RankVaRTELBO(_ReadsRankRows, VaRTELBO):

@@ -137,9 +137,12 @@ class StackedGuides(torch.nn.Module):
         fit runs)."""
         if self.running is None:
             return values
-        return values[self._running_index(values.device)]
+        return values[self.running_index(values.device)]
 
-    def _running_index(self, device) -> torch.Tensor:
+    def running_index(self, device) -> torch.Tensor:
+        """The indices of the running fits (:meth:`keep`), ``(R,)`` int64 on ``device``
+        (kept between calls). Only meaningful while some fits have stopped
+        (``running`` is not ``None``)."""
         if self._index is None or self._index.device != torch.device(device):
             self._index = torch.tensor(self.running, device=device)
         return self._index

@@ -436,6 +436,29 @@ class TreeVIGuide(TreeGuide, PyroModule):
         self.pair_net = net.to(device=feats.device, dtype=feats.dtype)
         prepare(self, feats)  # a loaded store's values for it
 
+    def checked_rows(self, x) -> torch.Tensor:
+        """``x`` as a tensor checked against the guide (the guide follows its dtype and
+        device).
+
+        :param x: ``(..., N, F)``, the tree's ``N`` instances on dim -2.
+        :returns: the rows, ``(..., N, F)``.
+        :raises ValueError: for another number of instances than the tree's, or a row
+            that is not finite.
+        """
+        return self._inputs(x, None)[0]
+
+    def pair_rho(self, x: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The pair network's correlations on every ordered pair of the rows of ``x``:
+        ``rho[..., i, j, :]`` for child ``i`` and parent ``j``.
+
+        :param x: checked rows ``(..., N, F)`` (:meth:`checked_rows`).
+        :param loc: the encoder's means at ``x``, ``(..., N, D)``.
+        :param scale: the encoder's standard deviations at ``x``, ``(..., N, D)``.
+        :returns: ``(..., N, N, D)``.
+        :raises ValueError: for a guide whose pair network cannot score all pairs.
+        """
+        return self._all_pair_rho(self._pair_features(x, loc, scale), loc.shape[-1])
+
     def _all_pair_rho(self, feats: torch.Tensor, latent_dim: int) -> torch.Tensor:
         """The pair network on every ordered pair of the ``N`` rows of ``feats``
         ``(..., N, F')``: ``rho[..., i, j, :] = f(x_i, x_j)`` (child ``i``, parent ``j``),
@@ -503,10 +526,9 @@ class TreeVIGuide(TreeGuide, PyroModule):
         :raises ValueError: for a guide whose pair network cannot score all pairs, or
             inputs of the wrong shape.
         """
-        xb, _ = self._inputs(x, None)
+        xb = self.checked_rows(x)
         loc, scale = self.encoder(xb)
-        rho = self._all_pair_rho(self._pair_features(xb, loc, scale), loc.shape[-1])
-        return SoftTreeNormal(loc, scale, probs.to(loc), rho)
+        return SoftTreeNormal(loc, scale, probs.to(loc), self.pair_rho(xb, loc, scale))
 
     def set_tree(self, parents) -> None:
         """Install the tree ``parents`` (``(N,)``, ``-1`` at roots; validated) on the

@@ -349,7 +349,7 @@ class CompilesVaRTLoss(CompilesLoss):
         losses = -value.detach() if value.dim() else None
         if stacked and guide.running is not None:
             full = losses.new_full((len(guide),), float("nan"))
-            losses = full.index_copy_(0, guide._running_index(losses.device), losses)
+            losses = full.index_copy_(0, guide.running_index(losses.device), losses)
         self.fit_losses = losses
         return -value.sum()
 
@@ -367,6 +367,20 @@ class CompilesVaRTLoss(CompilesLoss):
             raise ValueError(f"{name} needs the targets y")
         # the missing-values check reads x back to the host: once per tensor, not per step
         model.check(x, y, complete=None if model.missing else self._complete(x))
+
+    def rows_loss(self, model, guide, x, y, subsample, num_rows) -> torch.Tensor:
+        """Negative ELBO estimate, eager, of the rows ``subsample`` of ``x``, their
+        likelihood standing for ``num_rows`` rows: the step of a data-parallel fit
+        whose rank scores its own share of the rows (checked as
+        :meth:`differentiable_loss` checks).
+
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)``.
+        :param subsample: indices of the batch's rows, ``(B,)``.
+        :param num_rows: the rows the batch stands for (every rank's).
+        """
+        self._check(model, guide, x, y)
+        return -type(self)._elbo(model, guide, x, y, subsample=subsample, num_rows=num_rows)
 
     #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
     fit_losses = None

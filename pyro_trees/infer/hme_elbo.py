@@ -209,6 +209,20 @@ class HMEELBO(CompilesLoss, DifferentiableLossELBO):
             self.entropy_weight,
         )
 
+    def rows_loss(self, model, guide, x, y, subsample, num_rows) -> torch.Tensor:
+        """Negative ELBO estimate, eager, of the rows ``subsample`` of ``x``, their
+        likelihood standing for ``num_rows`` rows: the step of a data-parallel fit
+        whose rank scores its own share of the rows (checked as
+        :meth:`differentiable_loss` checks).
+
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)``.
+        :param subsample: indices of the batch's rows, ``(B,)``.
+        :param num_rows: the rows the batch stands for (every rank's).
+        """
+        self._check(model, guide, x, y)
+        return -self._elbo(model, guide, x, y, subsample=subsample, num_rows=num_rows)
+
     def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
         """Negative ELBO, differentiable in the model's and guide's parameters."""
         self._check(model, guide, x, y)

@@ -248,7 +248,7 @@ def learn_guide_tree(
             f"with the group plate {guide.plate!r}, x must have shape (G, N, F), got "
             f"{tuple(x.shape)}"
         )
-    xall, _ = guide._inputs(x, None)  # shape and finiteness of all rows, once
+    xall = guide.checked_rows(x)  # shape and finiteness of all rows, once
     table = getattr(guide.pair_net, "pair_bias", None)
     if table is not None and table.shape[0] != xall.shape[-2]:
         raise ValueError(
@@ -280,7 +280,7 @@ def learn_guide_tree(
         device=xall.device,
     )
     with torch.no_grad():  # fails early for a pair network that cannot score all pairs
-        guide._all_pair_rho(guide._pair_features(x1, loc0, scale0), d)
+        guide.pair_rho(x1, loc0, scale0)
 
     def draw():
         if guide.plate is None:
@@ -316,7 +316,7 @@ def learn_guide_tree(
     def elbo_per_tree(p, sel, particles, scale_):
         xb = xall if sel is None else xall.index_select(0, sel)
         loc, scale = guide.encoder(xb)
-        rho = guide._all_pair_rho(guide._pair_features(xb, loc, scale), d)
+        rho = guide.pair_rho(xb, loc, scale)
         log_joint = model_log_joint(conditioned(sel), guide.site, x, *args, **kwargs)
         elbo = soft_tree_elbo(
             lambda z: log_joint(z) / scale_, loc, scale, rho, p.to(loc), particles
