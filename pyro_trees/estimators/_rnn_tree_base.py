@@ -409,8 +409,13 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
         with isolated_params(), torch.no_grad():
             return self.model_.leaf_outputs(Xs).detach()  # (N, 2**D, width)
 
-    def _leaf_loc(self) -> torch.Tensor:
-        """The hard tree's leaf values ``(2**D, width)`` (for rules and export)."""
+    @property
+    def leaf_loc_(self) -> torch.Tensor:
+        """The most likely tree's leaf values, ``(2**depth, width)`` on the CPU, in
+        standardised units: a regressor's expert means (``width`` outputs, or the
+        ``L + 1`` weights of linear experts), a classifier's class logits. After a fit
+        that refit the hard tree's leaves, those refitted values."""
+        check_is_fitted(self, "model_")
         hard_loc = getattr(self, "hard_leaf_loc_", None)
         if hard_loc is not None:
             return hard_loc.detach().cpu()

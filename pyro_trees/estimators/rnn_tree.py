@@ -201,7 +201,7 @@ class RNNTreeRegressor(RegressorMixin, _RNNTreeBase):
         }
 
     def _leaf_labels(self) -> list[str]:
-        loc = self._leaf_loc()
+        loc = self.leaf_loc_
         if self.experts == "linear":
             return [f"value: linear expert {i}" for i in range(loc.shape[0])]
         loc = self.y_scaler_.inverse(loc.double())  # the leaf values in the units of y
@@ -354,7 +354,7 @@ class RNNTreeClassifier(ClassifierMixin, _RNNTreeBase):
         return {"likelihood": "categorical", "num_classes": self.n_classes_}
 
     def _leaf_labels(self) -> list[str]:
-        probs = self._leaf_loc().softmax(-1)
+        probs = self.leaf_loc_.softmax(-1)
         out = []
         for row in probs:
             k = int(row.argmax())

@@ -152,6 +152,12 @@ def _structure(tree, feature_names, class_names, leaf_labels, level, decimals) -
     )
 
 
+def _fitted_missing(est) -> bool:
+    """Whether ``est`` saw a missing training value (its public ``missing_fraction_``;
+    an estimator pickled before missing values were accepted has none)."""
+    return bool(np.any(getattr(est, "missing_fraction_", 0.0)))
+
+
 def _names(est, given, width: int, default) -> list[str]:
     """``given`` names checked against ``width``, else the estimator's, else ``default``."""
     if given is None and est is not None:
@@ -330,7 +336,7 @@ def _rnn(tree, est, feature_names, class_names, leaf_labels, level, decimals) ->
             lines.append(f"missing: {sides[side][0]}")
         return {"lines": lines, "kind": "split", "children": [visit(c[1]) for c in children]}
 
-    fitted_missing = tree.missing if est is None else est._fit_missing()
+    fitted_missing = tree.missing if est is None else _fitted_missing(est)
     show_missing = rules.missing_right is not None and fitted_missing
     return visit(rules._structure(missing=show_missing))
 
@@ -343,7 +349,7 @@ def _rnn_leaves(est, class_names, level, decimals):
         return None
     from pyro_trees.infer import isolated_params
 
-    loc = est._leaf_loc().double()  # (2**D, width), standardised
+    loc = est.leaf_loc_.double()  # (2**D, width), standardised
     if hasattr(est, "classes_"):
         names = _class_names(est, class_names, len(est.classes_))
         return [_class_lines(p.cpu().numpy(), names) for p in loc.softmax(-1)]
