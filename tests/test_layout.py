@@ -5,6 +5,14 @@
   public names: no ``from pyro_trees.<other> import _name`` and nothing from a private
   module ``pyro_trees.<other>._module`` or ``pyro_trees.<other>.<module>._name``. Within its
   own subpackage a module may use private names freely.
+* **Nor does a private attribute.** A module of ``pyro_trees/<sub>/`` reads or calls no
+  private attribute (``obj._name``) that only another subpackage defines: a model's
+  ``_check``, a guide's ``_inputs``, an estimator's ``_fit_missing``. Read from the
+  source, not from types: a name counts as another subpackage's when some class or
+  module of that subpackage defines it (a ``def``, an assignment, a ``setattr`` or
+  ``__dict__`` key) and neither the reading subpackage nor a top-level module does.
+  Private attributes of torch and Pyro objects that our classes also set are listed in
+  :data:`FOREIGN_PRIVATE_ATTRIBUTES`.
 * **Package-level internals are allowed from anywhere.** The private modules at the top
   of the package (``pyro_trees/_interrupts.py``, ``_exclusive.py``, ``_param_store.py``,
   ``_tree_start.py``, ``_forest.py``, ...) are the package's own shared plumbing, meant
@@ -36,6 +44,11 @@ ALLOWED_SCRIPT_IMPORTS = {
 }
 ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 ALLOWED_LONG_MODULES: set[str] = set()
+#: private attributes of torch's and Pyro's own objects, which classes of ours set too
+FOREIGN_PRIVATE_ATTRIBUTES = {
+    "_validate_args",  # torch.distributions.Distribution
+    "_pyro_name",  # pyro.nn.PyroModule
+}
 
 
 def _module_name(path: Path) -> list[str]:
@@ -94,6 +107,68 @@ def cross_subpackage_private_imports() -> list[str]:
     return found
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, assigned names and
+    attributes, parameters, and the string keys of ``setattr`` / ``__setattr__`` calls
+    and of ``__dict__[...]`` stores."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            key = node.args[1] if name == "__setattr__" else node.args[1]
+            if name in ("setattr", "__setattr__") and isinstance(key, ast.Constant):
+                out.add(str(key.value))
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "__dict__"
+            and isinstance(node.slice, ast.Constant)
+        ):
+            out.add(str(node.slice.value))
+    return {n for n in out if _is_private(n)}
+
+
+def cross_subpackage_private_attributes() -> list[str]:
+    """``"path:line: .name <- subpackages"`` for every private attribute that a module of
+    a subpackage reads or calls and that only other subpackages define."""
+    subs = _subpackages()
+    parsed, defined = [], {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).parts
+        own = rel[0] if len(rel) > 1 else None  # None: a top-level module
+        tree = ast.parse(path.read_text(), filename=str(path))
+        parsed.append((path, own, tree))
+        defined.setdefault(own, set()).update(_defined_private_names(tree))
+    found = []
+    for path, own, tree in parsed:
+        if own is None:
+            continue
+        mine = defined[own] | defined.get(None, set()) | FOREIGN_PRIVATE_ATTRIBUTES
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            if node.attr in mine:
+                continue
+            owners = sorted(s for s in subs if node.attr in defined.get(s, ()))
+            if owners:
+                rel = path.relative_to(ROOT)
+                found.append(f"{rel}:{node.lineno}: .{node.attr} <- {', '.join(owners)}")
+    return sorted(set(found))
+
+
 def _scripts() -> list[Path]:
     return sorted((ROOT / "benchmarks").rglob("*.py")) + sorted(
         (ROOT / "notebooks").glob("make_*.py")
@@ -134,6 +209,10 @@ def long_modules() -> list[str]:
 
 def test_no_private_name_crosses_a_subpackage():
     assert cross_subpackage_private_imports() == []
+
+
+def test_no_private_attribute_crosses_a_subpackage():
+    assert cross_subpackage_private_attributes() == []
 
 
 def test_scripts_use_only_public_names():
@@ -179,3 +258,35 @@ def test_check_catches_a_private_import(tmp_path, monkeypatch, source, own, expe
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     monkeypatch.setitem(globals(), "PACKAGE", pkg)
     assert len(cross_subpackage_private_imports()) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("def f(model):\n    return model._secret(1)\n", 1),  # a method of models
+        ("def f(model):\n    return model._secret\n", 1),  # an attribute read
+        ("def f(m):\n    return m.vart._helper()\n", 1),  # a module's function
+        ("def f(model):\n    return model.public()\n", 0),
+        ("def f(d):\n    return d._validate_args\n", 0),  # torch's own attribute
+        # a name the reading subpackage defines itself is its own
+        ("class G:\n    def _secret(self):\n        return self._secret\n", 0),
+        ("class G:\n    def __init__(self):\n        setattr(self, '_secret', 1)\n"
+         "    def f(self):\n        return self._secret\n", 0),
+    ],
+)
+def test_check_catches_a_private_attribute(tmp_path, monkeypatch, source, expected):
+    """The attribute check itself: ``models`` defines ``_secret`` and ``_helper``; a
+    module of ``infer`` reads them."""
+    pkg = tmp_path / "pyro_trees"
+    for sub in ("models", "infer"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "vart.py").write_text(
+        "class VaRT:\n    def _secret(self):\n        return self._validate_args\n\n\n"
+        "def _helper():\n    return 1\n"
+    )
+    (pkg / "infer" / "user.py").write_text(source)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", pkg)
+    assert len(cross_subpackage_private_attributes()) == expected
