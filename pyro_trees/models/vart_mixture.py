@@ -318,13 +318,19 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
         ``B + (K, 2**D - 1)``, read as 0 by the leaves).
     :param bool keepdim: keep the summed tree dimension (size 1), as the model's sites do.
     :returns: ``B + (N,)`` (``B + (1, N)`` with ``keepdim``).
-    :raises ValueError: if ``x`` is not ``(N, L)`` for the forest's ``L`` inputs.
+    :raises ValueError: if ``x`` is not ``(N, L)`` for the forest's ``L`` inputs, or not
+        of the forest's dtype.
     """
     beta, theta = forest["beta"], forest["theta"]
     if x.dim() < 2 or x.shape[-1] != beta.shape[-1] - 1:
         raise ValueError(
             f"x must have shape (N, {beta.shape[-1] - 1}) (the forest's inputs); "
             f"got {tuple(x.shape)}"
+        )
+    if x.dtype != beta.dtype:
+        raise ValueError(
+            f"x is {x.dtype} but the forest's tensors are {beta.dtype}: convert x "
+            f"(x.to({beta.dtype})) or the forest"
         )
     x1, missing = observed(with_bias(x))
     if missing is None and x1.dim() == 2:

@@ -94,6 +94,18 @@ def test_forest_mean_refuses_inputs_of_another_shape():
             forest_mean(forest, bad)
 
 
+def test_forest_mean_refuses_inputs_of_another_dtype():
+    """float32 rows and a float64 forest raise a ValueError naming both dtypes (torch's
+    own error named neither tensor)."""
+    forest = VaRTForest(3, num_trees=2, depth=2).sample_forest(
+        like=torch.zeros((), dtype=torch.float64)
+    )
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"x is torch.float32 but the forest's tensors are"):
+        forest_mean(forest, x)
+    assert forest_mean(forest, x.double()).dtype == torch.float64
+
+
 def test_checks():
     with pytest.raises(ValueError, match="num_trees"):
         VaRTForest(2, num_trees=0)
