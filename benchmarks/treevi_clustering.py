@@ -116,7 +116,7 @@ def edge_rho(guide, x, tree, pairs, must):
     """Mean learned edge correlation (over edges and latent dimensions) of the tree
     ``tree`` on its must-link edges, its cannot-link edges and its other edges."""
     if isinstance(guide, TreeVIMixtureGuide):
-        rho = guide._components(x, None)[0].rho
+        rho = guide.distribution(x).components[0].rho
     else:
         rho = guide.distribution(x).rho
     r = rho.mean(-1).cpu()
