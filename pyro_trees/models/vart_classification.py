@@ -193,10 +193,26 @@ class VaRTClassification(VaRT):
 
     def obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
         """The categorical log-likelihood of each class index of ``y`` ``(B,)``,
-        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT.obs_log_lik`)."""
+        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT.obs_log_lik`).
+
+        Two matrix products: every node's leaf functions at every row, ``T + (B, M K')``,
+        already laid out as ``(B, M, K')``, then their mixture over the nodes (an
+        ``einsum`` of the three operands permuted a ``T + (K', M, B)`` block at every
+        step). The probit link scores ``log Phi(+-(f + b))``, the sign of ``y``'s class."""
         weights = mix_logits.softmax(-1)  # T + (B, M)
-        theta = theta.reshape(theta.shape[:-1] + (self.num_outputs, x1.shape[-1]))
-        scores = torch.einsum("...nm,...mkl,nl->...nk", weights, theta, x1)
+        num, width, nodes = self.num_outputs, x1.shape[-1], theta.shape[-2]
+        if num == 1:  # one leaf function per node
+            scores = (weights * (x1 @ theta.transpose(-1, -2))).sum(-1, keepdim=True)
+        else:
+            theta = theta.reshape(theta.shape[:-2] + (nodes * num, width))
+            values = x1 @ theta.transpose(-1, -2)
+            values = values.reshape(values.shape[:-1] + (nodes, num))  # T + (B, M, K)
+            scores = (weights.unsqueeze(-2) @ values).squeeze(-2)  # T + (B, K)
+        if self.link == "probit":
+            f = scores[..., 0]
+            if self.offset is not None:
+                f = f + self.offset.to(f)[0]
+            return torch.special.log_ndtr((2 * y - 1).to(f.dtype) * f)
         logp = self._link(scores)
         index = y.long().expand(logp.shape[:-1]).unsqueeze(-1)
         return logp.gather(-1, index).squeeze(-1)

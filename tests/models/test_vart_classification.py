@@ -28,6 +28,27 @@ def test_vectorised_elbo_equals_trace_elbo(classes):
     assert ours == pytest.approx(pyros, rel=1e-10)
 
 
+@pytest.mark.parametrize("classes, offset", [(2, None), (2, [0.7]), (4, None), (4, [0.1] * 4)])
+def test_obs_log_lik_equals_the_mixture_written_out(classes, offset):
+    """The likelihood hook's two products (and the probit's signed form) against the
+    mixture written as one einsum and the link's normalised log-probabilities, for a
+    batch of three trees."""
+    torch.manual_seed(1)
+    offset = None if offset is None else torch.tensor(offset, dtype=torch.float64)
+    model = VaRTClassification(3, classes, offset=offset)
+    t, b, m, k = 3, 11, 7, model.num_outputs
+    mix_logits = torch.randn(t, b, m, dtype=torch.float64)
+    x1 = torch.cat([torch.randn(b, 3, dtype=torch.float64), torch.ones(b, 1)], -1)
+    theta = torch.randn(t, m, k * 4, dtype=torch.float64)
+    y = torch.randint(classes, (b,))
+    ours = model.obs_log_lik(mix_logits, x1, theta, None, y)
+    weights = mix_logits.softmax(-1)
+    scores = torch.einsum("tnm,tmkl,nl->tnk", weights, theta.reshape(t, m, k, 4), x1)
+    ref = model._link(scores).gather(-1, y.expand(t, b).unsqueeze(-1)).squeeze(-1)
+    assert ours.shape == (t, b)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+
+
 def test_links_and_shapes():
     model = VaRTClassification(3, 2)
     assert model.link == "probit" and model.num_outputs == 1 and model.leaf_width == 4
