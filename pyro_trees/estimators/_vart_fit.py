@@ -198,6 +198,11 @@ class VaRTFits(MissingInputs, SVIEstimator):
             weight = torch.zeros(num, n, dtype=X.dtype, device=X.device)
             for j, train_idx in enumerate(rows):
                 weight[j, train_idx] = 1.0
+            # rows that every fit holds out (the classifier's fits share their held-out
+            # fold) leave the program: the same fits, fewer rows scored at weight 0
+            used = weight.any(0)
+            Xs, ys = (X, y) if bool(used.all()) else (X[used], y[used])
+            weight = weight[:, used]
             loss = self._stacked_loss()
             schedule = self._temperature_schedule()
             callback = schedule.callback(stack)
@@ -222,8 +227,8 @@ class VaRTFits(MissingInputs, SVIEstimator):
                 self.ranks_,
                 self.model_,
                 stack,
-                X,
-                y,
+                Xs,
+                ys,
                 seed=self._seed(),
                 num_steps=int(self.num_steps),
                 loss=loss,

@@ -179,6 +179,27 @@ def test_stacked_fits_train_as_one_and_pool_as_before():
     assert (clf.predict(X) == y).mean() > 0.6
 
 
+def test_stacked_fits_leave_out_the_rows_that_every_fit_holds_out(monkeypatch):
+    """The classifier's fits share one held-out fold: the stacked program scores only
+    the rows some fit learns from, each fit's own rows at weight 1."""
+    from pyro_trees.estimators import _vart_fit
+
+    seen = []
+
+    def recording(ranks, model, guide, X, y, **kwargs):
+        seen.append((X.shape[0], kwargs["weight"].clone()))
+        return run_svi(ranks, model, guide, X, y, **kwargs)
+
+    run_svi = _vart_fit.run_svi
+    monkeypatch.setattr(_vart_fit, "run_svi", recording)
+    X, y = _blobs(n=120, classes=3)
+    clf = _small(num_samples=7, num_fits=3).fit(X, y)
+    ((rows, weight),) = seen
+    n_val = 120 - rows
+    assert n_val > 0 and weight.shape == (3, rows) and bool((weight == 1).all())
+    assert clf.fit_results_[0].val_losses  # early-stopped on the rows left out
+
+
 def _rare(n=400, positives=4, seed=0, features=2):
     """``n`` rows of noise features, ``positives`` of them of class 1 at random."""
     rng = np.random.default_rng(seed)
