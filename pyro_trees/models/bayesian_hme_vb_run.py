@@ -20,12 +20,10 @@ from pyro_trees.models.bayesian_hme_vb_updates import (
     VBData,
     VBState,
     _elog,
-    _exp,
     _gate_moments,
     _gauss_from_precision,
     _global_terms,
     bound,
-    jj_lambda,
 )
 from pyro_trees.topology import expert_log_probs
 
@@ -39,6 +37,16 @@ __all__ = [
     "temperature_schedule",
     "vb_cycle",
 ]
+
+
+def _exp_floor(dtype) -> float:
+    """The floor of ``_exp``'s arguments."""
+    return math.log(torch.finfo(dtype).tiny) + 1.0
+
+
+def _exp_(value: torch.Tensor) -> torch.Tensor:
+    """``_exp`` of a temporary, in its own memory (the same bits)."""
+    return value.clamp_min_(_exp_floor(value.dtype)).exp_()
 
 
 def vb_cycle(data: VBData, state: VBState, temperature: float = 1.0) -> VBState:
@@ -74,7 +82,9 @@ def fused_cycle(
     p, d = x.shape[-1], t.shape[-1]
     a0, b0 = data.prior_a, data.prior_b
     eye = torch.eye(p, dtype=x.dtype, device=x.device)
-    r = _exp(state.log_r.transpose(-1, -2))  # (..., E, N)
+    # fresh temporaries are updated in place below (the same kernels in the same order: the
+    # same bits, half the memory traffic of the (..., K, N) arrays)
+    r = state.log_r.transpose(-1, -2).clamp_min(_exp_floor(x.dtype)).exp_()  # _exp, (..., E, N)
     # experts q(W_j): one Cholesky per expert
     inv_t = 1.0 / temperature
     scale = (state.tau_a / state.tau_b) * inv_t  # (..., E)
@@ -84,9 +94,9 @@ def fused_cycle(
     rxt = data.rows_sum(r @ data._xt).unflatten(-1, (p, d))  # (..., E, P, D)
     w_mean = (scale[..., None, None] * (w_cov @ rxt)).transpose(-1, -2)  # (..., E, D, P)
     # E||t - W x||^2, (..., E, N)
-    resid = t.T - w_mean @ x.T  # (..., E, D, N)
-    sq = resid.square().sum(-2) if d > 1 else resid.squeeze(-2).square()
-    sq = sq + d * data.quad(w_cov)
+    sq = (w_mean @ x.T).neg_().add_(t.T).square_()  # (t - W x)^2, (..., E, D, N)
+    sq = sq.sum(-2) if d > 1 else sq.squeeze(-2)
+    sq = sq.add_(data.quad(w_cov) if d == 1 else d * data.quad(w_cov))
     # noise and weight precisions
     tau_a = a0 + (0.5 * d * inv_t) * data.rows_sum(r.sum(-1))
     tau_b = b0 + (0.5 * inv_t) * data.rows_sum((r * sq).sum(-1))
@@ -96,13 +106,14 @@ def fused_cycle(
     # xi and gates q(v_g)
     if sq_a is None:
         sq_a = _gate_moments(data, state)[1]
-    xi = sq_a.clamp_min(0).sqrt()  # (..., G, N)
-    lam = jj_lambda(xi)
+    xi = sq_a.clamp_min(0).sqrt_()  # (..., G, N)
+    xc = xi.clamp_min(1e-6)  # jj_lambda(xi) in place (xi >= 0 here: no abs)
+    lam = xc.mul(0.5).tanh_().div_(xc.mul_(4))
     s = data.signs
     reach = s.abs() @ r  # (..., G, N)
     turn = (0.5 * s) @ r
     e_beta = state.beta_a / state.beta_b
-    prec = e_beta[..., None, None] * eye + data.weighted_outer(2 * reach * lam)
+    prec = e_beta[..., None, None] * eye + data.weighted_outer(reach.mul_(2).mul_(lam))
     v_cov, _ = _gauss_from_precision(prec)
     v_mean = (v_cov @ data.rows_sum(turn @ x).unsqueeze(-1)).squeeze(-1)
     vv = v_mean.square().sum(-1) + v_cov.diagonal(dim1=-2, dim2=-1).sum(-1)
@@ -124,16 +135,17 @@ def fused_cycle(
     )
     # assignments q(Z): every term of the point-wise objective, (..., E, N)
     mean_a = v_mean @ x.T
-    sq_a = mean_a.square() + data.quad(v_cov)
-    c = F.logsigmoid(xi) - 0.5 * xi - lam * (sq_a - xi.square())
+    sq_a = mean_a.square().add_(data.quad(v_cov))
+    # logsigmoid(xi) - xi / 2 - lam (sq_a - xi^2)
+    c = F.logsigmoid(xi).sub_(0.5 * xi).sub_(xi.square().neg_().add_(sq_a).mul_(lam))
     st = s.transpose(-1, -2)
-    point = (0.5 * st) @ mean_a + st.abs() @ c
+    point = ((0.5 * st) @ mean_a).add_(st.abs() @ c)
     e_tau = tau_a / tau_b
     const = (0.5 * d * inv_t) * (_elog(tau_a, tau_b) - _LOG_2PI)
-    point = point + const.unsqueeze(-1) - (0.5 * inv_t * e_tau).unsqueeze(-1) * sq
+    point = point.add_(const.unsqueeze(-1)).sub_((0.5 * inv_t * e_tau).unsqueeze(-1) * sq)
     top = point.amax(-2, keepdim=True)
-    log_z = top + _exp(point - top).sum(-2, keepdim=True).log()  # (..., 1, N)
-    state = replace(state, log_r=(point - log_z).transpose(-1, -2))
+    log_z = top + _exp_(point - top).sum(-2, keepdim=True).log()
+    state = replace(state, log_r=point.sub_(log_z).transpose(-1, -2))
     log_z = log_z.squeeze(-2)
     value = data.rows_sum(log_z.sum(-1)) + _global_terms(data, state)
     return state, sq_a, value
