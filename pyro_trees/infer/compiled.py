@@ -46,7 +46,7 @@ import torch
 
 from pyro_trees.guides.stacked import StackedGuides
 
-__all__ = ["CompiledLoss", "CompilesLoss", "CompilesVaRTLoss", "should_compile"]
+__all__ = ["CompiledLoss", "CompilesLoss", "CompilesVaRTLoss", "ScoresRows", "should_compile"]
 
 #: the packages whose frames a warning skips: this one (two levels above this file),
 #: Pyro's and torch's
@@ -305,7 +305,26 @@ class CompilesLoss:
         return state
 
 
-class CompilesVaRTLoss(CompilesLoss):
+class ScoresRows:
+    """``rows_loss`` for a loss whose eager ELBO function ``_elbo`` scores given rows
+    (``subsample``, ``num_rows``) after its ``_check``: the VaRT losses and the HME's."""
+
+    def rows_loss(self, model, guide, x, y, subsample, num_rows) -> torch.Tensor:
+        """Negative ELBO estimate, eager, of the rows ``subsample`` of ``x``, their
+        likelihood standing for ``num_rows`` rows: the step of a data-parallel fit
+        whose rank scores its own share of the rows (checked as
+        :meth:`differentiable_loss` checks).
+
+        :param x: inputs ``(N, L)``.
+        :param y: targets ``(N,)``.
+        :param subsample: indices of the batch's rows, ``(B,)``.
+        :param num_rows: the rows the batch stands for (every rank's).
+        """
+        self._check(model, guide, x, y)
+        return -self._elbo(model, guide, x, y, subsample=subsample, num_rows=num_rows)
+
+
+class CompilesVaRTLoss(ScoresRows, CompilesLoss):
     """What the VaRT losses (one tree, a forest) share: the checks of
     ``differentiable_loss`` and the step's draws. A loss sets ``_model_cls`` (the model
     class it scores, named ``_model_name`` in errors), ``_elbo`` (the eager ELBO
@@ -367,20 +386,6 @@ class CompilesVaRTLoss(CompilesLoss):
             raise ValueError(f"{name} needs the targets y")
         # the missing-values check reads x back to the host: once per tensor, not per step
         model.check(x, y, complete=None if model.missing else self._complete(x))
-
-    def rows_loss(self, model, guide, x, y, subsample, num_rows) -> torch.Tensor:
-        """Negative ELBO estimate, eager, of the rows ``subsample`` of ``x``, their
-        likelihood standing for ``num_rows`` rows: the step of a data-parallel fit
-        whose rank scores its own share of the rows (checked as
-        :meth:`differentiable_loss` checks).
-
-        :param x: inputs ``(N, L)``.
-        :param y: targets ``(N,)``.
-        :param subsample: indices of the batch's rows, ``(B,)``.
-        :param num_rows: the rows the batch stands for (every rank's).
-        """
-        self._check(model, guide, x, y)
-        return -type(self)._elbo(model, guide, x, y, subsample=subsample, num_rows=num_rows)
 
     #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
     fit_losses = None

@@ -30,7 +30,7 @@ from pyro_trees.distributions.tree_balance import expected_log_coupling
 from pyro_trees.guides.hme import RNNTreeGuide
 from pyro_trees.guides.rnn_tree import RNNTree
 from pyro_trees.infer._loss_elbo import DifferentiableLossELBO
-from pyro_trees.infer.compiled import CompilesLoss, plate_subsample
+from pyro_trees.infer.compiled import CompilesLoss, ScoresRows, plate_subsample
 from pyro_trees.models.hme import HME
 
 __all__ = ["HMEELBO", "hme_elbo"]
@@ -97,7 +97,7 @@ def _hme_program(model, tree_params, expert_params, xb, yb, scale, balance_weigh
     return _tree_elbo(log_q, loglik, model.depth, scale, balance_weight, entropy_weight)
 
 
-class HMEELBO(CompilesLoss, DifferentiableLossELBO):
+class HMEELBO(ScoresRows, CompilesLoss, DifferentiableLossELBO):
     """Drop-in replacement of :class:`~pyro_trees.infer.TreeELBO` for
     :class:`~pyro_trees.models.HME` with :class:`~pyro_trees.guides.RNNTreeGuide`: the
     same bound (:func:`hme_elbo`), summed over the leaves in closed form.
@@ -208,20 +208,6 @@ class HMEELBO(CompilesLoss, DifferentiableLossELBO):
             self.balance_weight,
             self.entropy_weight,
         )
-
-    def rows_loss(self, model, guide, x, y, subsample, num_rows) -> torch.Tensor:
-        """Negative ELBO estimate, eager, of the rows ``subsample`` of ``x``, their
-        likelihood standing for ``num_rows`` rows: the step of a data-parallel fit
-        whose rank scores its own share of the rows (checked as
-        :meth:`differentiable_loss` checks).
-
-        :param x: inputs ``(N, L)``.
-        :param y: targets ``(N,)``.
-        :param subsample: indices of the batch's rows, ``(B,)``.
-        :param num_rows: the rows the batch stands for (every rank's).
-        """
-        self._check(model, guide, x, y)
-        return -self._elbo(model, guide, x, y, subsample=subsample, num_rows=num_rows)
 
     def differentiable_loss(self, model, guide, x, y=None, subsample_size=None) -> torch.Tensor:
         """Negative ELBO, differentiable in the model's and guide's parameters."""
