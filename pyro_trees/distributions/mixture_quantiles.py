@@ -27,7 +27,9 @@ def gaussian_mixture_quantiles(
     Newton steps on the mixture's CDF, kept inside a bracket that bisection shrinks
     (starting at the used components' :math:`\mu \pm 40 \sigma`, within the dtype's
     finite range), until every CDF is within 1e-13 of its target or ``max_steps`` steps have
-    run. The quantiles are finite for finite ``loc`` and ``scale`` of any magnitude.
+    run. A mixture whose CDF has reached its target keeps its quantile while the others
+    go on, so each mixture's quantile is the same whichever mixtures share its batch.
+    The quantiles are finite for finite ``loc`` and ``scale`` of any magnitude.
 
     :param weight: component weights, broadcastable with ``loc``, summing to one over
         ``dim``; components of weight 0 are ignored.
@@ -55,11 +57,12 @@ def gaussian_mixture_quantiles(
             pdf = pdf / math.sqrt(2 * math.pi)
             below = cdf < p
             a, b = torch.where(below, q, a), torch.where(below, b, q)
-            if bool(((cdf - p).abs() <= 1e-13).all()):
+            done = (cdf - p).abs() <= 1e-13
+            if bool(done.all()):
                 break
             step = q - (cdf - p) / pdf
             inside = (step > a) & (step < b)
-            q = torch.where(inside, step, a / 2 + b / 2)
+            q = torch.where(done, q, torch.where(inside, step, a / 2 + b / 2))
         out.append(q.squeeze(dims))
     return torch.stack(out)
 

@@ -31,6 +31,21 @@ def test_mixture_quantiles_of_known_mixtures():
     assert float(cdf) == pytest.approx(0.95, abs=1e-12)
 
 
+def test_a_mixture_gets_the_same_quantiles_whichever_mixtures_share_its_batch():
+    """Each row alone and in a batch with rows that converge later (far, wide,
+    bimodal): bitwise the same quantiles (a converged row stops moving)."""
+    torch.manual_seed(0)
+    n, k = 12, 5
+    w = torch.rand(n, k, dtype=torch.float64).softmax(-1)
+    loc = torch.randn(n, k, dtype=torch.float64) * torch.logspace(-2, 3, n).unsqueeze(-1)
+    scale = torch.rand(n, k, dtype=torch.float64) * torch.logspace(-3, 1, n).unsqueeze(-1)
+    probs = (0.05, 0.5, 0.95)
+    together = gaussian_mixture_quantiles(w, loc, scale, probs)
+    for i in range(n):
+        alone = gaussian_mixture_quantiles(w[i : i + 1], loc[i : i + 1], scale[i : i + 1], probs)
+        assert torch.equal(alone[:, 0], together[:, i]), i
+
+
 def test_component_dims_may_be_anywhere():
     """The mixture over dims (0, -1) of ``(S, n, M)`` equals the same mixture laid out
     ``(n, S * M, 1)`` and summed over dim -2 (the Bayesian HME's layout)."""
