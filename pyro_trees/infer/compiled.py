@@ -385,7 +385,11 @@ class CompilesVaRTLoss(ScoresRows, CompilesLoss):
         if y is None:
             raise ValueError(f"{name} needs the targets y")
         # the missing-values check reads x back to the host: once per tensor, not per step
-        model.check(x, y, complete=None if model.missing else self._complete(x))
+        complete = None if model.missing else self._complete(x)
+        model.check(x, y, complete=complete)
+        check_labels = getattr(model, "check_labels", None)  # a classification model's
+        if complete is not None and check_labels is not None:  # check skipped its labels
+            self._once("labels", (y,), lambda: check_labels(y), owner=model)
 
     #: the fits' negative ELBOs at the last call of a stack of guides (else ``None``)
     fit_losses = None

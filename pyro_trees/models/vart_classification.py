@@ -182,10 +182,27 @@ class VaRTClassification(VaRT):
 
     def check(self, x: torch.Tensor, y=None, complete: bool | None = None) -> None:
         """:meth:`VaRT.check <pyro_trees.models.VaRT.check>`, and class indices in ``y``
-        (an integer tensor)."""
+        (an integer tensor, each in ``[0, num_classes)``: :meth:`check_labels`, which a
+        caller that passes ``complete`` runs once itself)."""
         super().check(x, y, complete)
         if y is not None and (y.is_floating_point() or y.is_complex()):
             raise ValueError("y must hold class indices (an integer tensor)")
+        if y is not None and complete is None:  # a caller that checks values once passes it
+            self.check_labels(y)
+
+    def check_labels(self, y: torch.Tensor) -> None:
+        """Raise :class:`ValueError` unless every class index of ``y`` is in
+        ``[0, num_classes)`` (the probit link would score any other value as one of the
+        two classes). Reads ``y`` back from its device.
+
+        :param y: class indices, an integer tensor.
+        """
+        if y.numel() and bool(((y < 0) | (y >= self.num_classes)).any()):
+            bad = y[(y < 0) | (y >= self.num_classes)]
+            raise ValueError(
+                f"y must hold class indices in [0, {self.num_classes}); got "
+                f"{sorted({int(v) for v in bad[:10].tolist()})}"
+            )
 
     def class_log_probs(self, tree: dict, x: torch.Tensor) -> torch.Tensor:
         """Log class probabilities ``B + (N, K)`` of the rows ``x`` under ``tree``."""

@@ -79,6 +79,21 @@ def test_bad_options():
         VaRTClassification(2, 2)(torch.randn(3, 2), torch.zeros(3))
 
 
+@pytest.mark.parametrize("classes, bad", [(2, 2), (2, -1), (3, 3)])
+def test_class_indices_out_of_range_are_refused(classes, bad):
+    """By the model (Pyro's loss) and by the vectorised loss, which checks the labels
+    once per tensor: under the probit link any other index would score as a class."""
+    from pyro_trees.infer import VaRTELBO
+
+    model = VaRTClassification(2, classes)
+    guide = VaRTGuide(model, depth=2)
+    x, y = torch.randn(6, 2), torch.tensor([0, 1, 0, 1, 0, bad])
+    for loss in (VaRTELBO(), Trace_ELBO()):
+        with pytest.raises(ValueError, match=rf"class indices in \[0, {classes}\)"):
+            loss.loss(model, guide, x, y)
+    assert abs(VaRTELBO().loss(model, guide, x, y.clamp(0, classes - 1))) < float("inf")
+
+
 def test_the_offset_puts_a_leaf_value_of_zero_at_the_class_frequencies():
     from pyro_trees.models.vart_classification import base_rate_offset
 
