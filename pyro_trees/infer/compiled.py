@@ -317,9 +317,35 @@ class ScoresRows:
 
         :param x: inputs ``(N, L)``.
         :param y: targets ``(N,)``.
-        :param subsample: indices of the batch's rows, ``(B,)``.
-        :param num_rows: the rows the batch stands for (every rank's).
+        :param subsample: indices of the batch's rows, a non-empty integer tensor
+            ``(B,)``.
+        :param num_rows: the rows the batch stands for (every rank's), an integer at
+            least ``B``.
+        :returns: a scalar; for a :class:`~pyro_trees.guides.StackedGuides`, the fits'
+            losses ``(F,)`` (of the running fits).
+        :raises ValueError: for another ``subsample`` or ``num_rows``, and for what
+            :meth:`differentiable_loss` refuses.
         """
+        name = f"{type(self).__name__}.rows_loss"
+        if (
+            not isinstance(subsample, torch.Tensor)
+            or subsample.dim() != 1
+            or subsample.numel() == 0
+            or subsample.is_floating_point()
+            or subsample.is_complex()
+            or subsample.dtype == torch.bool
+        ):
+            got = tuple(subsample.shape) if isinstance(subsample, torch.Tensor) else subsample
+            raise ValueError(
+                f"{name}: subsample must be a non-empty 1-D integer tensor of row indices "
+                f"(a boolean mask: mask.nonzero().flatten()); got {got!r}"
+            )
+        rows = float(num_rows)
+        if isinstance(num_rows, bool) or not rows.is_integer() or rows < subsample.shape[0]:
+            raise ValueError(
+                f"{name}: num_rows must be an integer of at least the batch's "
+                f"{subsample.shape[0]} rows; got {num_rows!r}"
+            )
         self._check(model, guide, x, y)
         return -self._elbo(model, guide, x, y, subsample=subsample, num_rows=num_rows)
 

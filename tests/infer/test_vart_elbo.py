@@ -237,3 +237,32 @@ def test_a_stack_of_trees_equals_each_fit_on_its_own_rows(family):
         guides.append(guide)
     rows = [torch.arange(24)[j * 6 :] for j in range(3)]
     check_stack_equals_fits(VaRTELBO(), vart_elbo, model, guides, x, y, rows, 7)
+
+
+def test_rows_loss_scores_the_rows_it_is_given():
+    """All rows standing for themselves: the loss of the full batch on the same draws;
+    the likelihood's part scales with num_rows; bad indices and counts raise."""
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 2), torch.randn(20)
+    model = VaRT(2)
+    guide = VaRTGuide(model, depth=2)
+    loss = VaRTELBO()
+    loss.differentiable_loss(model, guide, x, y)  # the guide's start draws too
+    torch.manual_seed(1)
+    full = loss.differentiable_loss(model, guide, x, y)
+    torch.manual_seed(1)
+    rows = loss.rows_loss(model, guide, x, y, torch.arange(20), 20)
+    torch.testing.assert_close(rows, full)
+    idx = torch.tensor([3, 7, 11])
+    values = []
+    for num_rows in (3, 6, 9):
+        torch.manual_seed(2)
+        values.append(float(loss.rows_loss(model, guide, x, y, idx, num_rows).detach()))
+    assert values[2] - values[1] == pytest.approx(values[1] - values[0], rel=1e-4)
+    mask = torch.zeros(20, dtype=torch.bool)
+    for bad in (mask, torch.tensor([], dtype=torch.long), idx.float(), idx.view(1, 3), [3]):
+        with pytest.raises(ValueError, match="subsample must be a non-empty 1-D integer"):
+            loss.rows_loss(model, guide, x, y, bad, 20)
+    for bad in (0, 2, 7.5, -20, True):
+        with pytest.raises(ValueError, match="num_rows must be an integer"):
+            loss.rows_loss(model, guide, x, y, idx, bad)
