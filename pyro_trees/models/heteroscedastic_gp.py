@@ -681,8 +681,9 @@ class HeteroscedasticGP(PyroModule):
     def start_once(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """:meth:`init_from_data` at the first call on data, when the model has a guide and
         the param store does not hold its parameters yet (trained or loaded ones stay);
-        later calls do nothing. The model calls it itself; a guide or loss that scores the
-        model without running it calls it first.
+        later calls do nothing (after a start that raised, the next call starts again).
+        The model calls it itself; a guide or loss that scores the model without running
+        it calls it first.
 
         :param x: inputs ``(N, L)``.
         :param y: targets ``(N,)``.
@@ -693,10 +694,14 @@ class HeteroscedasticGP(PyroModule):
         self._started = True
         if self._fullname("leaf_log_scale") in pyro.get_param_store():
             return
-        self.to(device=x.device, dtype=x.dtype)
-        guide.to(device=x.device, dtype=x.dtype)
-        with poutine.block():
-            self.init_from_data(x, y, guide)
+        try:
+            self.to(device=x.device, dtype=x.dtype)
+            guide.to(device=x.device, dtype=x.dtype)
+            with poutine.block():
+                self.init_from_data(x, y, guide)
+        except BaseException:
+            self._started = False  # a failed start (bad data) runs again at the next call
+            raise
 
 
 def _drop_data_dim(value: torch.Tensor) -> torch.Tensor:

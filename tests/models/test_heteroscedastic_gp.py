@@ -418,3 +418,21 @@ def test_exact_marginals_of_a_row_do_not_depend_on_the_other_rows():
         # the far row is uncorrelated with the data: the prior
         assert float(loc_b[4]) == 0.0
         torch.testing.assert_close(var_b[4], kernel.outputscale.detach())
+
+
+def test_a_start_that_raised_runs_again_at_the_next_call():
+    """A first step on bad data raises inside the start; the model is not left marked
+    as started, so the next step on good data starts from the data, as a fresh model's
+    first step does."""
+    x, y = _data(40)
+    model = HeteroscedasticGP(1, 2, name="again").double()
+    HeteroscedasticGPGuide(model, hidden_size=4).double()
+    with pytest.raises(ValueError):
+        model.start_once(x, y[:-1])
+    torch.manual_seed(0)
+    model.start_once(x, y)
+    fresh = HeteroscedasticGP(1, 2, name="fresh").double()
+    HeteroscedasticGPGuide(fresh, hidden_size=4, name="fresh_guide").double()
+    torch.manual_seed(0)
+    fresh.start_once(x, y)
+    torch.testing.assert_close(model.leaf_log_scale.detach(), fresh.leaf_log_scale.detach())
