@@ -123,10 +123,13 @@ class StackedGuides(torch.nn.Module):
     def keep(self, running) -> None:
         """Compute only the fits ``running`` (indices; ``None``: all) from now on."""
         if running is not None:
-            running = sorted(int(j) for j in running)
+            given = [int(j) for j in running]
+            running = sorted(set(given))
             num = len(self.guides)
-            if not running or running[0] < 0 or running[-1] >= num:
-                raise ValueError(f"running must name some of the {num} fits, got {running}")
+            if not running or running[0] < 0 or running[-1] >= num or len(running) != len(given):
+                raise ValueError(
+                    f"running must name some of the {num} fits, each once, got {given}"
+                )
             if len(running) == num:
                 running = None
         self.running = running
@@ -141,10 +144,10 @@ class StackedGuides(torch.nn.Module):
 
     def running_index(self, device) -> torch.Tensor:
         """The indices of the running fits (:meth:`keep`), ``(R,)`` int64 on ``device``
-        (kept between calls). Only meaningful while some fits have stopped
-        (``running`` is not ``None``)."""
+        (kept between calls; every fit's while all run)."""
         if self._index is None or self._index.device != torch.device(device):
-            self._index = torch.tensor(self.running, device=device)
+            running = range(len(self.guides)) if self.running is None else self.running
+            self._index = torch.tensor(list(running), dtype=torch.long, device=device)
         return self._index
 
     def params(self, x: torch.Tensor) -> dict:

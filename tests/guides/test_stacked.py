@@ -98,8 +98,11 @@ def test_keep_computes_the_running_fits_only():
     q["beta_loc"].sum().backward()
     assert torch.count_nonzero(stack.beta_loc.grad[1]) == 0  # a stopped fit: no gradient
     assert torch.count_nonzero(stack.beta_loc.grad[0]) > 0
+    assert stack.running_index("cpu").tolist() == [0, 2]
     stack.keep([0, 1, 2])  # every fit again
     assert stack.running is None and stack.select(torch.arange(3)).tolist() == [0, 1, 2]
-    for bad in ([], [3], [-1]):
+    assert stack.running_index("cpu").tolist() == [0, 1, 2]
+    # a repeated index would have trained a fit twice, or counted as every fit
+    for bad in ([], [3], [-1], [0, 0, 1], [1, 1]):
         with pytest.raises(ValueError, match="running must name"):
             stack.keep(bad)
