@@ -411,16 +411,17 @@ class _RNNTreeBase(MissingInputs, SVIEstimator):
 
     @property
     def leaf_loc_(self) -> torch.Tensor:
-        """The most likely tree's leaf values, ``(2**depth, width)`` on the CPU, in
-        standardised units: a regressor's expert means (``width`` outputs, or the
-        ``L + 1`` weights of linear experts), a classifier's class logits. After a fit
-        that refit the hard tree's leaves, those refitted values."""
+        """The most likely tree's leaf values, ``(2**depth, width)``, a copy on the CPU,
+        in standardised units: a regressor's expert means (``width`` outputs; with
+        ``experts="linear"``, the experts' intercepts, their slopes being
+        ``model_.leaf_weight``), a classifier's class logits. After a fit that refit the
+        hard tree's leaves, those refitted values."""
         check_is_fitted(self, "model_")
         hard_loc = getattr(self, "hard_leaf_loc_", None)
         if hard_loc is not None:
-            return hard_loc.detach().cpu()
+            return hard_loc.detach().to("cpu", copy=True)
         with isolated_params(), torch.no_grad():
-            return self.model_.leaf_loc.detach().cpu()
+            return self.model_.leaf_loc.detach().to("cpu", copy=True)
 
     def apply(self, X) -> np.ndarray:
         """Leaf index ``(N,)`` of each input under the most likely tree."""

@@ -324,3 +324,19 @@ def test_regressor_samples_follow_its_predictive():
     assert est.sample(X[:5]).shape == (100, 5)
     with pytest.raises(ValueError, match="num_samples"):
         est.sample(X[:5], 0)
+
+
+def test_leaf_loc_is_a_copy_of_the_hard_trees_leaves(pulse_fit):
+    """Unfitted: NotFittedError. Fitted: ``(2**depth, width)``, the leaves the hard
+    routing predicts with, and a copy (changing it changes no prediction)."""
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        RNNTreeRegressor(2).leaf_loc_
+    est, X, _ = pulse_fit
+    loc = est.leaf_loc_
+    assert loc.shape == (2**3, 1) and loc.device.type == "cpu"
+    before = est.predict(X)
+    loc.add_(10.0)
+    np.testing.assert_array_equal(est.predict(X), before)
+    torch.testing.assert_close(est.leaf_loc_, loc - 10.0)
