@@ -332,7 +332,7 @@ def test_leaf_loc_is_a_copy_of_the_hard_trees_leaves(pulse_fit):
     from sklearn.exceptions import NotFittedError
 
     with pytest.raises(NotFittedError):
-        RNNTreeRegressor(2).leaf_loc_
+        _ = RNNTreeRegressor(2).leaf_loc_
     est, X, _ = pulse_fit
     loc = est.leaf_loc_
     assert loc.shape == (2**3, 1) and loc.device.type == "cpu"
