@@ -148,9 +148,21 @@ class VBData:
         """The number of rows over every rank (``N`` without ``reduce``)."""
         return int(self.rows_sum(self.x.new_tensor(float(self.x.shape[0]))).item())
 
-    def with_signs(self, signs: torch.Tensor) -> VBData:
-        """The same data with other path ``signs`` (other topologies, or another batch of
-        them), sharing the per-row statistics already computed."""
+    def with_signs(self, signs) -> VBData:
+        """The same data with other path ``signs``, sharing the per-row statistics already
+        computed.
+
+        :param signs: a :class:`~pyro_trees.topology.Topology`, a sequence of topologies
+            with the same number of experts, or sign matrices ``batch + (G, G + 1)``
+            (as :meth:`build` takes them; converted to ``x``'s dtype and device).
+        :raises ValueError: for sign matrices that are not ``(..., G, G + 1)``.
+        """
+        signs = sign_matrices(signs, self.x)
+        if signs.dim() < 2 or signs.shape[-1] != signs.shape[-2] + 1:
+            raise ValueError(
+                "signs must be sign matrices (..., G, G + 1): G gates, G + 1 experts; got "
+                f"{tuple(signs.shape)}"
+            )
         new = replace(self, signs=signs)
         for key in ("_pairs", "_xt", "num_rows"):
             if key in self.__dict__:

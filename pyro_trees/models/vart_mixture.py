@@ -314,12 +314,13 @@ def forest_mean(forest: dict, x: torch.Tensor, keepdim: bool = False) -> torch.T
     :param forest: per-tree tensors in the format of
         :meth:`~pyro_trees.models.VaRT.sample_tree` with batch shape ``B + (K,)``
         (:func:`forest_tree` builds one from the sites).
-    :param x: inputs ``(N, L)`` (NaN where missing: routed by the trees' ``rho``
+    :param x: inputs ``(N, L)``, or ``batch + (N, L)`` with a batch that broadcasts
+        against ``B`` (NaN where missing: routed by the trees' ``rho``
         ``B + (K, 2**D - 1)``, read as 0 by the leaves).
     :param bool keepdim: keep the summed tree dimension (size 1), as the model's sites do.
     :returns: ``B + (N,)`` (``B + (1, N)`` with ``keepdim``).
-    :raises ValueError: if ``x`` is not ``(N, L)`` for the forest's ``L`` inputs, or not
-        of the forest's dtype.
+    :raises ValueError: if ``x`` has fewer than two dims or not the forest's ``L``
+        inputs, or is not of the forest's dtype.
     """
     beta, theta = forest["beta"], forest["theta"]
     if x.dim() < 2 or x.shape[-1] != beta.shape[-1] - 1:

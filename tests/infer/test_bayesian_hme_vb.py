@@ -493,3 +493,25 @@ def test_the_compiled_cycle_equals_the_eager_one():
     torch.testing.assert_close(ours[2], ref[2], rtol=1e-12, atol=1e-12)
     assert cycle.program.failed is None  # it ran compiled, not through the fallback
     assert vb.cycle_program(False) is vb.fused_cycle
+
+
+def test_with_signs_takes_what_build_takes_and_shares_the_row_statistics():
+    """A topology, a batch of them or sign matrices (converted to x's dtype): the same
+    data as ``build`` with them, the cached statistics shared; other shapes raise."""
+    from pyro_trees.infer import VBData
+    from pyro_trees.topology import Topology
+
+    torch.manual_seed(0)
+    x, t = torch.randn(9, 2, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
+    data = VBData.build(x, t, Topology.balanced(1)).precompute()
+    for signs in (Topology.balanced(2), [Topology.balanced(2)] * 2):
+        new = data.with_signs(signs)
+        ref = VBData.build(x, t, signs)
+        assert torch.equal(new.signs, ref.signs) and new.signs.dtype == torch.float64
+        assert new.__dict__["_pairs"] is data.__dict__["_pairs"]
+        cov = torch.eye(3, dtype=torch.float64).expand(4, 3, 3)
+        assert torch.equal(new.quad(cov), ref.quad(cov))
+    ints = data.with_signs(Topology.balanced(2).sign_matrix().long())
+    assert ints.signs.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"\(\.\.\., G, G \+ 1\)"):
+        data.with_signs(torch.ones(3, 3))
