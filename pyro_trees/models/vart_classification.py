@@ -34,10 +34,22 @@ def tree_scores(tree: dict, x: torch.Tensor, num_outputs: int) -> torch.Tensor:
     x1 = with_bias(x)
     weights = log_leaf_weights(tree, x1).softmax(-1)  # B + (N, M)
     x1, _ = observed(x1)  # a missing input (routed by the tree's rho) reads 0 in the leaves
-    theta = tree["theta"]
-    theta = theta.reshape(theta.shape[:-1] + (num_outputs, x1.shape[-1]))  # B + (M, K, L + 1)
-    values = torch.einsum("...mkl,nl->...nmk", theta, x1)  # B + (N, M, K)
-    return (weights.unsqueeze(-1) * values).sum(-2)
+    return _mixed_scores(weights, x1, tree["theta"], num_outputs)
+
+
+def _mixed_scores(weights, x1, theta, num_outputs: int) -> torch.Tensor:
+    """The leaf functions' values mixed by the nodes' ``weights`` ``B + (N, M)``: with
+    ``theta`` ``B + (M, num_outputs (L + 1))`` and inputs ``x1`` ``(N, L + 1)``,
+    ``B + (N, num_outputs)``. Two matrix products: every node's leaf functions at every
+    row, ``B + (N, M K)``, laid out as ``(N, M, K)``, then their mixture (an ``einsum``
+    of the three operands permuted a ``B + (K, M, N)`` block)."""
+    width, nodes = x1.shape[-1], theta.shape[-2]
+    if num_outputs == 1:
+        return (weights * (x1 @ theta.transpose(-1, -2))).sum(-1, keepdim=True)
+    theta = theta.reshape(theta.shape[:-2] + (nodes * num_outputs, width))
+    values = x1 @ theta.transpose(-1, -2)
+    values = values.reshape(values.shape[:-1] + (nodes, num_outputs))  # B + (N, M, K)
+    return (weights.unsqueeze(-2) @ values).squeeze(-2)  # B + (N, K)
 
 
 def class_logits(scores: torch.Tensor, link: str) -> torch.Tensor:
@@ -210,21 +222,9 @@ class VaRTClassification(VaRT):
 
     def obs_log_lik(self, mix_logits, x1, theta, log_sigma, y) -> torch.Tensor:
         """The categorical log-likelihood of each class index of ``y`` ``(B,)``,
-        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT.obs_log_lik`).
-
-        Two matrix products: every node's leaf functions at every row, ``T + (B, M K')``,
-        already laid out as ``(B, M, K')``, then their mixture over the nodes (an
-        ``einsum`` of the three operands permuted a ``T + (K', M, B)`` block at every
-        step). The probit link scores ``log Phi(+-(f + b))``, the sign of ``y``'s class."""
-        weights = mix_logits.softmax(-1)  # T + (B, M)
-        num, width, nodes = self.num_outputs, x1.shape[-1], theta.shape[-2]
-        if num == 1:  # one leaf function per node
-            scores = (weights * (x1 @ theta.transpose(-1, -2))).sum(-1, keepdim=True)
-        else:
-            theta = theta.reshape(theta.shape[:-2] + (nodes * num, width))
-            values = x1 @ theta.transpose(-1, -2)
-            values = values.reshape(values.shape[:-1] + (nodes, num))  # T + (B, M, K)
-            scores = (weights.unsqueeze(-2) @ values).squeeze(-2)  # T + (B, K)
+        ``T + (B,)`` (the vectorised ELBO's hook, see :meth:`VaRT.obs_log_lik`). The
+        probit link scores ``log Phi(+-(f + b))``, the sign of ``y``'s class."""
+        scores = _mixed_scores(mix_logits.softmax(-1), x1, theta, self.num_outputs)
         if self.link == "probit":
             f = scores[..., 0]
             if self.offset is not None:

@@ -49,6 +49,29 @@ def test_obs_log_lik_equals_the_mixture_written_out(classes, offset):
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("classes", [2, 4])
+def test_tree_scores_equal_the_mixture_written_out(classes):
+    """Prediction's scores (two products) against the mixture as one einsum, for one
+    tree and for a batch of three (the tree's weights perturbed per member)."""
+    from pyro_trees.models.vart_mixture import log_leaf_weights
+
+    torch.manual_seed(2)
+    model = VaRTClassification(3, classes).double()
+    one = model.sample_tree(like=torch.zeros((), dtype=torch.float64))
+    batch = {k: None if v is None else v.expand((3,) + v.shape) for k, v in one.items()}
+    batch["theta"] = batch["theta"] + torch.randn_like(batch["theta"])
+    x = torch.randn(9, 3, dtype=torch.float64)
+    x1 = torch.cat([x, torch.ones(9, 1, dtype=torch.float64)], -1)
+    k = model.num_outputs
+    for tree in (one, batch):
+        weights = log_leaf_weights(tree, x1).softmax(-1)
+        theta = tree["theta"].reshape(tree["theta"].shape[:-1] + (k, 4))
+        ref = torch.einsum("...nm,...mkl,nl->...nk", weights, theta, x1)
+        ours = tree_scores(tree, x, k)
+        assert ours.shape == ref.shape == tree["theta"].shape[:-2] + (9, k)
+        torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+
+
 def test_links_and_shapes():
     model = VaRTClassification(3, 2)
     assert model.link == "probit" and model.num_outputs == 1 and model.leaf_width == 4
