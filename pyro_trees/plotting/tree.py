@@ -152,12 +152,6 @@ def _structure(tree, feature_names, class_names, leaf_labels, level, decimals) -
     )
 
 
-def _fitted_missing(est) -> bool:
-    """Whether ``est`` saw a missing training value (its public ``missing_fraction_``;
-    an estimator pickled before missing values were accepted has none)."""
-    return bool(np.any(getattr(est, "missing_fraction_", 0.0)))
-
-
 def _names(est, given, width: int, default) -> list[str]:
     """``given`` names checked against ``width``, else the estimator's, else ``default``."""
     if given is None and est is not None:
@@ -336,8 +330,8 @@ def _rnn(tree, est, feature_names, class_names, leaf_labels, level, decimals) ->
             lines.append(f"missing: {sides[side][0]}")
         return {"lines": lines, "kind": "split", "children": [visit(c[1]) for c in children]}
 
-    fitted_missing = tree.missing if est is None else _fitted_missing(est)
-    show_missing = rules.missing_right is not None and fitted_missing
+    # an estimator's tree routes missing values when its fit saw some
+    show_missing = rules.missing_right is not None and getattr(tree, "missing", False)
     return visit(rules._structure(missing=show_missing))
 
 
