@@ -20,6 +20,8 @@ from pyro_trees.models.bayesian_hme_vb_updates import (
     VBData,
     VBState,
     _elog,
+    _exp_,
+    _exp_floor,
     _gate_moments,
     _gauss_from_precision,
     _global_terms,
@@ -37,16 +39,6 @@ __all__ = [
     "temperature_schedule",
     "vb_cycle",
 ]
-
-
-def _exp_floor(dtype) -> float:
-    """The floor of ``_exp``'s arguments."""
-    return math.log(torch.finfo(dtype).tiny) + 1.0
-
-
-def _exp_(value: torch.Tensor) -> torch.Tensor:
-    """``_exp`` of a temporary, in its own memory (the same bits)."""
-    return value.clamp_min_(_exp_floor(value.dtype)).exp_()
 
 
 def vb_cycle(data: VBData, state: VBState, temperature: float = 1.0) -> VBState:

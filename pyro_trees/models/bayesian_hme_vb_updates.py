@@ -84,11 +84,21 @@ __all__ = [
 _LOG_2PI = math.log(2 * math.pi)
 
 
+def _exp_floor(dtype) -> float:
+    """The floor of :func:`_exp`'s arguments, ``log(tiny) + 1``."""
+    return math.log(torch.finfo(dtype).tiny) + 1.0
+
+
 def _exp(value: torch.Tensor) -> torch.Tensor:
     """``exp`` with arguments below ``log(tiny) + 1`` raised to it: the result changes by
     less than three times the dtype's smallest normal number, and CPU ``exp`` avoids its
     slow path for subnormal results."""
-    return value.clamp_min(math.log(torch.finfo(value.dtype).tiny) + 1.0).exp()
+    return value.clamp_min(_exp_floor(value.dtype)).exp()
+
+
+def _exp_(value: torch.Tensor) -> torch.Tensor:
+    """:func:`_exp` of a temporary, in its own memory (the same bits)."""
+    return value.clamp_min_(_exp_floor(value.dtype)).exp_()
 
 
 @dataclass(frozen=True)
