@@ -26,6 +26,7 @@ from pyro_trees.models.bayesian_hme_vb_updates import (
     _gauss_from_precision,
     _global_terms,
     bound,
+    jj_lambda,
 )
 from pyro_trees.topology import expert_log_probs
 
@@ -99,8 +100,7 @@ def fused_cycle(
     if sq_a is None:
         sq_a = _gate_moments(data, state)[1]
     xi = sq_a.clamp_min(0).sqrt_()  # (..., G, N)
-    xc = xi.clamp_min(1e-6)  # jj_lambda(xi) in place (xi >= 0 here: no abs)
-    lam = xc.mul(0.5).tanh_().div_(xc.mul_(4))
+    lam = jj_lambda(xi)
     s = data.signs
     reach = s.abs() @ r  # (..., G, N)
     turn = (0.5 * s) @ r

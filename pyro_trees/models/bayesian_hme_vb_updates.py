@@ -289,8 +289,8 @@ class VBState:
 def jj_lambda(xi: torch.Tensor) -> torch.Tensor:
     r""":math:`\lambda(\xi) = \tanh(\xi/2)/(4\xi)`, with its limit ``1/8`` at ``0``."""
     # below 1e-6 the clamp changes the value by less than 1e-14 relative
-    xi = xi.abs().clamp_min(1e-6)
-    return torch.tanh(0.5 * xi) / (4 * xi)
+    xi = xi.abs().clamp_min(1e-6)  # a temporary: the steps below run in place
+    return xi.mul(0.5).tanh_().div_(xi.mul_(4))
 
 
 def _gauss_from_precision(prec: torch.Tensor):
