@@ -20,8 +20,8 @@ from pyro_trees.models.bayesian_hme_vb_updates import (
     VBData,
     VBState,
     _elog,
+    _exp,
     _exp_,
-    _exp_floor,
     _gate_moments,
     _gauss_from_precision,
     _global_terms,
@@ -77,7 +77,7 @@ def fused_cycle(
     eye = torch.eye(p, dtype=x.dtype, device=x.device)
     # fresh temporaries are updated in place below (the same kernels in the same order: the
     # same bits, half the memory traffic of the (..., K, N) arrays)
-    r = state.log_r.transpose(-1, -2).clamp_min(_exp_floor(x.dtype)).exp_()  # _exp, (..., E, N)
+    r = _exp(state.log_r.transpose(-1, -2))  # (..., E, N)
     # experts q(W_j): one Cholesky per expert
     inv_t = 1.0 / temperature
     scale = (state.tau_a / state.tau_b) * inv_t  # (..., E)
