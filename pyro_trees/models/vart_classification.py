@@ -209,11 +209,11 @@ class VaRTClassification(VaRT):
 
         :param y: class indices, an integer tensor.
         """
-        if y.numel() and bool(((y < 0) | (y >= self.num_classes)).any()):
-            bad = y[(y < 0) | (y >= self.num_classes)]
+        bad = (y < 0) | (y >= self.num_classes)
+        if bool(bad.any()):
             raise ValueError(
                 f"y must hold class indices in [0, {self.num_classes}); got "
-                f"{sorted({int(v) for v in bad[:10].tolist()})}"
+                f"{sorted({int(v) for v in y[bad][:10].tolist()})}"
             )
 
     def class_log_probs(self, tree: dict, x: torch.Tensor) -> torch.Tensor:
